@@ -1,0 +1,268 @@
+#pragma once
+/// @file
+/// communicator<Transport, Topology>: a rank's handle on a group of ranks, and the
+/// exact (uncompressed) collectives over it.
+///
+/// @par Errors
+/// Every collective has a throwing form (qcoll::error) and a form that reports
+/// through `std::error_code&`. Any failure during a collective — a bad argument on
+/// one rank, ranks that disagree about the call, a timeout, a lost peer — aborts the
+/// communicator: every rank's pending call fails with the same code, and the
+/// message says which rank saw what. An aborted communicator stays aborted; make a
+/// new one (and a new transport) to go on.
+///
+/// @par Thread safety
+/// One thread per communicator at a time. Different communicators are independent.
+
+#include <qcoll/algorithms/primitives.hpp>
+#include <qcoll/algorithms/ring.hpp>
+#include <qcoll/concepts.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/error.hpp>
+#include <qcoll/partition.hpp>
+#include <qcoll/topologies/ring.hpp>
+#include <qcoll/transports/message.hpp>
+#include <qcoll/types.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <span>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace qcoll {
+
+struct communicator_options {
+  /// How long any one step of a collective may wait for a peer before the call
+  /// fails with errc::timeout. Finite by default, so nothing hangs forever.
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+};
+
+template <transport Transport, ring_topology Topology = topologies::ring>
+class communicator {
+ public:
+  using transport_type = Transport;
+  using topology_type = Topology;
+
+  communicator(Transport transport, Topology topology, communicator_options options = {})
+      : transport_(std::move(transport)), topology_(std::move(topology)), options_(options) {
+    validate();
+  }
+
+  /// Over the default topology of the transport's size.
+  explicit communicator(Transport transport, communicator_options options = {})
+    requires std::constructible_from<Topology, rank_t>
+      // Members initialise in declaration order, so transport_ is ready here.
+      : transport_(std::move(transport)), topology_(transport_.size()), options_(options) {
+    validate();
+  }
+
+  rank_t rank() const noexcept { return transport_.rank(); }
+  rank_t size() const noexcept { return transport_.size(); }
+  const Topology& topology() const noexcept { return topology_; }
+  Transport& transport() noexcept { return transport_; }
+  const communicator_options& options() const noexcept { return options_; }
+
+  /// True once any rank aborted; every later collective fails at once.
+  bool aborted() const { return static_cast<bool>(transport_.failure().code); }
+
+  /// Fails every rank's pending and future collectives with errc::aborted.
+  void abort(std::string_view reason) {
+    transport_.abort(make_error_code(errc::aborted),
+                     fmt::format("rank {} aborted the communicator: {}", rank(), reason));
+  }
+
+  /// out = in₀ ⊕ in₁ ⊕ … on every rank, bit-identical everywhere.
+  /// `in` and `out` have the same size on every rank and are the same range or disjoint.
+  /// @par Complexity
+  /// 2(n − 1) steps; each rank sends and receives 2(n − 1)/n · count elements
+  /// (ring reduce-scatter, then ring all-gather).
+  template <element T>
+  void allreduce(std::span<const T> in, std::span<T> out, reduce_op op) {
+    auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0);
+    if (in.size() != out.size())
+      step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
+    if (!detail::same_range(in, out) && detail::overlaps(in, out))
+      step.fail(errc::invalid_argument, "input and output overlap without being the same range");
+    if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+
+    const algorithms::ring_view ring(topology_.ring_order(), rank());
+    struct in_place {
+      std::span<T> data;
+      std::span<T> incoming_block;
+      std::span<const T> own(block_range b) const { return b.of(data); }
+      std::span<T> incoming(std::size_t, block_range b) const { return incoming_block.first(b.size); }
+      std::span<T> partial(std::size_t, block_range b) const { return b.of(data); }
+    } buffers{out, scratch<T>(0, largest_block(out.size()))};
+    algorithms::ring_reduce_scatter<Transport, T>(step, ring, out.size(), op, buffers);
+    algorithms::ring_all_gather<Transport, T>(step, ring, out);
+  }
+
+  /// In-place allreduce.
+  template <element T>
+  void allreduce(std::span<T> data, reduce_op op) {
+    allreduce(std::span<const T>(data), data, op);
+  }
+
+  /// Rank r receives block r of the reduced `in` (block_of(in.size(), size(), r)).
+  /// `out` has exactly that block's size; it may be exactly that block of `in`, or disjoint from `in`.
+  /// @par Complexity
+  /// n − 1 steps; each rank sends and receives (n − 1)/n · count elements.
+  template <element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    auto step = begin(collective::reduce_scatter, dtype_of<T>::value, op, in.size(), 0);
+    const block_range mine = block_of(in.size(), size(), rank());
+    if (out.size() != mine.size)
+      step.fail(errc::invalid_argument, "output has {} elements but block {} of {} has {}", out.size(), rank(),
+                in.size(), mine.size);
+    if (detail::overlaps(in, out) && !detail::same_range(mine.of(in), out))
+      step.fail(errc::invalid_argument, "output overlaps the input other than as exactly block {}", rank());
+
+    if (size() == 1) {  // the whole input is this rank's block, already checked to fit `out`
+      if (!detail::same_range(in, out)) std::copy_n(in.begin(), out.size(), out.begin());
+      return;
+    }
+    const algorithms::ring_view ring(topology_.ring_order(), rank());
+    // Partials alternate between two scratch blocks: step s sends one while receiving
+    // into the other. The last step writes the result straight into `out`.
+    const std::size_t last_step = size() - 2;
+    struct out_of_place {
+      std::span<const T> input;
+      std::span<T> out;
+      std::span<T> scratch[2];
+      std::size_t last_step;
+      std::span<const T> own(block_range b) const { return b.of(input); }
+      std::span<T> incoming(std::size_t s, block_range b) const { return scratch[s % 2].first(b.size); }
+      std::span<T> partial(std::size_t s, block_range b) const {
+        return s == last_step ? out : scratch[s % 2].first(b.size);
+      }
+    } buffers{in, out, {scratch<T>(0, largest_block(in.size())), scratch<T>(1, largest_block(in.size()))}, last_step};
+    algorithms::ring_reduce_scatter<Transport, T>(step, ring, in.size(), op, buffers);
+  }
+
+  /// Every rank contributes block r of `out` (`in`, of block_of(out.size(), size(), r)'s size)
+  /// and receives all blocks. `in` may be exactly that block of `out`, or disjoint from it.
+  /// @par Complexity
+  /// n − 1 steps; each rank sends and receives (n − 1)/n · out.size() elements.
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    auto step = begin(collective::all_gather, dtype_of<T>::value, reduce_op::sum, out.size(), 0);
+    const block_range mine = block_of(out.size(), size(), rank());
+    if (in.size() != mine.size)
+      step.fail(errc::invalid_argument, "input has {} elements but block {} of {} has {}", in.size(), rank(),
+                out.size(), mine.size);
+    if (detail::overlaps(in, out) && !detail::same_range(in, mine.of(out)))
+      step.fail(errc::invalid_argument, "input overlaps the output other than as exactly block {}", rank());
+    if (!detail::same_range(in, mine.of(out))) std::copy(in.begin(), in.end(), mine.of(out).begin());
+    algorithms::ring_all_gather<Transport, T>(step, algorithms::ring_view(topology_.ring_order(), rank()), out);
+  }
+
+  /// Copies root's `data` into every rank's `data` (same size on every rank).
+  /// @par Complexity
+  /// 2(n − 1) steps (ring scatter, then ring all-gather); root sends (n − 1)/n · count
+  /// elements in the scatter, and every rank sends (n − 1)/n · count in the all-gather.
+  template <element T>
+  void broadcast(std::span<T> data, rank_t root) {
+    auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root);
+    if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
+    const algorithms::ring_view ring(topology_.ring_order(), rank());
+    algorithms::ring_scatter<Transport, T>(step, ring, root, data);
+    algorithms::ring_all_gather<Transport, T>(step, ring, data);
+  }
+
+  /// Returns once every rank has entered the barrier.
+  /// @par Complexity
+  /// n − 1 steps of header-only messages (an all-gather of nothing).
+  void barrier() {
+    auto step = begin(collective::barrier, dtype::f32, reduce_op::sum, 0, 0);
+    algorithms::ring_all_gather<Transport, float>(step, algorithms::ring_view(topology_.ring_order(), rank()),
+                                                  std::span<float>());
+  }
+
+  // The std::error_code forms: the same calls, reporting instead of throwing.
+  template <element T>
+  void allreduce(std::span<const T> in, std::span<T> out, reduce_op op, std::error_code& ec) noexcept {
+    ec = capture([&] { allreduce(in, out, op); });
+  }
+  template <element T>
+  void allreduce(std::span<T> data, reduce_op op, std::error_code& ec) noexcept {
+    ec = capture([&] { allreduce(data, op); });
+  }
+  template <element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, std::error_code& ec) noexcept {
+    ec = capture([&] { reduce_scatter(in, out, op); });
+  }
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out, std::error_code& ec) noexcept {
+    ec = capture([&] { all_gather(in, out); });
+  }
+  template <element T>
+  void broadcast(std::span<T> data, rank_t root, std::error_code& ec) noexcept {
+    ec = capture([&] { broadcast(data, root); });
+  }
+  void barrier(std::error_code& ec) noexcept {
+    ec = capture([&] { barrier(); });
+  }
+
+ private:
+  void validate() const {
+    if (topology_.size() != transport_.size())
+      detail::throw_error(errc::invalid_argument, "communicator: topology has {} ranks but the transport has {}",
+                          topology_.size(), transport_.size());
+    if (options_.timeout <= std::chrono::milliseconds::zero())
+      detail::throw_error(errc::invalid_argument, "communicator: timeout must be positive");
+  }
+
+  /// Starts a collective: numbers it and refuses to run on an aborted communicator.
+  algorithms::primitives<Transport> begin(collective kind, dtype type, reduce_op op, std::size_t count,
+                                          rank_t root) {
+    const transports::message_header header{sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, 0};
+    // A rank that arrives after the abort gets the cause's code, like those that were waiting.
+    if (const transports::failure failed = transport_.failure(); failed.code)
+      throw error(failed.code, fmt::format("qcoll {} on rank {} of {}: the communicator was aborted: {}",
+                                           transports::describe(header), rank(), size(), failed.reason));
+    return algorithms::primitives<Transport>(transport_, header, options_.timeout);
+  }
+
+  /// Block 0 is never smaller than any other block.
+  std::size_t largest_block(std::size_t count) const noexcept { return block_of(count, size(), 0).size; }
+
+  /// Scratch space for one block, grown once and reused by later calls.
+  template <element T>
+  std::span<T> scratch(std::size_t slot, std::size_t elements) {
+    std::vector<std::byte>& bytes = scratch_[slot];
+    const std::size_t needed = elements * sizeof(T) + alignof(T);
+    if (bytes.size() < needed) bytes.resize(needed);
+    void* start = bytes.data();
+    std::size_t space = bytes.size();
+    start = std::align(alignof(T), elements * sizeof(T), start, space);
+    return {static_cast<T*>(start), elements};
+  }
+
+  template <class Call>
+  static std::error_code capture(Call&& call) noexcept {
+    try {
+      call();
+      return {};
+    } catch (const std::system_error& e) {
+      return e.code();
+    } catch (const std::bad_alloc&) {
+      return std::make_error_code(std::errc::not_enough_memory);
+    } catch (...) {
+      return make_error_code(errc::invalid_argument);
+    }
+  }
+
+  Transport transport_;
+  Topology topology_;
+  communicator_options options_;
+  std::uint64_t sequence_ = 0;
+  std::vector<std::byte> scratch_[2];
+};
+
+}  // namespace qcoll

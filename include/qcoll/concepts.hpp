@@ -1,0 +1,79 @@
+#pragma once
+/// @file
+/// The three policy contracts. Each is a `requires` expression that lists the
+/// operations a model must provide, so a policy that lacks one is rejected with a
+/// diagnostic naming it. docs/concepts.md states what each operation must do.
+
+#include <qcoll/transports/message.hpp>
+#include <qcoll/types.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+namespace qcoll {
+
+using clock = std::chrono::steady_clock;
+/// Every blocking wait takes one; a wait that passes it returns errc::timeout.
+using deadline = clock::time_point;
+
+/// What turns n values into an encoded buffer and back, with error feedback.
+/// `encode` adds `residual` to the input, quantizes, and stores the new error in
+/// `residual`; `decode_accumulate` is the fused step reductions use (out += decoded).
+template <class Q>
+concept quantizer = requires(const Q& q, std::size_t n, std::span<const typename Q::value_type> in,
+                             std::span<typename Q::value_type> residual,
+                             std::span<typename Q::value_type> out, std::span<std::byte> encoded,
+                             std::span<const std::byte> received) {
+  requires element<typename Q::value_type>;
+  { Q::bits_per_value } -> std::convertible_to<double>;
+  { Q::keeps_residual } -> std::convertible_to<bool>;
+  { q.group_size() } -> std::same_as<std::size_t>;
+  { q.encoded_size(n) } -> std::same_as<std::size_t>;
+  { q.encode(in, residual, encoded) } -> std::same_as<void>;
+  { q.decode(received, out) } -> std::same_as<std::error_code>;
+  { q.decode_accumulate(received, out) } -> std::same_as<std::error_code>;
+};
+
+/// How bytes move between ranks: post a send or a receive into a caller-owned
+/// request, then test or wait for it with a deadline. Requests must not move while
+/// posted; destroying a posted one cancels it. Messages between a pair of ranks with
+/// the same tag arrive in the order they were sent.
+template <class T>
+concept transport = requires(T& t, const T& ct, typename T::request& request, rank_t peer,
+                             transports::tag_t tag, const transports::message_header& header,
+                             std::span<const std::byte> data, std::span<std::byte> buffer,
+                             deadline until, std::error_code code, std::string_view reason) {
+  { ct.rank() } -> std::same_as<rank_t>;
+  { ct.size() } -> std::same_as<rank_t>;
+  { t.post_send(request, peer, tag, header, data) } -> std::same_as<void>;
+  { t.post_recv(request, peer, tag, buffer) } -> std::same_as<void>;
+  { t.test(request) } -> std::same_as<bool>;
+  { t.wait(request, until) } -> std::same_as<std::error_code>;
+  { std::as_const(request).header() } -> std::same_as<const transports::message_header&>;
+  { std::as_const(request).transferred() } -> std::same_as<std::size_t>;
+  { t.abort(code, reason) } -> std::same_as<void>;
+  { ct.failure() } -> std::same_as<transports::failure>;
+};
+
+/// Who talks to whom. Compile-time facts (the fan-out bound) are static members;
+/// runtime neighbour tables are plain data built once.
+template <class T>
+concept topology = requires(const T& t, rank_t a, rank_t b) {
+  { T::max_fan_out } -> std::convertible_to<std::size_t>;
+  { t.size() } -> std::same_as<rank_t>;
+  { t.linked(a, b) } -> std::same_as<bool>;
+};
+
+/// A topology that embeds a ring: ring_order()[p] is the rank at position p, and
+/// consecutive positions (and the last and the first) are linked.
+template <class T>
+concept ring_topology = topology<T> && requires(const T& t) {
+  { t.ring_order() } -> std::same_as<std::span<const rank_t>>;
+};
+
+}  // namespace qcoll

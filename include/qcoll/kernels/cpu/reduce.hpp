@@ -1,0 +1,66 @@
+#pragma once
+/// @file
+/// Scalar reduce kernels: the reference (the test oracle) for every other backend.
+/// The switch over reduce_op below is the one place a runtime op becomes a
+/// template instantiation.
+
+#include <qcoll/types.hpp>
+
+#include <cstddef>
+#include <span>
+
+namespace qcoll::kernels::cpu {
+
+namespace detail {
+
+struct add {
+  template <class T>
+  T operator()(T a, T b) const noexcept {
+    return a + b;
+  }
+};
+// `a != a` keeps a NaN in either operand: a NaN in b fails `a < b` and yields b.
+struct minimum {
+  template <class T>
+  T operator()(T a, T b) const noexcept {
+    return (a < b || a != a) ? a : b;
+  }
+};
+struct maximum {
+  template <class T>
+  T operator()(T a, T b) const noexcept {
+    return (a > b || a != a) ? a : b;
+  }
+};
+
+template <class T, class Op>
+void combine(std::span<const T> a, std::span<const T> b, std::span<T> out, Op op) noexcept {
+  const T* pa = a.data();
+  const T* pb = b.data();
+  T* po = out.data();
+  for (std::size_t i = 0; i < out.size(); ++i) po[i] = op(pa[i], pb[i]);
+}
+
+}  // namespace detail
+
+/// out[i] = a[i] ⊕ b[i]. `out` may be `a` or `b` (element-wise in place); all three
+/// have out.size() elements. avg reduces as sum: dividing is finish_avg's job.
+template <element T>
+void reduce(reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) noexcept {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg: return detail::combine(a, b, out, detail::add{});
+    case reduce_op::min: return detail::combine(a, b, out, detail::minimum{});
+    case reduce_op::max: return detail::combine(a, b, out, detail::maximum{});
+  }
+}
+
+/// Turns a sum over `contributions` ranks into their average (x / n, not x * (1/n),
+/// so the result is the correctly rounded quotient).
+template <element T>
+void finish_avg(std::span<T> values, std::size_t contributions) noexcept {
+  const T divisor = static_cast<T>(contributions);
+  for (T& v : values) v /= divisor;
+}
+
+}  // namespace qcoll::kernels::cpu

@@ -1,0 +1,15 @@
+#pragma once
+/// @file
+/// Umbrella header: the CPU parts of qcoll. Transports with extra dependencies
+/// (TCP over Boost.Asio, CUDA peer) are included on their own.
+
+#include <qcoll/version.hpp>
+#include <qcoll/types.hpp>
+#include <qcoll/error.hpp>
+#include <qcoll/concepts.hpp>
+#include <qcoll/partition.hpp>
+#include <qcoll/communicator.hpp>
+#include <qcoll/quantizers/identity.hpp>
+#include <qcoll/topologies/fully_connected.hpp>
+#include <qcoll/topologies/ring.hpp>
+#include <qcoll/transports/inproc.hpp>

@@ -1,0 +1,56 @@
+#pragma once
+/// @file
+/// The header every message of a collective carries. A receiver compares it with
+/// the header it expects, so ranks that disagree about the call (count, type,
+/// operation, root, or how many collectives they have run) are told precisely,
+/// instead of reducing mismatched bytes.
+
+#include <qcoll/types.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <system_error>
+
+namespace qcoll::transports {
+
+/// Tags separate concurrent streams of messages between one pair of ranks.
+using tag_t = std::uint32_t;
+
+struct message_header {
+  std::uint64_t sequence = 0;  ///< how many collectives this communicator ran before
+  std::uint64_t count = 0;     ///< element count as the caller passed it
+  std::uint32_t root = 0;      ///< broadcast root; 0 for the others
+  collective kind = collective::barrier;
+  dtype type = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  std::uint8_t reserved = 0;
+
+  friend bool operator==(const message_header&, const message_header&) = default;
+};
+
+/// Why a transport can no longer deliver: the first abort's code and words.
+/// An empty code means the transport is intact.
+struct failure {
+  std::error_code code;
+  std::string reason;
+};
+
+/// "allreduce(count=1000, f32, sum) #3", as error messages name a call.
+inline std::string describe(const message_header& h) {
+  switch (h.kind) {
+    case collective::barrier: return fmt::format("barrier #{}", h.sequence);
+    case collective::all_gather:
+      return fmt::format("all_gather(count={}, {}) #{}", h.count, to_string(h.type), h.sequence);
+    case collective::broadcast:
+      return fmt::format("broadcast(count={}, {}, root={}) #{}", h.count, to_string(h.type), h.root,
+                         h.sequence);
+    case collective::allreduce:
+    case collective::reduce_scatter: break;
+  }
+  return fmt::format("{}(count={}, {}, {}) #{}", to_string(h.kind), h.count, to_string(h.type),
+                     to_string(h.op), h.sequence);
+}
+
+}  // namespace qcoll::transports

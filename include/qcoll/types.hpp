@@ -1,0 +1,88 @@
+#pragma once
+/// @file
+/// Core vocabulary: ranks, element types, reduce operations and collective kinds.
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+namespace qcoll {
+
+/// A rank is a position in the communicator, 0 … size − 1.
+using rank_t = std::size_t;
+
+/// Element types as they are named on the wire. bf16 and f16 are reserved for
+/// storage types (reduced in float); no collective accepts them yet.
+enum class dtype : std::uint8_t { f32 = 1, f64 = 2, bf16 = 3, f16 = 4 };
+
+/// Maps a C++ element type to its dtype. Specialise only for types the kernels support.
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
+template <>
+struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
+
+/// An element type the collectives reduce: one with a dtype_of specialisation.
+template <class T>
+concept element = requires { dtype_of<T>::value; } && std::is_floating_point_v<T>;
+
+/// Reduce operations. Semantics, identical in every kernel:
+/// - sum: IEEE addition in the documented fixed order (see docs/algorithms.md).
+/// - avg: the sum divided by the number of ranks, once, by the rank that owns the block.
+/// - min/max: `a < b` (`a > b`) picks a, else b; a NaN in either operand propagates.
+enum class reduce_op : std::uint8_t { sum = 1, avg = 2, min = 3, max = 4 };
+
+/// The collective a message belongs to; part of every message header so that
+/// ranks calling different collectives are detected instead of exchanging garbage.
+enum class collective : std::uint8_t {
+  allreduce = 1,
+  reduce_scatter = 2,
+  all_gather = 3,
+  broadcast = 4,
+  barrier = 5,
+};
+
+constexpr std::string_view to_string(dtype type) noexcept {
+  switch (type) {
+    case dtype::f32: return "f32";
+    case dtype::f64: return "f64";
+    case dtype::bf16: return "bf16";
+    case dtype::f16: return "f16";
+  }
+  return "dtype?";
+}
+
+constexpr std::string_view to_string(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::avg: return "avg";
+    case reduce_op::min: return "min";
+    case reduce_op::max: return "max";
+  }
+  return "reduce_op?";
+}
+
+constexpr std::string_view to_string(collective kind) noexcept {
+  switch (kind) {
+    case collective::allreduce: return "allreduce";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::all_gather: return "all_gather";
+    case collective::broadcast: return "broadcast";
+    case collective::barrier: return "barrier";
+  }
+  return "collective?";
+}
+
+constexpr std::size_t size_of(dtype type) noexcept {
+  switch (type) {
+    case dtype::f32: return 4;
+    case dtype::f64: return 8;
+    case dtype::bf16:
+    case dtype::f16: return 2;
+  }
+  return 0;
+}
+
+}  // namespace qcoll

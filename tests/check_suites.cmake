@@ -1,0 +1,18 @@
+cmake_minimum_required(VERSION 3.25)
+# Fails when the test binary has a top-level suite that CMake does not run.
+execute_process(COMMAND "${EXECUTABLE}" --list_content ERROR_VARIABLE listing OUTPUT_VARIABLE listing_out RESULT_VARIABLE rc)
+string(APPEND listing "${listing_out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${EXECUTABLE} --list_content failed: ${listing}")
+endif()
+string(REPLACE "\n" ";" lines "${listing}")
+foreach(line IN LISTS lines)
+  # Top-level suites are listed without indentation, followed by '*' when enabled.
+  if(line MATCHES "^([A-Za-z0-9_]+)\\*?$")
+    set(suite "${CMAKE_MATCH_1}")
+    if(NOT suite IN_LIST REGISTERED)
+      message(FATAL_ERROR "suite '${suite}' is not registered with ctest; add it in tests/CMakeLists.txt")
+    endif()
+  endif()
+endforeach()
+message(STATUS "all suites registered: ${REGISTERED}")

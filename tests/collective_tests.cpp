@@ -1,0 +1,271 @@
+// Exact collectives over the in-process transport: results equal the sequential
+// reference bit for bit, for world sizes 1–8, counts not divisible by the world
+// size, every reduce op, both element types and several topologies.
+
+#define BOOST_TEST_MODULE qcoll collectives
+#include <boost/test/unit_test.hpp>
+
+#include <qcoll/qcoll.hpp>
+
+#include "support/ranks.hpp"
+#include "support/reference.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+using namespace qcoll;
+using test::run_ranks;
+
+namespace {
+
+constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max};
+constexpr std::size_t small_counts[] = {0, 1, 2, 3, 5, 7, 8, 9, 13, 64, 100, 1000, 4097};
+
+/// A ring whose order is not 0, 1, …: ranks in a fixed shuffled order.
+topologies::ring shuffled_ring(std::size_t n) {
+  std::vector<rank_t> order(n);
+  std::iota(order.begin(), order.end(), rank_t{0});
+  std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(n) * 7919u));
+  return topologies::ring(std::move(order));
+}
+
+std::vector<rank_t> ring_order_of(const topologies::ring& t) { return {t.ring_order().begin(), t.ring_order().end()}; }
+std::vector<rank_t> natural_order(std::size_t n) {
+  std::vector<rank_t> order(n);
+  std::iota(order.begin(), order.end(), rank_t{0});
+  return order;
+}
+
+template <class T>
+std::vector<std::vector<T>> inputs_for(std::size_t n, std::size_t count, std::uint64_t seed) {
+  std::vector<std::vector<T>> inputs;
+  for (std::size_t r = 0; r < n; ++r) inputs.push_back(test::random_values<T>(count, seed * 1000 + r));
+  return inputs;
+}
+
+/// Runs allreduce on n ranks and checks every rank's result against the reference.
+template <class T, class Topology>
+void check_allreduce(std::size_t n, std::size_t count, reduce_op op, bool in_place,
+                     std::function<Topology(std::size_t)> make_topology, const std::vector<rank_t>& ring) {
+  BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " op=" << to_string(op) << " type="
+                          << to_string(dtype_of<T>::value) << " in_place=" << in_place) {
+    const auto inputs = inputs_for<T>(n, count, n * 131 + count);
+    const auto expected = test::reference_reduce(inputs, std::span<const rank_t>(ring), op);
+    std::vector<std::vector<T>> results(n);
+    const auto outcome = run_ranks<Topology>(
+        n,
+        [&](auto& comm) {
+          const rank_t r = comm.rank();
+          if (in_place) {
+            results[r] = inputs[r];
+            comm.allreduce(std::span<T>(results[r]), op);
+          } else {
+            results[r].assign(count, T(-7));
+            comm.allreduce(std::span<const T>(inputs[r]), std::span<T>(results[r]), op);
+          }
+        },
+        {}, make_topology);
+    BOOST_TEST_REQUIRE(outcome.all_succeeded());
+    for (std::size_t r = 0; r < n; ++r)
+      BOOST_TEST(test::bitwise_equal<T>(results[r], expected), "rank " << r << " differs from the reference");
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(allreduce)
+
+BOOST_AUTO_TEST_CASE(matches_reference_bitwise_on_a_ring) {
+  for (std::size_t n = 1; n <= 8; ++n)
+    for (std::size_t count : small_counts)
+      for (reduce_op op : all_ops) {
+        check_allreduce<float, topologies::ring>(n, count, op, count % 2 == 0,
+                                                 [](std::size_t s) { return topologies::ring(s); }, natural_order(n));
+        check_allreduce<double, topologies::ring>(n, count, op, count % 2 == 1,
+                                                  [](std::size_t s) { return topologies::ring(s); }, natural_order(n));
+      }
+}
+
+BOOST_AUTO_TEST_CASE(follows_a_shuffled_ring_order) {
+  for (std::size_t n = 2; n <= 8; ++n)
+    for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{17}, std::size_t{1000}})
+      for (reduce_op op : all_ops)
+        check_allreduce<float, topologies::ring>(n, count, op, true, shuffled_ring, ring_order_of(shuffled_ring(n)));
+}
+
+BOOST_AUTO_TEST_CASE(runs_on_a_fully_connected_topology) {
+  for (std::size_t n = 1; n <= 8; n += 3)
+    for (reduce_op op : all_ops)
+      check_allreduce<double, topologies::fully_connected>(
+          n, 999, op, false, [](std::size_t s) { return topologies::fully_connected(s); }, natural_order(n));
+}
+
+BOOST_AUTO_TEST_CASE(large_counts) {
+  for (std::size_t n : {1, 2, 3, 5, 8}) {
+    check_allreduce<float, topologies::ring>(n, 1'000'000, reduce_op::sum, true,
+                                             [](std::size_t s) { return topologies::ring(s); }, natural_order(n));
+    check_allreduce<double, topologies::ring>(n, 1'000'003, reduce_op::avg, false,
+                                              [](std::size_t s) { return topologies::ring(s); }, natural_order(n));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(same_bits_on_every_run) {
+  // The summation order is fixed: ten runs give ten identical results.
+  const std::size_t n = 6, count = 12345;
+  const auto inputs = inputs_for<float>(n, count, 99);
+  std::vector<float> first;
+  for (int run = 0; run < 10; ++run) {
+    std::vector<std::vector<float>> results(n);
+    const auto outcome = run_ranks(n, [&](auto& comm) {
+      results[comm.rank()] = inputs[comm.rank()];
+      comm.allreduce(std::span<float>(results[comm.rank()]), reduce_op::sum);
+    });
+    BOOST_TEST_REQUIRE(outcome.all_succeeded());
+    if (run == 0) first = results[0];
+    for (const auto& result : results) BOOST_TEST(test::bitwise_equal<float>(result, first));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(non_finite_values_propagate) {
+  const std::size_t n = 3, count = 6;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (reduce_op op : all_ops) {
+    std::vector<std::vector<float>> data(n, std::vector<float>(count, 1.0f));
+    data[1][0] = nan;
+    data[2][5] = inf;
+    const auto outcome = run_ranks(n, [&](auto& comm) { comm.allreduce(std::span<float>(data[comm.rank()]), op); });
+    BOOST_TEST_REQUIRE(outcome.all_succeeded());
+    for (const auto& d : data) {
+      BOOST_TEST(std::isnan(d[0]), to_string(op) << ": NaN must survive the reduction");
+      if (op != reduce_op::min) BOOST_TEST(std::isinf(d[5]));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(back_to_back_calls_reuse_one_communicator) {
+  const auto outcome = run_ranks(4, [](auto& comm) {
+    for (std::size_t i = 0; i < 300; ++i) {
+      std::vector<double> v(i % 17, double(comm.rank() + i));
+      comm.allreduce(std::span<double>(v), reduce_op::sum);
+      for (double x : v) BOOST_TEST_REQUIRE(x == 4.0 * double(i) + 6.0);
+    }
+  });
+  BOOST_TEST(outcome.all_succeeded());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(reduce_scatter)
+
+BOOST_AUTO_TEST_CASE(matches_reference_blocks) {
+  for (std::size_t n = 1; n <= 8; ++n)
+    for (std::size_t count : small_counts)
+      for (reduce_op op : all_ops)
+        for (bool aliased : {false, true}) {
+          BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " op=" << to_string(op) << " aliased=" << aliased) {
+            const auto inputs = inputs_for<double>(n, count, count + n);
+            const auto expected = test::reference_reduce(inputs, std::span<const rank_t>(natural_order(n)), op);
+            std::vector<std::vector<double>> buffers = inputs, results(n);
+            const auto outcome = run_ranks(n, [&](auto& comm) {
+              const rank_t r = comm.rank();
+              const block_range mine = block_of(count, n, r);
+              if (aliased) {
+                // The output is this rank's block of the input itself.
+                std::span<double> whole(buffers[r]);
+                comm.reduce_scatter(std::span<const double>(whole), mine.of(whole), op);
+                results[r].assign(mine.of(whole).begin(), mine.of(whole).end());
+              } else {
+                results[r].assign(mine.size, -1.0);
+                comm.reduce_scatter(std::span<const double>(inputs[r]), std::span<double>(results[r]), op);
+              }
+            });
+            BOOST_TEST_REQUIRE(outcome.all_succeeded());
+            for (std::size_t r = 0; r < n; ++r) {
+              const auto want = block_of(count, n, r).of(std::span<const double>(expected));
+              BOOST_TEST(test::bitwise_equal<double>(results[r], want), "rank " << r);
+            }
+            if (!aliased) BOOST_TEST(buffers == inputs, "the input must not be modified");
+          }
+        }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(all_gather)
+
+BOOST_AUTO_TEST_CASE(every_rank_gets_every_block) {
+  for (std::size_t n = 1; n <= 8; ++n)
+    for (std::size_t count : small_counts)
+      for (bool in_place : {false, true}) {
+        BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " in_place=" << in_place) {
+          const auto whole = test::random_values<float>(count, count * 3 + n);
+          std::vector<std::vector<float>> results(n);
+          const auto outcome = run_ranks(n, [&](auto& comm) {
+            const rank_t r = comm.rank();
+            const block_range mine = block_of(count, n, r);
+            const auto my_block = mine.of(std::span<const float>(whole));
+            results[r].assign(count, -1.0f);
+            if (in_place) {
+              std::copy(my_block.begin(), my_block.end(), mine.of(std::span<float>(results[r])).begin());
+              comm.all_gather(std::span<const float>(mine.of(std::span<float>(results[r]))), std::span<float>(results[r]));
+            } else {
+              comm.all_gather(my_block, std::span<float>(results[r]));
+            }
+          });
+          BOOST_TEST_REQUIRE(outcome.all_succeeded());
+          for (std::size_t r = 0; r < n; ++r) BOOST_TEST(test::bitwise_equal<float>(results[r], whole), "rank " << r);
+        }
+      }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(broadcast)
+
+BOOST_AUTO_TEST_CASE(every_root_reaches_every_rank) {
+  for (std::size_t n = 1; n <= 8; ++n)
+    for (std::size_t count : small_counts)
+      for (rank_t root = 0; root < n; ++root) {
+        BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " root=" << root) {
+          const auto source = test::random_values<double>(count, root + 17 * count);
+          std::vector<std::vector<double>> data(n, std::vector<double>(count, -3.0));
+          data[root] = source;
+          const auto outcome = run_ranks<topologies::ring>(
+              n, [&](auto& comm) { comm.broadcast(std::span<double>(data[comm.rank()]), root); }, {},
+              shuffled_ring);
+          BOOST_TEST_REQUIRE(outcome.all_succeeded());
+          for (std::size_t r = 0; r < n; ++r) BOOST_TEST(test::bitwise_equal<double>(data[r], source), "rank " << r);
+        }
+      }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(barrier)
+
+BOOST_AUTO_TEST_CASE(nobody_leaves_before_everybody_arrived) {
+  for (std::size_t n = 1; n <= 8; ++n) {
+    std::atomic<std::size_t> arrived{0};
+    std::atomic<bool> left_early{false};
+    const auto outcome = run_ranks(n, [&](auto& comm) {
+      for (int round = 1; round <= 20; ++round) {
+        // Stagger arrivals so a barrier that does not wait would be caught.
+        std::this_thread::sleep_for(std::chrono::microseconds(50 * ((comm.rank() * 7 + round) % 5)));
+        arrived.fetch_add(1);
+        comm.barrier();
+        if (arrived.load() < round * n) left_early = true;
+        comm.barrier();  // nobody starts the next round before all have checked
+      }
+    });
+    BOOST_TEST(outcome.all_succeeded());
+    BOOST_TEST(!left_early.load(), "n=" << n);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

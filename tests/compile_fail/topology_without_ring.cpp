@@ -1,0 +1,11 @@
+// Must not compile: the ring collectives need a topology that embeds a ring.
+#include <qcoll/communicator.hpp>
+#include <qcoll/transports/inproc.hpp>
+
+struct star {
+  static constexpr std::size_t max_fan_out = 8;
+  qcoll::rank_t size() const { return 8; }
+  bool linked(qcoll::rank_t a, qcoll::rank_t b) const { return a == 0 || b == 0; }
+};
+
+qcoll::communicator<qcoll::transports::inproc::transport, star>* unusable = nullptr;

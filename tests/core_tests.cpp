@@ -1,0 +1,255 @@
+// The vocabulary, the partition, the topologies, the reference kernels, the
+// identity quantizer and the in-process transport's contract, tested directly.
+
+#define BOOST_TEST_MODULE qcoll core
+#include <boost/test/unit_test.hpp>
+
+#include <qcoll/kernels/cpu/reduce.hpp>
+#include <qcoll/qcoll.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <thread>
+#include <vector>
+
+using namespace qcoll;
+namespace inproc = qcoll::transports::inproc;
+
+BOOST_AUTO_TEST_SUITE(vocabulary)
+
+BOOST_AUTO_TEST_CASE(version_is_the_one_cmake_parsed) {
+  BOOST_TEST(std::string(QCOLL_TEST_EXPECTED_VERSION) ==
+             std::to_string(version_major) + "." + std::to_string(version_minor) + "." + std::to_string(version_patch));
+}
+
+BOOST_AUTO_TEST_CASE(errors_map_to_two_conditions) {
+  for (errc e : {errc::invalid_argument, errc::count_mismatch, errc::type_mismatch, errc::operation_mismatch}) {
+    BOOST_TEST((make_error_code(e) == condition::contract_violation));
+    BOOST_TEST((make_error_code(e) != condition::transport_failure));
+  }
+  for (errc e : {errc::timeout, errc::peer_lost, errc::protocol_error, errc::aborted})
+    BOOST_TEST((make_error_code(e) == condition::transport_failure));
+  BOOST_TEST(make_error_code(errc::count_mismatch).message() == "element counts differ across ranks");
+  BOOST_TEST(std::string(error_category().name()) == "qcoll");
+  const error e(make_error_code(errc::timeout), "qcoll allreduce on rank 1 of 2: slow");
+  const std::system_error& base = e;  // one exception type, derived from std::system_error
+  BOOST_TEST(std::string(base.what()).find("rank 1 of 2") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(names_of_types_ops_and_collectives) {
+  BOOST_TEST(to_string(dtype_of<float>::value) == "f32");
+  BOOST_TEST(to_string(dtype_of<double>::value) == "f64");
+  BOOST_TEST(size_of(dtype::bf16) == 2u);
+  BOOST_TEST(to_string(reduce_op::avg) == "avg");
+  BOOST_TEST(to_string(collective::reduce_scatter) == "reduce_scatter");
+  static_assert(element<float> && element<double> && !element<int>);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(partition)
+
+BOOST_AUTO_TEST_CASE(blocks_tile_the_buffer_and_differ_by_at_most_one) {
+  for (std::size_t parts = 1; parts <= 9; ++parts)
+    for (std::size_t count = 0; count <= 40; ++count) {
+      std::size_t next = 0, smallest = count, largest = 0;
+      for (std::size_t b = 0; b < parts; ++b) {
+        const block_range r = block_of(count, parts, b);
+        BOOST_TEST(r.offset == next);
+        next += r.size;
+        smallest = std::min(smallest, r.size);
+        largest = std::max(largest, r.size);
+        BOOST_TEST(r.size <= block_of(count, parts, 0).size);  // block 0 is a largest one
+      }
+      BOOST_TEST(next == count);
+      BOOST_TEST(largest - smallest <= 1u);
+    }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(topology)
+
+BOOST_AUTO_TEST_CASE(ring_links_neighbours_in_its_order) {
+  const topologies::ring ring(std::vector<rank_t>{2, 0, 3, 1});
+  BOOST_TEST(ring.size() == 4u);
+  BOOST_TEST(ring.linked(2, 0));
+  BOOST_TEST(ring.linked(1, 2));  // wraps around
+  BOOST_TEST(!ring.linked(2, 3));
+  BOOST_TEST(!ring.linked(0, 0));
+  BOOST_TEST(ring.position_of(3) == 2u);
+  BOOST_TEST(topologies::ring(1).linked(0, 0) == false);
+}
+
+BOOST_AUTO_TEST_CASE(fully_connected_links_every_pair) {
+  const topologies::fully_connected full(5);
+  for (rank_t a = 0; a < 5; ++a)
+    for (rank_t b = 0; b < 5; ++b) BOOST_TEST(full.linked(a, b) == (a != b));
+  BOOST_TEST(full.ring_order().size() == 5u);
+  static_assert(topologies::ring::max_fan_out == 2);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(reference_kernels)
+
+BOOST_AUTO_TEST_CASE(reduce_semantics) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> a{1, 5, nan, 2, -0.0f, 3};
+  std::vector<float> b{4, 2, 1, nan, 0.0f, 3};
+  std::vector<float> out(6);
+  kernels::cpu::reduce<float>(reduce_op::min, a, b, out);
+  BOOST_TEST(out[0] == 1);
+  BOOST_TEST(out[1] == 2);
+  BOOST_TEST(std::isnan(out[2]));  // NaN on the left propagates
+  BOOST_TEST(std::isnan(out[3]));  // and on the right
+  BOOST_TEST(!std::signbit(out[4]));  // a tie keeps the right operand
+  kernels::cpu::reduce<float>(reduce_op::max, a, b, out);
+  BOOST_TEST(out[0] == 4);
+  BOOST_TEST(std::isnan(out[2]));
+  BOOST_TEST(std::isnan(out[3]));
+  kernels::cpu::reduce<float>(reduce_op::sum, a, b, std::span<float>(a));  // in place
+  BOOST_TEST(a[0] == 5);
+  std::vector<double> avg{3, 9};
+  kernels::cpu::finish_avg<double>(avg, 3);
+  BOOST_TEST(avg[0] == 1.0);
+  BOOST_TEST(avg[1] == 3.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(identity_quantizer)
+
+BOOST_AUTO_TEST_CASE(round_trips_and_accumulates_exactly) {
+  const quantizers::identity<double> q;
+  static_assert(quantizer<quantizers::identity<double>>);
+  const std::vector<double> in{1.5, -2.25, 1e300, 0.0};
+  std::vector<std::byte> wire(q.encoded_size(in.size()) + 1);
+  BOOST_TEST(q.encoded_size(in.size()) == 32u);
+  // Decode from an odd address: the wire buffer need not be aligned.
+  q.encode(in, {}, std::span<std::byte>(wire).subspan(1));
+  std::vector<double> out(4, 0.0);
+  BOOST_TEST(!q.decode(std::span<const std::byte>(wire).subspan(1), out));
+  BOOST_TEST(out == in);
+  BOOST_TEST(!q.decode_accumulate(std::span<const std::byte>(wire).subspan(1), out));
+  BOOST_TEST(out[0] == 3.0);
+  BOOST_TEST(q.decode(std::span<const std::byte>(wire), out) == make_error_code(errc::protocol_error));
+  BOOST_TEST(q.decode_accumulate(std::span<const std::byte>(wire).first(8), out) == make_error_code(errc::protocol_error));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(inproc_transport)
+
+namespace {
+using transports::message_header;
+const message_header header_a{1, 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, 0};
+deadline soon() { return clock::now() + std::chrono::seconds(5); }
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(messages_with_one_tag_arrive_in_order_and_tags_are_independent) {
+  inproc::world world(2);
+  auto a = world.endpoint(0);
+  auto b = world.endpoint(1);
+  int x1 = 1, x2 = 2, y = 3;
+  inproc::request s1, s2, s3;
+  a.post_send(s1, 1, 0, header_a, std::as_bytes(std::span(&x1, 1)));
+  a.post_send(s2, 1, 0, header_a, std::as_bytes(std::span(&x2, 1)));
+  a.post_send(s3, 1, 7, header_a, std::as_bytes(std::span(&y, 1)));
+  BOOST_TEST(!a.test(s1));  // nobody has received yet
+  int got_tag7 = 0, got1 = 0, got2 = 0;
+  inproc::request r3, r1, r2;
+  b.post_recv(r3, 0, 7, std::as_writable_bytes(std::span(&got_tag7, 1)));
+  b.post_recv(r1, 0, 0, std::as_writable_bytes(std::span(&got1, 1)));
+  b.post_recv(r2, 0, 0, std::as_writable_bytes(std::span(&got2, 1)));
+  for (auto* r : {&r1, &r2, &r3}) BOOST_TEST(!b.wait(*r, soon()));
+  for (auto* s : {&s1, &s2, &s3}) BOOST_TEST(!a.wait(*s, soon()));
+  BOOST_TEST(got1 == 1);
+  BOOST_TEST(got2 == 2);
+  BOOST_TEST(got_tag7 == 3);
+  BOOST_TEST((r1.header() == header_a));
+  BOOST_TEST(r1.transferred() == sizeof(int));
+}
+
+BOOST_AUTO_TEST_CASE(a_size_mismatch_is_reported_and_nothing_is_written) {
+  inproc::world world(2);
+  auto a = world.endpoint(0);
+  auto b = world.endpoint(1);
+  std::vector<std::byte> big(64, std::byte{1}), small(16, std::byte{0});
+  inproc::request s, r;
+  b.post_recv(r, 0, 0, small);
+  a.post_send(s, 1, 0, header_a, big);
+  BOOST_TEST(b.wait(r, soon()) == make_error_code(errc::protocol_error));
+  BOOST_TEST(r.transferred() == 64u);  // what the sender offered
+  BOOST_TEST(small == std::vector<std::byte>(16, std::byte{0}));
+}
+
+BOOST_AUTO_TEST_CASE(waits_end_at_their_deadline) {
+  inproc::world world(2);
+  auto a = world.endpoint(0);
+  auto b = world.endpoint(1);
+  int x = 0;
+  inproc::request r;
+  a.post_recv(r, 1, 0, std::as_writable_bytes(std::span(&x, 1)));
+  const auto start = clock::now();
+  BOOST_TEST(a.wait(r, start + std::chrono::milliseconds(50)) == make_error_code(errc::timeout));
+  BOOST_TEST((clock::now() - start >= std::chrono::milliseconds(50)));
+  // The timed-out receive was withdrawn: a later send does not land in it.
+  int y = 5;
+  inproc::request s, r2;
+  b.post_send(s, 0, 0, header_a, std::as_bytes(std::span(&y, 1)));
+  BOOST_TEST(x == 0);
+  int z = 0;
+  a.post_recv(r2, 1, 0, std::as_writable_bytes(std::span(&z, 1)));
+  BOOST_TEST(!a.wait(r2, soon()));
+  BOOST_TEST(z == 5);
+}
+
+BOOST_AUTO_TEST_CASE(destroying_a_posted_request_cancels_it) {
+  inproc::world world(2);
+  auto a = world.endpoint(0);
+  auto b = world.endpoint(1);
+  int x = 0;
+  {
+    inproc::request r;
+    a.post_recv(r, 1, 0, std::as_writable_bytes(std::span(&x, 1)));
+  }
+  int y = 9;
+  inproc::request s;
+  b.post_send(s, 0, 0, header_a, std::as_bytes(std::span(&y, 1)));
+  BOOST_TEST(!b.test(s));  // the cancelled receive did not match it
+  BOOST_TEST(x == 0);
+}
+
+BOOST_AUTO_TEST_CASE(abort_and_departure_wake_waiters) {
+  inproc::world world(3);
+  auto a = world.endpoint(0);
+  auto b = world.endpoint(1);
+  std::optional<inproc::transport> c(world.endpoint(2));
+  int x = 0;
+  inproc::request from_c;
+  a.post_recv(from_c, 2, 0, std::as_writable_bytes(std::span(&x, 1)));
+  std::thread leaver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    c.reset();
+  });
+  BOOST_TEST(a.wait(from_c, soon()) == make_error_code(errc::peer_lost));
+  leaver.join();
+
+  inproc::request from_b;
+  a.post_recv(from_b, 1, 0, std::as_writable_bytes(std::span(&x, 1)));
+  std::thread aborter([&] { b.abort(make_error_code(errc::aborted), "stop"); });
+  BOOST_TEST(a.wait(from_b, soon()) == make_error_code(errc::aborted));
+  aborter.join();
+  BOOST_TEST(a.failure().reason == "stop");
+  BOOST_TEST(a.failure().code == make_error_code(errc::aborted));
+  inproc::request late;
+  a.post_send(late, 1, 0, header_a, std::as_bytes(std::span(&x, 1)));
+  BOOST_TEST(a.test(late));
+  BOOST_TEST(a.wait(late, soon()) == make_error_code(errc::aborted));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,255 @@
+// Bad input gives a clear error on every rank — never a hang, a crash or a wrong
+// result reported as success.
+
+#include <boost/test/unit_test.hpp>
+
+#include <qcoll/qcoll.hpp>
+
+#include "support/ranks.hpp"
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace qcoll;
+using test::rank_outcomes;
+using test::run_ranks;
+
+namespace {
+
+/// Every rank failed with `code`, and (if given) some rank's message mentions each of `mentions`.
+void expect_every_rank_fails(const rank_outcomes& outcome, errc code, std::vector<std::string> mentions = {}) {
+  std::string messages;
+  for (std::size_t r = 0; r < outcome.errors.size(); ++r) {
+    const auto [got, what] = outcome.failure(r);
+    BOOST_TEST(got == make_error_code(code), "rank " << r << " got '" << got.message() << "': " << what);
+    messages += what + "\n";
+  }
+  for (const auto& m : mentions) BOOST_TEST(messages.find(m) != std::string::npos, "no message mentions '" << m << "':\n" << messages);
+}
+
+const communicator_options quick{std::chrono::milliseconds(2000)};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(bad_input)
+
+BOOST_AUTO_TEST_CASE(element_counts_that_differ_across_ranks) {
+  for (std::size_t n : {2, 3, 4, 8})
+    for (rank_t odd : {rank_t{0}, rank_t(n / 2), rank_t(n - 1)}) {
+      BOOST_TEST_CONTEXT("n=" << n << " odd rank=" << odd) {
+        const auto outcome = run_ranks(
+            n,
+            [&](auto& comm) {
+              std::vector<float> v(comm.rank() == odd ? 101 : 100, 1.0f);
+              comm.allreduce(std::span<float>(v), reduce_op::sum);
+            },
+            quick);
+        expect_every_rank_fails(outcome, errc::count_mismatch, {"allreduce(count=101, f32, sum)", "allreduce(count=100, f32, sum)", "of " + std::to_string(n)});
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(counts_differ_in_every_collective) {
+  const std::size_t n = 4;
+  const auto outcome_rs = run_ranks(n, [&](auto& comm) {
+    std::vector<double> in(comm.rank() == 3 ? 41 : 40, 1.0);
+    std::vector<double> out(block_of(in.size(), n, comm.rank()).size);
+    comm.reduce_scatter(std::span<const double>(in), std::span<double>(out), reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(outcome_rs, errc::count_mismatch);
+
+  const auto outcome_ag = run_ranks(n, [&](auto& comm) {
+    std::vector<double> out(comm.rank() == 0 ? 44 : 40);
+    std::vector<double> in(block_of(out.size(), n, comm.rank()).size, 1.0);
+    comm.all_gather(std::span<const double>(in), std::span<double>(out));
+  }, quick);
+  expect_every_rank_fails(outcome_ag, errc::count_mismatch);
+
+  const auto outcome_bc = run_ranks(n, [&](auto& comm) {
+    std::vector<double> data(comm.rank() == 2 ? 9 : 10, 1.0);
+    comm.broadcast(std::span<double>(data), 1);
+  }, quick);
+  expect_every_rank_fails(outcome_bc, errc::count_mismatch);
+}
+
+BOOST_AUTO_TEST_CASE(element_types_that_differ_across_ranks) {
+  const auto outcome = run_ranks(3, [](auto& comm) {
+    if (comm.rank() == 1) {
+      std::vector<double> v(64, 1.0);
+      comm.allreduce(std::span<double>(v), reduce_op::sum);
+    } else {
+      std::vector<float> v(64, 1.0f);
+      comm.allreduce(std::span<float>(v), reduce_op::sum);
+    }
+  }, quick);
+  expect_every_rank_fails(outcome, errc::type_mismatch, {"f64", "f32"});
+}
+
+BOOST_AUTO_TEST_CASE(ranks_that_call_different_operations) {
+  const auto different_op = run_ranks(4, [](auto& comm) {
+    std::vector<float> v(16, 1.0f);
+    comm.allreduce(std::span<float>(v), comm.rank() == 2 ? reduce_op::max : reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(different_op, errc::operation_mismatch, {"max", "sum"});
+
+  const auto different_collective = run_ranks(3, [](auto& comm) {
+    std::vector<float> v(16, 1.0f);
+    if (comm.rank() == 0)
+      comm.broadcast(std::span<float>(v), 0);
+    else
+      comm.allreduce(std::span<float>(v), reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(different_collective, errc::operation_mismatch, {"broadcast", "allreduce"});
+
+  const auto different_root = run_ranks(3, [](auto& comm) {
+    std::vector<float> v(16, 1.0f);
+    comm.broadcast(std::span<float>(v), comm.rank() == 1 ? 2 : 0);
+  }, quick);
+  expect_every_rank_fails(different_root, errc::operation_mismatch, {"root=2", "root=0"});
+
+  // A rank that skipped a collective is one sequence number behind.
+  const auto skipped = run_ranks(3, [](auto& comm) {
+    std::vector<float> v(16, 1.0f);
+    if (comm.rank() != 2) comm.barrier();
+    comm.allreduce(std::span<float>(v), reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(skipped, errc::operation_mismatch, {"barrier #0", "allreduce(count=16, f32, sum) #0"});
+}
+
+BOOST_AUTO_TEST_CASE(rank_out_of_range) {
+  transports::inproc::world world(2);
+  BOOST_CHECK_THROW(world.endpoint(2), error);
+  auto taken = world.endpoint(0);
+  BOOST_CHECK_THROW(world.endpoint(0), error);  // each endpoint once
+
+  const auto bad_root_everywhere = run_ranks(3, [](auto& comm) {
+    std::vector<float> v(8);
+    comm.broadcast(std::span<float>(v), 3);
+  }, quick);
+  expect_every_rank_fails(bad_root_everywhere, errc::invalid_argument, {"root 3 is out of range"});
+
+  const auto bad_root_on_one_rank = run_ranks(3, [](auto& comm) {
+    std::vector<float> v(8);
+    comm.broadcast(std::span<float>(v), comm.rank() == 0 ? 7 : 0);
+  }, quick);
+  expect_every_rank_fails(bad_root_on_one_rank, errc::invalid_argument, {"root 7 is out of range"});
+}
+
+BOOST_AUTO_TEST_CASE(empty_or_inconsistent_communicator) {
+  BOOST_CHECK_THROW(transports::inproc::world(0), error);
+  BOOST_CHECK_THROW(topologies::ring(0), error);
+  BOOST_CHECK_THROW(topologies::ring(std::vector<rank_t>{}), error);
+  BOOST_CHECK_THROW(topologies::ring(std::vector<rank_t>{0, 2}), error);  // not a permutation
+  BOOST_CHECK_THROW(topologies::ring(std::vector<rank_t>{1, 1}), error);
+  BOOST_CHECK_THROW(topologies::fully_connected(0), error);
+
+  transports::inproc::world world(3);
+  try {
+    communicator comm(world.endpoint(0), topologies::ring(4));
+    BOOST_FAIL("a topology of another size must be refused");
+  } catch (const error& e) {
+    BOOST_TEST(e.code() == make_error_code(errc::invalid_argument));
+    BOOST_TEST(std::string(e.what()).find("topology has 4 ranks but the transport has 3") != std::string::npos);
+  }
+  BOOST_CHECK_THROW(communicator(world.endpoint(1), communicator_options{std::chrono::milliseconds(0)}), error);
+}
+
+BOOST_AUTO_TEST_CASE(buffers_that_overlap_where_they_must_not) {
+  const auto allreduce_overlap = run_ranks(3, [](auto& comm) {
+    std::vector<float> storage(101, 1.0f);
+    std::span<float> whole(storage);
+    if (comm.rank() == 1)
+      comm.allreduce(std::span<const float>(whole.first(100)), whole.last(100), reduce_op::sum);
+    else
+      comm.allreduce(whole.first(100), reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(allreduce_overlap, errc::invalid_argument, {"overlap", "rank 1 of 3"});
+
+  const auto reduce_scatter_overlap = run_ranks(2, [](auto& comm) {
+    std::vector<double> in(10, 1.0);
+    std::span<double> whole(in);
+    // Block 0 is [0, 5): passing [1, 6) as rank 0's output overlaps the input wrongly.
+    auto out = comm.rank() == 0 ? whole.subspan(1, 5) : whole.subspan(5, 5);
+    comm.reduce_scatter(std::span<const double>(whole), out, reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(reduce_scatter_overlap, errc::invalid_argument, {"overlaps the input"});
+
+  const auto all_gather_overlap = run_ranks(2, [](auto& comm) {
+    std::vector<double> out(10, 1.0);
+    std::span<double> whole(out);
+    auto in = comm.rank() == 1 ? whole.subspan(0, 5) : whole.subspan(0, 5);  // rank 1's block is [5, 10)
+    comm.all_gather(std::span<const double>(in), whole);
+  }, quick);
+  expect_every_rank_fails(all_gather_overlap, errc::invalid_argument, {"overlaps the output"});
+}
+
+BOOST_AUTO_TEST_CASE(wrong_block_size) {
+  const auto outcome = run_ranks(4, [](auto& comm) {
+    std::vector<float> in(10, 1.0f);
+    std::vector<float> out(block_of(10, 4, comm.rank()).size + (comm.rank() == 3 ? 1 : 0));
+    comm.reduce_scatter(std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(outcome, errc::invalid_argument, {"output has 3 elements but block 3 of 10 has 2"});
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_never_arrives_times_out_everywhere) {
+  const communicator_options short_deadline{std::chrono::milliseconds(200)};
+  const auto started = clock::now();
+  const auto outcome = run_ranks(3, [](auto& comm) {
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // alive, but silent
+      std::vector<float> v(4096);
+      comm.allreduce(std::span<float>(v), reduce_op::sum);  // by now the others have given up
+      return;
+    }
+    std::vector<float> v(4096);
+    comm.allreduce(std::span<float>(v), reduce_op::sum);
+  }, short_deadline);
+  expect_every_rank_fails(outcome, errc::timeout, {"no progress from peer 2 within 200ms"});
+  BOOST_TEST((clock::now() - started < std::chrono::milliseconds(1500 + 1000)));
+  // The silent rank learns it too: the communicator was aborted while it slept.
+  BOOST_TEST(std::get<1>(outcome.failure(2)).find("the communicator was aborted") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_leaves_is_reported_lost) {
+  for (std::size_t n : {2, 3, 5}) {
+    const auto outcome = run_ranks(n, [n](auto& comm) {
+      if (comm.rank() == n - 1) return;  // its endpoint goes away without a word
+      std::vector<double> v(1 << 16, 1.0);
+      comm.allreduce(std::span<double>(v), reduce_op::sum);
+    }, quick);
+    for (std::size_t r = 0; r + 1 < n; ++r)
+      BOOST_TEST(outcome.failure(r).first == make_error_code(errc::peer_lost), "n=" << n << " rank " << r);
+    BOOST_TEST(!outcome.errors[n - 1]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(abort_fails_everyone_now_and_later) {
+  const auto outcome = run_ranks(4, [](auto& comm) {
+    std::vector<float> v(1000, 1.0f);
+    if (comm.rank() == 0) {
+      comm.abort("the loss went NaN");
+      BOOST_TEST(comm.aborted());
+    }
+    comm.allreduce(std::span<float>(v), reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(outcome, errc::aborted, {"rank 0 aborted the communicator: the loss went NaN"});
+}
+
+BOOST_AUTO_TEST_CASE(error_code_forms_report_instead_of_throwing) {
+  std::vector<std::error_code> codes(3);
+  const auto outcome = run_ranks(3, [&](auto& comm) {
+    std::vector<float> v(comm.rank() == 0 ? 10 : 11);
+    std::error_code ec;
+    comm.allreduce(std::span<float>(v), reduce_op::sum, ec);
+    codes[comm.rank()] = ec;
+    comm.barrier(ec);  // the communicator is aborted: the cause is reported again, still no throw
+    BOOST_TEST(ec == make_error_code(errc::count_mismatch));
+  }, quick);
+  BOOST_TEST(outcome.all_succeeded());
+  for (const auto& ec : codes) BOOST_TEST(ec == make_error_code(errc::count_mismatch));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,68 @@
+#pragma once
+// Runs N ranks as threads over the in-process transport: the harness every
+// collective test uses to sweep world sizes.
+
+#include <qcoll/communicator.hpp>
+#include <qcoll/topologies/ring.hpp>
+#include <qcoll/transports/inproc.hpp>
+
+#include <exception>
+#include <functional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace qcoll::test {
+
+template <class Topology>
+using inproc_communicator = communicator<transports::inproc::transport, Topology>;
+
+/// What each rank's function threw (null where it returned).
+struct rank_outcomes {
+  std::vector<std::exception_ptr> errors;
+
+  bool all_succeeded() const {
+    for (const auto& e : errors)
+      if (e) return false;
+    return true;
+  }
+
+  /// The code and message rank r failed with, or {} and "" if it succeeded.
+  std::pair<std::error_code, std::string> failure(std::size_t r) const {
+    if (!errors.at(r)) return {};
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::system_error& e) {
+      return {e.code(), e.what()};
+    } catch (const std::exception& e) {
+      return {std::make_error_code(std::errc::state_not_recoverable), e.what()};
+    }
+  }
+};
+
+/// Rank r runs fn(communicator&) on its own thread; make_topology(n) gives the topology.
+template <class Topology = topologies::ring, class Fn>
+rank_outcomes run_ranks(std::size_t n, Fn fn, communicator_options options = {},
+                        std::function<Topology(std::size_t)> make_topology = [](std::size_t size) {
+                          return Topology(size);
+                        }) {
+  transports::inproc::world world(n);
+  rank_outcomes outcomes{std::vector<std::exception_ptr>(n)};
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        inproc_communicator<Topology> comm(world.endpoint(r), make_topology(n), options);
+        fn(comm);
+      } catch (...) {
+        outcomes.errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return outcomes;
+}
+
+}  // namespace qcoll::test
