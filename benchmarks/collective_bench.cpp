@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -75,12 +74,9 @@ measurement measure(const options& o, std::size_t count, int warmup, int iterati
   const qcoll::rank_t n = o.ranks;
   std::vector<std::vector<double>> seconds(n, std::vector<double>(iterations));
   std::vector<std::size_t> wrong(n);
-  qcoll::transports::inproc::world world(n);
-  {
-    std::vector<std::jthread> threads;
-    for (qcoll::rank_t r = 0; r < n; ++r)
-      threads.emplace_back([&, r] {
-        qcoll::communicator comm(world.endpoint(r));
+  const auto errors = qcoll::transports::inproc::run_ranks(n, [&](qcoll::transports::inproc::transport endpoint) {
+        qcoll::communicator comm(std::move(endpoint));
+        const qcoll::rank_t r = comm.rank();
         const qcoll::block_range mine = qcoll::block_of(count, n, r);
         std::vector<float> pristine(count), data(count), block(mine.size);
         // all_gather starts with only this rank's block right, so the check sees what arrived.
@@ -109,7 +105,8 @@ measurement measure(const options& o, std::size_t count, int warmup, int iterati
             for (std::size_t i = 0; i < count; ++i) wrong[r] += data[i] != pattern(i, 0);
         }
       });
-  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
   measurement m{std::vector<double>(iterations), *std::max_element(wrong.begin(), wrong.end())};
   for (int it = 0; it < iterations; ++it)
     for (qcoll::rank_t r = 0; r < n; ++r) m.seconds[it] = std::max(m.seconds[it], seconds[r][it]);

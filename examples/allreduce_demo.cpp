@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -39,21 +38,11 @@ settings parse(int argc, char** argv) {
 /// Runs fn(comm) on every rank's thread; rethrows the first failure.
 template <class Fn>
 void on_every_rank(qcoll::rank_t ranks, Fn fn) {
-  qcoll::transports::inproc::world world(ranks);
-  std::vector<std::exception_ptr> errors(ranks);
-  {
-    std::vector<std::jthread> threads;
-    for (qcoll::rank_t r = 0; r < ranks; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          qcoll::communicator comm(world.endpoint(r));
-          fn(comm);
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-  }
-  for (auto& e : errors)
+  const auto errors = qcoll::transports::inproc::run_ranks(ranks, [&](qcoll::transports::inproc::transport endpoint) {
+    qcoll::communicator comm(std::move(endpoint));
+    fn(comm);
+  });
+  for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
 }
 

@@ -148,12 +148,15 @@ namespace {
 using transports::message_header;
 const message_header header_a{1, 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, 0};
 deadline soon() { return clock::now() + std::chrono::seconds(5); }
+
+struct two_ranks {
+  inproc::world world{2};
+  inproc::transport a = world.endpoint(0);
+  inproc::transport b = world.endpoint(1);
+};
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(messages_with_one_tag_arrive_in_order_and_tags_are_independent) {
-  inproc::world world(2);
-  auto a = world.endpoint(0);
-  auto b = world.endpoint(1);
+BOOST_FIXTURE_TEST_CASE(messages_with_one_tag_arrive_in_order_and_tags_are_independent, two_ranks) {
   int x1 = 1, x2 = 2, y = 3;
   inproc::request s1, s2, s3;
   a.post_send(s1, 1, 0, header_a, std::as_bytes(std::span(&x1, 1)));
@@ -174,10 +177,7 @@ BOOST_AUTO_TEST_CASE(messages_with_one_tag_arrive_in_order_and_tags_are_independ
   BOOST_TEST(r1.transferred() == sizeof(int));
 }
 
-BOOST_AUTO_TEST_CASE(a_size_mismatch_is_reported_and_nothing_is_written) {
-  inproc::world world(2);
-  auto a = world.endpoint(0);
-  auto b = world.endpoint(1);
+BOOST_FIXTURE_TEST_CASE(a_size_mismatch_is_reported_and_nothing_is_written, two_ranks) {
   std::vector<std::byte> big(64, std::byte{1}), small(16, std::byte{0});
   inproc::request s, r;
   b.post_recv(r, 0, 0, small);
@@ -187,10 +187,7 @@ BOOST_AUTO_TEST_CASE(a_size_mismatch_is_reported_and_nothing_is_written) {
   BOOST_TEST(small == std::vector<std::byte>(16, std::byte{0}));
 }
 
-BOOST_AUTO_TEST_CASE(waits_end_at_their_deadline) {
-  inproc::world world(2);
-  auto a = world.endpoint(0);
-  auto b = world.endpoint(1);
+BOOST_FIXTURE_TEST_CASE(waits_end_at_their_deadline, two_ranks) {
   int x = 0;
   inproc::request r;
   a.post_recv(r, 1, 0, std::as_writable_bytes(std::span(&x, 1)));
@@ -208,10 +205,7 @@ BOOST_AUTO_TEST_CASE(waits_end_at_their_deadline) {
   BOOST_TEST(z == 5);
 }
 
-BOOST_AUTO_TEST_CASE(destroying_a_posted_request_cancels_it) {
-  inproc::world world(2);
-  auto a = world.endpoint(0);
-  auto b = world.endpoint(1);
+BOOST_FIXTURE_TEST_CASE(destroying_a_posted_request_cancels_it, two_ranks) {
   int x = 0;
   {
     inproc::request r;
@@ -222,6 +216,26 @@ BOOST_AUTO_TEST_CASE(destroying_a_posted_request_cancels_it) {
   b.post_send(s, 0, 0, header_a, std::as_bytes(std::span(&y, 1)));
   BOOST_TEST(!b.test(s));  // the cancelled receive did not match it
   BOOST_TEST(x == 0);
+}
+
+BOOST_AUTO_TEST_CASE(run_ranks_reports_what_each_rank_threw) {
+  const auto errors = inproc::run_ranks(3, [](inproc::transport endpoint) {
+    if (endpoint.rank() == 1) throw std::runtime_error("rank 1 gives up");
+    int x = 0;
+    inproc::request r;  // waits for rank 1, which threw and so left
+    endpoint.post_recv(r, 1, 0, std::as_writable_bytes(std::span(&x, 1)));
+    if (auto ec = endpoint.wait(r, soon())) throw error(ec, "waiting for rank 1");
+  });
+  BOOST_TEST_REQUIRE(errors.size() == 3u);
+  BOOST_CHECK_THROW(std::rethrow_exception(errors[1]), std::runtime_error);
+  for (std::size_t r : {0u, 2u}) {
+    BOOST_TEST_REQUIRE(static_cast<bool>(errors[r]));
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const error& e) {
+      BOOST_TEST(e.code() == make_error_code(errc::peer_lost));
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(abort_and_departure_wake_waiters) {

@@ -10,7 +10,6 @@
 #include <functional>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 namespace qcoll::test {
@@ -47,22 +46,10 @@ rank_outcomes run_ranks(std::size_t n, Fn fn, communicator_options options = {},
                         std::function<Topology(std::size_t)> make_topology = [](std::size_t size) {
                           return Topology(size);
                         }) {
-  transports::inproc::world world(n);
-  rank_outcomes outcomes{std::vector<std::exception_ptr>(n)};
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (std::size_t r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        inproc_communicator<Topology> comm(world.endpoint(r), make_topology(n), options);
-        fn(comm);
-      } catch (...) {
-        outcomes.errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return outcomes;
+  return {transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    inproc_communicator<Topology> comm(std::move(endpoint), make_topology(n), options);
+    fn(comm);
+  })};
 }
 
 }  // namespace qcoll::test

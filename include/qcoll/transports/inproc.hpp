@@ -20,8 +20,10 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <exception>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 namespace qcoll::transports::inproc {
@@ -316,6 +318,28 @@ class world {
  private:
   std::shared_ptr<detail::world_state> state_;
 };
+
+/// Runs fn(transport) for each rank of a new world of `size` ranks, each on its own
+/// thread, and waits for all of them. Returns what each rank threw (null where it
+/// returned). A rank that throws leaves, so the others fail with errc::peer_lost
+/// (or the error it aborted with) instead of waiting.
+template <class Fn>
+std::vector<std::exception_ptr> run_ranks(rank_t size, Fn fn) {
+  world ranks(size);
+  std::vector<std::exception_ptr> errors(size);
+  std::vector<std::jthread> threads;
+  threads.reserve(size);
+  for (rank_t r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(ranks.endpoint(r));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  threads.clear();  // joins
+  return errors;
+}
 
 inline request::~request() {
   if (!world_) return;
