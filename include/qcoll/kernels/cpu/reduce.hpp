@@ -4,6 +4,7 @@
 /// The switch over reduce_op below is the one place a runtime op becomes a
 /// template instantiation.
 
+#include <qcoll/kernels/reduce_ops.hpp>
 #include <qcoll/types.hpp>
 
 #include <cstddef>
@@ -12,26 +13,6 @@
 namespace qcoll::kernels::cpu {
 
 namespace detail {
-
-struct add {
-  template <class T>
-  T operator()(T a, T b) const noexcept {
-    return a + b;
-  }
-};
-// `a != a` keeps a NaN in either operand: a NaN in b fails `a < b` and yields b.
-struct minimum {
-  template <class T>
-  T operator()(T a, T b) const noexcept {
-    return (a < b || a != a) ? a : b;
-  }
-};
-struct maximum {
-  template <class T>
-  T operator()(T a, T b) const noexcept {
-    return (a > b || a != a) ? a : b;
-  }
-};
 
 template <class T, class Op>
 void combine(std::span<const T> a, std::span<const T> b, std::span<T> out, Op op) noexcept {
@@ -49,9 +30,9 @@ template <element T>
 void reduce(reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) noexcept {
   switch (op) {
     case reduce_op::sum:
-    case reduce_op::avg: return detail::combine(a, b, out, detail::add{});
-    case reduce_op::min: return detail::combine(a, b, out, detail::minimum{});
-    case reduce_op::max: return detail::combine(a, b, out, detail::maximum{});
+    case reduce_op::avg: return detail::combine(a, b, out, ops::add{});
+    case reduce_op::min: return detail::combine(a, b, out, ops::minimum{});
+    case reduce_op::max: return detail::combine(a, b, out, ops::maximum{});
   }
 }
 

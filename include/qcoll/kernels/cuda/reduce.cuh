@@ -1,0 +1,50 @@
+#pragma once
+/// @file
+/// CUDA reduce kernels (compile with nvcc; opt-in, not part of qcoll.hpp). Same
+/// operators as the scalar reference (kernels/reduce_ops.hpp), so results match it
+/// bit for bit — except NaN payloads, which the GPU canonicalises; NaN stays NaN.
+
+#include <qcoll/kernels/reduce_ops.hpp>
+#include <qcoll/types.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace qcoll::kernels::cuda {
+
+namespace detail {
+
+template <class T, class Op>
+__global__ void combine(const T* a, const T* b, T* out, std::size_t n, Op op) {
+  const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = op(a[i], b[i]);
+}
+
+template <class T, class Op>
+cudaError_t launch(const T* a, const T* b, T* out, std::size_t n, Op op, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  constexpr unsigned threads = 256;
+  // Enough blocks to fill the GPU; the grid-stride loop covers any n.
+  const std::size_t wanted = (n + threads - 1) / threads;
+  const unsigned blocks = static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
+  combine<<<blocks, threads, 0, stream>>>(a, b, out, n, op);
+  return cudaGetLastError();
+}
+
+}  // namespace detail
+
+/// out[i] = a[i] ⊕ b[i] for device pointers; `out` may equal `a` or `b`. Asynchronous on `stream`.
+/// avg reduces as sum, as in the scalar kernel.
+template <element T>
+cudaError_t reduce(reduce_op op, const T* a, const T* b, T* out, std::size_t n, cudaStream_t stream = nullptr) {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg: return detail::launch(a, b, out, n, ops::add{}, stream);
+    case reduce_op::min: return detail::launch(a, b, out, n, ops::minimum{}, stream);
+    case reduce_op::max: return detail::launch(a, b, out, n, ops::maximum{}, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace qcoll::kernels::cuda
