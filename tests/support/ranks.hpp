@@ -41,6 +41,8 @@ struct rank_outcomes {
 };
 
 /// Rank r runs fn(communicator&) on its own thread; make_topology(n) gives the topology.
+/// fn must not use Boost.Test assertions (they are not thread-safe): record results
+/// per rank, or throw, and assert on the main thread afterwards.
 template <class Topology = topologies::ring, class Fn>
 rank_outcomes run_ranks(std::size_t n, Fn fn, communicator_options options = {},
                         std::function<Topology(std::size_t)> make_topology = [](std::size_t size) {
