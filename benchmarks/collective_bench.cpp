@@ -24,9 +24,12 @@
 
 namespace {
 
+enum class operation { allreduce, reduce_scatter, all_gather };
+
 struct options {
   qcoll::rank_t ranks = 2;
-  std::string op = "allreduce";
+  operation op = operation::allreduce;
+  std::string op_name = "allreduce";
   std::size_t min_bytes = 4096, max_bytes = std::size_t{64} << 20;
   double factor = 2;
   int max_iters = 50, min_iters = 5, warmup = -1;
@@ -47,7 +50,7 @@ options parse(int argc, char** argv) {
   o.ranks = std::strtoull(argv[1], nullptr, 10);
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string_view flag = argv[i], value = argv[i + 1];
-    if (flag == "-o") o.op = value;
+    if (flag == "-o") o.op_name = value;
     else if (flag == "-b") o.min_bytes = parse_bytes(value);
     else if (flag == "-e") o.max_bytes = parse_bytes(value);
     else if (flag == "-f") o.factor = std::strtod(argv[i + 1], nullptr);
@@ -57,7 +60,10 @@ options parse(int argc, char** argv) {
     else if (flag == "-c") o.check = std::atoi(argv[i + 1]) != 0;
     else throw std::invalid_argument(fmt::format("unknown option {}", flag));
   }
-  if (o.ranks == 0 || o.factor <= 1 || (o.op != "allreduce" && o.op != "reduce_scatter" && o.op != "all_gather"))
+  if (o.op_name == "reduce_scatter") o.op = operation::reduce_scatter;
+  else if (o.op_name == "all_gather") o.op = operation::all_gather;
+  else if (o.op_name != "allreduce") o.ranks = 0;  // reported below
+  if (o.ranks == 0 || o.factor <= 1)
     throw std::invalid_argument("NRANKS must be ≥ 1, -f > 1, and -o one of allreduce, reduce_scatter, all_gather");
   return o;
 }
@@ -75,36 +81,44 @@ measurement measure(const options& o, std::size_t count, int warmup, int iterati
   std::vector<std::vector<double>> seconds(n, std::vector<double>(iterations));
   std::vector<std::size_t> wrong(n);
   const auto errors = qcoll::transports::inproc::run_ranks(n, [&](qcoll::transports::inproc::transport endpoint) {
-        qcoll::communicator comm(std::move(endpoint));
-        const qcoll::rank_t r = comm.rank();
-        const qcoll::block_range mine = qcoll::block_of(count, n, r);
-        std::vector<float> pristine(count), data(count), block(mine.size);
-        // all_gather starts with only this rank's block right, so the check sees what arrived.
-        const auto in_mine = [&](std::size_t i) { return i >= mine.offset && i < mine.offset + mine.size; };
-        for (std::size_t i = 0; i < count; ++i)
-          pristine[i] = o.op != "all_gather" ? pattern(i, r) : in_mine(i) ? pattern(i, 0) : -1.0f;
-        const float ranks_sum = float(n * (n + 1) / 2);
-        for (int it = -warmup; it < iterations; ++it) {
-          std::copy(pristine.begin(), pristine.end(), data.begin());
-          comm.barrier();
-          const auto start = std::chrono::steady_clock::now();
-          if (o.op == "allreduce")
-            comm.allreduce(std::span<float>(data), qcoll::reduce_op::sum);
-          else if (o.op == "reduce_scatter")
-            comm.reduce_scatter(std::span<const float>(data), std::span<float>(block), qcoll::reduce_op::sum);
-          else
-            comm.all_gather(std::span<const float>(mine.of(std::span<float>(data))), std::span<float>(data));
-          const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-          if (it >= 0) seconds[r][it] = took.count();
-          if (!o.check) continue;
-          if (o.op == "allreduce")
-            for (std::size_t i = 0; i < count; ++i) wrong[r] += data[i] != ranks_sum * pattern(i, 0);
-          else if (o.op == "reduce_scatter")
-            for (std::size_t i = 0; i < mine.size; ++i) wrong[r] += block[i] != ranks_sum * pattern(mine.offset + i, 0);
-          else
-            for (std::size_t i = 0; i < count; ++i) wrong[r] += data[i] != pattern(i, 0);
-        }
-      });
+    qcoll::communicator comm(std::move(endpoint));
+    const qcoll::rank_t r = comm.rank();
+    const qcoll::block_range mine = qcoll::block_of(count, n, r);
+    std::vector<float> pristine(count), data(count), block(mine.size);
+    // all_gather starts with only this rank's block right, so the check sees what arrived.
+    const auto in_mine = [&](std::size_t i) { return i >= mine.offset && i < mine.offset + mine.size; };
+    for (std::size_t i = 0; i < count; ++i)
+      pristine[i] = o.op != operation::all_gather ? pattern(i, r) : in_mine(i) ? pattern(i, 0) : -1.0f;
+    const float ranks_sum = float(n * (n + 1) / 2);
+    for (int it = -warmup; it < iterations; ++it) {
+      std::copy(pristine.begin(), pristine.end(), data.begin());
+      comm.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      switch (o.op) {
+        case operation::allreduce: comm.allreduce(std::span<float>(data), qcoll::reduce_op::sum); break;
+        case operation::reduce_scatter:
+          comm.reduce_scatter(std::span<const float>(data), std::span<float>(block), qcoll::reduce_op::sum);
+          break;
+        case operation::all_gather:
+          comm.all_gather(std::span<const float>(mine.of(std::span<float>(data))), std::span<float>(data));
+          break;
+      }
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      if (it >= 0) seconds[r][it] = took.count();
+      if (!o.check) continue;
+      switch (o.op) {
+        case operation::allreduce:
+          for (std::size_t i = 0; i < count; ++i) wrong[r] += data[i] != ranks_sum * pattern(i, 0);
+          break;
+        case operation::reduce_scatter:
+          for (std::size_t i = 0; i < mine.size; ++i) wrong[r] += block[i] != ranks_sum * pattern(mine.offset + i, 0);
+          break;
+        case operation::all_gather:
+          for (std::size_t i = 0; i < count; ++i) wrong[r] += data[i] != pattern(i, 0);
+          break;
+      }
+    }
+  });
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
   measurement m{std::vector<double>(iterations), *std::max_element(wrong.begin(), wrong.end())};
@@ -118,8 +132,8 @@ measurement measure(const options& o, std::size_t count, int warmup, int iterati
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
   const qcoll::rank_t n = o.ranks;
-  const double bus_factor = o.op == "allreduce" ? 2.0 * double(n - 1) / double(n) : double(n - 1) / double(n);
-  fmt::print("#\n# qcoll {} (exact, in-process transport, ring), nranks: {}\n", o.op, n);
+  const double bus_factor = o.op == operation::allreduce ? 2.0 * double(n - 1) / double(n) : double(n - 1) / double(n);
+  fmt::print("#\n# qcoll {} (exact, in-process transport, ring), nranks: {}\n", o.op_name, n);
   fmt::print("# {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>8} {:>6} {:>12}\n", "size(B)", "count", "type", "time(us)",
              "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters", "tmin(us)");
   bool all_right = true;

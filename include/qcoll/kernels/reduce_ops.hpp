@@ -9,6 +9,8 @@
 #define QCOLL_HOST_DEVICE
 #endif
 
+#include <qcoll/types.hpp>
+
 namespace qcoll::kernels::ops {
 
 struct add {
@@ -32,5 +34,19 @@ struct maximum {
     return (a > b || a != a) ? a : b;
   }
 };
+
+/// The one place a runtime reduce_op becomes an operator type: calls fn(operator).
+/// avg reduces as sum (the owner divides afterwards). Host code: it picks which
+/// kernel to run (or launch); the operators themselves are host and device code.
+template <class Fn>
+decltype(auto) with_operator(reduce_op op, Fn&& fn) {
+  switch (op) {
+    case reduce_op::min: return fn(minimum{});
+    case reduce_op::max: return fn(maximum{});
+    case reduce_op::sum:
+    case reduce_op::avg: break;
+  }
+  return fn(add{});
+}
 
 }  // namespace qcoll::kernels::ops

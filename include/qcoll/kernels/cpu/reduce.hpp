@@ -1,8 +1,6 @@
 #pragma once
 /// @file
 /// Scalar reduce kernels: the reference (the test oracle) for every other backend.
-/// The switch over reduce_op below is the one place a runtime op becomes a
-/// template instantiation.
 
 #include <qcoll/kernels/reduce_ops.hpp>
 #include <qcoll/types.hpp>
@@ -28,12 +26,7 @@ void combine(std::span<const T> a, std::span<const T> b, std::span<T> out, Op op
 /// have out.size() elements. avg reduces as sum: dividing is finish_avg's job.
 template <element T>
 void reduce(reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) noexcept {
-  switch (op) {
-    case reduce_op::sum:
-    case reduce_op::avg: return detail::combine(a, b, out, ops::add{});
-    case reduce_op::min: return detail::combine(a, b, out, ops::minimum{});
-    case reduce_op::max: return detail::combine(a, b, out, ops::maximum{});
-  }
+  ops::with_operator(op, [&](auto combine_op) { detail::combine(a, b, out, combine_op); });
 }
 
 /// Turns a sum over `contributions` ranks into their average (x / n, not x * (1/n),

@@ -38,13 +38,7 @@ cudaError_t launch(const T* a, const T* b, T* out, std::size_t n, Op op, cudaStr
 /// avg reduces as sum, as in the scalar kernel.
 template <element T>
 cudaError_t reduce(reduce_op op, const T* a, const T* b, T* out, std::size_t n, cudaStream_t stream = nullptr) {
-  switch (op) {
-    case reduce_op::sum:
-    case reduce_op::avg: return detail::launch(a, b, out, n, ops::add{}, stream);
-    case reduce_op::min: return detail::launch(a, b, out, n, ops::minimum{}, stream);
-    case reduce_op::max: return detail::launch(a, b, out, n, ops::maximum{}, stream);
-  }
-  return cudaErrorInvalidValue;
+  return ops::with_operator(op, [&](auto combine_op) { return detail::launch(a, b, out, n, combine_op, stream); });
 }
 
 }  // namespace qcoll::kernels::cuda
