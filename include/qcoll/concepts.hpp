@@ -4,6 +4,7 @@
 /// operations a model must provide, so a policy that lacks one is rejected with a
 /// diagnostic naming it. docs/concepts.md states what each operation must do.
 
+#include <qcoll/quantizers/options.hpp>
 #include <qcoll/transports/message.hpp>
 #include <qcoll/types.hpp>
 
@@ -21,20 +22,25 @@ using clock = std::chrono::steady_clock;
 /// Every blocking wait takes one; a wait that passes it returns errc::timeout.
 using deadline = clock::time_point;
 
-/// What turns n values into an encoded buffer and back, with error feedback.
-/// `encode` adds `residual` to the input, quantizes, and stores the new error in
-/// `residual`; `decode_accumulate` is the fused step reductions use (out += decoded).
+/// What turns n values into an encoded frame and back, with error feedback.
+/// `encode` adds `residual` to the input (none when it is empty), quantizes, and
+/// stores the new error in `residual`; `position` keys stochastic rounding.
+/// `decode_accumulate` is the fused step reductions use (out += decoded). Decoding
+/// checks the whole frame first and returns an error, touching nothing, if it is
+/// not exactly what this quantizer would have written for out.size() values.
+/// `bits_per_value()` is the nominal code width; `group_size()` the granularity a
+/// caller must cut buffers at to keep groups intact (0: any cut).
 template <class Q>
 concept quantizer = requires(const Q& q, std::size_t n, std::span<const typename Q::value_type> in,
                              std::span<typename Q::value_type> residual,
                              std::span<typename Q::value_type> out, std::span<std::byte> encoded,
-                             std::span<const std::byte> received) {
+                             std::span<const std::byte> received, quantizers::encode_position position) {
   requires element<typename Q::value_type>;
-  { Q::bits_per_value } -> std::convertible_to<double>;
   { Q::keeps_residual } -> std::convertible_to<bool>;
+  { q.bits_per_value() } -> std::convertible_to<double>;
   { q.group_size() } -> std::same_as<std::size_t>;
   { q.encoded_size(n) } -> std::same_as<std::size_t>;
-  { q.encode(in, residual, encoded) } -> std::same_as<void>;
+  { q.encode(in, residual, encoded, position) } -> std::same_as<void>;
   { q.decode(received, out) } -> std::same_as<std::error_code>;
   { q.decode_accumulate(received, out) } -> std::same_as<std::error_code>;
 };

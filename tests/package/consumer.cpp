@@ -17,7 +17,13 @@ int main() {
         result[r] = v[4];
       });
   }
-  std::printf("qcoll %d.%d.%d consumer: sum = %g\n", qcoll::version_major, qcoll::version_minor,
-              qcoll::version_patch, result[0]);
-  return result[0] == 3.0 && result[1] == 3.0 ? 0 : 1;
+  // The quantizer kernels come with the package, compiled in this build.
+  const qcoll::quantizers::one_bit quantizer;
+  std::vector<float> gradient(4096, 0.5f), decoded(4096);
+  std::vector<std::byte> frame(quantizer.encoded_size(gradient.size()));
+  quantizer.encode(gradient, {}, frame);
+  const bool decoded_ok = !quantizer.decode(frame, decoded) && decoded[4095] == 0.5f;
+  std::printf("qcoll %d.%d.%d consumer: sum = %g, one_bit on %s: %s\n", qcoll::version_major, qcoll::version_minor,
+              qcoll::version_patch, result[0], qcoll::kernels::cpu::active_kernels().name, decoded_ok ? "ok" : "wrong");
+  return result[0] == 3.0 && result[1] == 3.0 && decoded_ok ? 0 : 1;
 }

@@ -1,12 +1,12 @@
 #pragma once
 /// @file
-/// The lossless quantizer: values travel as they are. It is the reference that
-/// makes quantized collectives exactly checkable.
+/// The lossless quantizer: values travel as they are, in a frame like every other
+/// quantizer's. It is the reference that makes quantized collectives exactly
+/// checkable.
 
 #include <qcoll/concepts.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/quantizers/framed.hpp>
 
-#include <bit>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -15,40 +15,38 @@
 namespace qcoll::quantizers {
 
 template <element T>
-class identity {
+class identity : public detail::framed<identity<T>, T> {
  public:
-  using value_type = T;
-  static constexpr double bits_per_value = 8.0 * sizeof(T);
-  /// Nothing is lost, so there is no error to feed back.
+  static constexpr const char* name = "identity";
+  /// Nothing is lost, so there is no error to feed back; the residual is ignored.
   static constexpr bool keeps_residual = false;
 
-  std::size_t group_size() const noexcept { return 1; }
-  std::size_t encoded_size(std::size_t n) const noexcept { return n * sizeof(T); }
+  constexpr double bits_per_value() const noexcept { return 8.0 * sizeof(T); }
+  constexpr std::size_t group_size() const noexcept { return 0; }
 
-  /// `residual` is ignored (it may be empty). `encoded` must hold encoded_size(in.size()) bytes.
-  void encode(std::span<const T> in, std::span<T> /*residual*/, std::span<std::byte> encoded) const noexcept {
-    std::memcpy(encoded.data(), in.data(), in.size_bytes());
+ private:
+  friend class detail::framed<identity<T>, T>;
+
+  wire::frame_header header() const noexcept { return {.scheme = wire::scheme::identity, .type = dtype_of<T>::value}; }
+  wire::record_layout layout(std::size_t) const noexcept { return {.group = 1, .table_bytes = 0, .code_bits = 8 * sizeof(T)}; }
+
+  void encode_records(std::span<const T> in, std::span<T>, encode_position, std::byte* records) const noexcept {
+    std::memcpy(records, in.data(), in.size_bytes());
   }
-
-  std::error_code decode(std::span<const std::byte> encoded, std::span<T> out) const noexcept {
-    if (encoded.size() != encoded_size(out.size())) return make_error_code(errc::protocol_error);
-    std::memcpy(out.data(), encoded.data(), encoded.size());
-    return {};
-  }
-
-  std::error_code decode_accumulate(std::span<const std::byte> encoded, std::span<T> out) const noexcept {
-    if (encoded.size() != encoded_size(out.size())) return make_error_code(errc::protocol_error);
+  std::error_code check_records(const std::byte*, std::size_t) const noexcept { return {}; }
+  void decode_records(const std::byte* records, std::span<T> out, bool accumulate) const noexcept {
+    if (!accumulate) {
+      std::memcpy(out.data(), records, out.size_bytes());
+      return;
+    }
     for (std::size_t i = 0; i < out.size(); ++i) {
       T value;
-      std::memcpy(&value, encoded.data() + i * sizeof(T), sizeof(T));  // encoded may be unaligned
+      std::memcpy(&value, records + i * sizeof(T), sizeof(T));  // records may be unaligned
       out[i] += value;
     }
-    return {};
   }
 };
 
-// The wire format is little-endian; a big-endian port must byte-swap here.
-static_assert(std::endian::native == std::endian::little, "qcoll's wire format assumes a little-endian host");
 static_assert(quantizer<identity<float>>);
 static_assert(quantizer<identity<double>>);
 

@@ -1,0 +1,44 @@
+# qcoll_add_kernels(<source dir>): the qcoll::kernels static library, the
+# quantizer kernels compiled once per instruction set so that
+# kernels/cpu/dispatch.hpp can pick the best one this CPU runs. Used by qcoll's
+# own build and by the installed qcollConfig.cmake (which compiles them in the
+# consumer's build, so the package stays architecture independent).
+function(qcoll_add_kernels source_dir)
+  if(TARGET qcoll_kernels)
+    return()
+  endif()
+  add_library(qcoll_kernels STATIC)
+  add_library(qcoll::kernels ALIAS qcoll_kernels)
+  target_compile_features(qcoll_kernels PUBLIC cxx_std_20)
+  target_link_libraries(qcoll_kernels PRIVATE xsimd)
+  target_include_directories(qcoll_kernels PRIVATE ${ARGN})
+  target_compile_definitions(qcoll_kernels INTERFACE QCOLL_KERNELS_COMPILED)
+
+  # (backend, xsimd architecture, flags); the reference has no architecture.
+  set(backends reference)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
+    list(APPEND backends sse2 avx2 avx512f)
+  endif()
+  set(flags_reference "")
+  set(flags_sse2 -msse2)
+  set(flags_avx2 -mavx2)
+  set(flags_avx512f -mavx512f)
+  foreach(backend IN LISTS backends)
+    set(object qcoll_kernels_${backend})
+    add_library(${object} OBJECT ${source_dir}/kernels.cpp)
+    target_compile_features(${object} PRIVATE cxx_std_20)
+    target_link_libraries(${object} PRIVATE xsimd)
+    target_include_directories(${object} PRIVATE ${ARGN})
+    set_target_properties(${object} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    # No fused multiply-add in one backend and not in another: results must match bit for bit.
+    target_compile_options(${object} PRIVATE ${flags_${backend}} $<$<CXX_COMPILER_ID:GNU,Clang>:-ffp-contract=off>)
+    target_compile_definitions(${object} PRIVATE QCOLL_KERNEL_TABLE=${backend} QCOLL_KERNEL_ABI=abi_${backend})
+    if(NOT backend STREQUAL "reference")
+      target_compile_definitions(${object} PRIVATE QCOLL_KERNEL_ARCH=${backend})
+      string(TOUPPER ${backend} upper)
+      target_compile_definitions(qcoll_kernels INTERFACE QCOLL_KERNELS_WITH_${upper})
+    endif()
+    target_sources(qcoll_kernels PRIVATE $<TARGET_OBJECTS:${object}>)
+  endforeach()
+  set_target_properties(qcoll_kernels PROPERTIES LINKER_LANGUAGE CXX POSITION_INDEPENDENT_CODE ON)
+endfunction()

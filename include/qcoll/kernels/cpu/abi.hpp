@@ -1,0 +1,46 @@
+#pragma once
+/// @file
+/// Kernel code lives in an inline namespace named after the architecture it is
+/// compiled for. src/kernels.cpp builds the kernels once per instruction set; without
+/// this, the linker would keep one copy of each shared inline helper — possibly
+/// the AVX-512 build of it — for every caller, and a CPU without AVX-512 would
+/// crash. Kernel code therefore calls only functions inside this namespace,
+/// compiler builtins and intrinsics (no std:: algorithms, no std::isfinite).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#ifndef QCOLL_KERNEL_ABI
+#define QCOLL_KERNEL_ABI native
+#endif
+
+#define QCOLL_CPU_KERNELS_BEGIN    \
+  namespace qcoll::kernels::cpu {  \
+  inline namespace QCOLL_KERNEL_ABI {
+#define QCOLL_CPU_KERNELS_END \
+  }                           \
+  }
+
+QCOLL_CPU_KERNELS_BEGIN
+
+/// Unaligned little-endian field access inside a frame's records.
+template <class T>
+inline void store(std::byte* at, T value) noexcept {
+  __builtin_memcpy(at, &value, sizeof value);
+}
+template <class T>
+inline T load(const std::byte* at) noexcept {
+  T value;
+  __builtin_memcpy(&value, at, sizeof value);
+  return value;
+}
+
+/// Neither NaN nor ±Inf, from the bits (immune to -ffast-math).
+inline bool is_finite(float value) noexcept {
+  std::uint32_t bits;
+  __builtin_memcpy(&bits, &value, sizeof bits);
+  return (bits & 0x7f800000u) != 0x7f800000u;
+}
+
+QCOLL_CPU_KERNELS_END

@@ -1,0 +1,34 @@
+#pragma once
+/// @file
+/// One backend's quantizer kernels, as plain function pointers, so the backend is
+/// chosen once at run time (dispatch.hpp) and every quantizer call goes through
+/// the same table. Kernels write and read a frame's group records only; the
+/// quantizer classes own the header and the validation.
+
+#include <qcoll/quantizers/options.hpp>
+
+#include <cstddef>
+#include <span>
+
+namespace qcoll::kernels::cpu {
+
+struct kernel_table {
+  const char* name;  ///< "reference", "sse2", "avx2", "avx512f", …
+
+  void (*one_bit_encode)(const quantizers::one_bit_options&, std::span<const float> in, std::span<float> residual,
+                         std::byte* records) noexcept;
+  void (*one_bit_decode)(const quantizers::one_bit_options&, const std::byte* records, std::span<float> out,
+                         bool accumulate) noexcept;
+
+  void (*k_level_encode)(const quantizers::k_level_options&, std::span<const float> in, std::span<float> residual,
+                         quantizers::encode_position position, std::byte* records) noexcept;
+  void (*k_level_decode)(const quantizers::k_level_options&, const std::byte* records, std::span<float> out,
+                         bool accumulate) noexcept;
+
+  void (*bfp_encode)(const quantizers::bfp_options&, std::span<const float> in, std::span<float> residual,
+                     std::byte* records) noexcept;
+  void (*bfp_decode)(const quantizers::bfp_options&, const std::byte* records, std::span<float> out,
+                     bool accumulate) noexcept;
+};
+
+}  // namespace qcoll::kernels::cpu

@@ -1,0 +1,102 @@
+#pragma once
+/// @file
+/// The one_bit reference kernels: plain loops that define the results every other
+/// backend must reproduce bit for bit.
+
+#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/cpu/lanes.hpp>
+#include <qcoll/kernels/cpu/one_bit_common.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <span>
+
+QCOLL_CPU_KERNELS_BEGIN
+namespace reference {
+
+inline void one_bit_encode_group(const quantizers::one_bit_options& options, const float* x, float* residual,
+                                 std::size_t g, std::byte* record) noexcept {
+  using namespace one_bit_detail;
+  float threshold = 0;
+  if (options.threshold == quantizers::threshold::group_mean) {
+    lane_sums lanes{};
+    for (std::size_t i = 0; i < g; ++i) lanes[i % summation_lanes] += fed(x, residual, i);
+    const float total = fold_lanes(lanes);
+    if (!is_finite(total) && has_nonfinite(x, residual, g)) {
+      store(record, nonfinite_table.zero);
+      store(record + sizeof(float), nonfinite_table.one);
+      std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
+      return;
+    }
+    threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual, g);
+  }
+
+  std::byte* bits = record + 2 * sizeof(float);
+  std::memset(bits, 0, layout(g).codes_bytes(g));
+  lane_sums sum0{}, sum1{};
+  bin_statistics stats;
+  stats.low = std::numeric_limits<float>::infinity();
+  stats.high = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < g; ++i) {
+    const float v = fed(x, residual, i);
+    if (v >= threshold) {  // the threshold itself goes to bin 1
+      bits[i / 8] |= std::byte{1} << (i % 8);
+      sum1[i % summation_lanes] += v;
+      ++stats.count1;
+    } else {
+      sum0[i % summation_lanes] += v;
+    }
+    stats.low = v < stats.low ? v : stats.low;
+    stats.high = v > stats.high ? v : stats.high;
+  }
+  stats.sum0 = fold_lanes(sum0);
+  stats.sum1 = fold_lanes(sum1);
+  const table values = finish(options, stats, threshold, x, residual, g);
+  store(record, values.zero);
+  store(record + sizeof(float), values.one);
+  if (values.nonfinite) {
+    std::memset(bits, 0, layout(g).codes_bytes(g));
+    return;
+  }
+  if (residual)
+    for (std::size_t i = 0; i < g; ++i) {
+      const float v = x[i] + residual[i];
+      residual[i] = v - (v >= threshold ? values.one : values.zero);
+    }
+}
+
+/// Encodes in.size() values into the records of a frame (header excluded).
+/// `residual` is empty (no error feedback) or as long as `in`.
+inline void one_bit_encode(const quantizers::one_bit_options& options, std::span<const float> in,
+                           std::span<float> residual, std::byte* records) noexcept {
+  const auto records_layout = one_bit_detail::layout(options.group_size);
+  for (std::size_t first = 0; first < in.size(); first += options.group_size) {
+    const std::size_t g = std::min(options.group_size, in.size() - first);
+    one_bit_encode_group(options, in.data() + first, residual.empty() ? nullptr : residual.data() + first, g, records);
+    records += records_layout.record_bytes(g);
+  }
+}
+
+/// out = decoded (accumulate false) or out += decoded (accumulate true).
+inline void one_bit_decode(const quantizers::one_bit_options& options, const std::byte* records, std::span<float> out,
+                           bool accumulate) noexcept {
+  const auto records_layout = one_bit_detail::layout(options.group_size);
+  for (std::size_t first = 0; first < out.size(); first += options.group_size) {
+    const std::size_t g = std::min(options.group_size, out.size() - first);
+    const float zero = load<float>(records);
+    const float one = load<float>(records + sizeof(float));
+    const std::byte* bits = records + 2 * sizeof(float);
+    float* y = out.data() + first;
+    for (std::size_t i = 0; i < g; ++i) {
+      const float value = ((bits[i / 8] >> (i % 8)) & std::byte{1}) != std::byte{0} ? one : zero;
+      y[i] = accumulate ? y[i] + value : value;
+    }
+    records += records_layout.record_bytes(g);
+  }
+}
+
+}  // namespace reference
+QCOLL_CPU_KERNELS_END

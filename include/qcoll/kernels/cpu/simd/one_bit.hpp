@@ -1,0 +1,177 @@
+#pragma once
+/// @file
+/// one_bit kernels over xsimd batches. They walk each group in blocks of 16 values
+/// (the summation lanes of lanes.hpp, in 16/W registers of W lanes) and leave the
+/// last partial block to the same scalar code as the reference, so the results
+/// match the reference bit for bit.
+
+#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/cpu/lanes.hpp>
+#include <qcoll/kernels/cpu/one_bit_common.hpp>
+#include <qcoll/kernels/cpu/simd/masks.hpp>
+
+#include <xsimd/xsimd.hpp>
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <span>
+
+QCOLL_CPU_KERNELS_BEGIN
+namespace simd {
+
+template <class Arch>
+struct one_bit_kernels {
+  using batch = xsimd::batch<float, Arch>;
+  static constexpr std::size_t width = batch::size;
+  static constexpr std::size_t registers = summation_lanes / width;
+  static_assert(summation_lanes % width == 0, "a block of 16 values must fill whole registers");
+  using accumulators = std::array<batch, registers>;
+
+  static batch fed(const float* x, const float* residual, std::size_t i) noexcept {
+    const batch value = batch::load_unaligned(x + i);
+    return residual ? value + batch::load_unaligned(residual + i) : value;
+  }
+
+  static lane_sums spill(const accumulators& registers_) noexcept {
+    alignas(64) lane_sums lanes;
+    for (std::size_t k = 0; k < registers; ++k) registers_[k].store_aligned(lanes.data() + k * width);
+    return lanes;
+  }
+
+  static void encode_group(const quantizers::one_bit_options& options, const float* x, float* residual,
+                           std::size_t g, std::byte* record) noexcept {
+    using namespace one_bit_detail;
+    const std::size_t body = g / summation_lanes * summation_lanes;
+    float threshold = 0;
+    if (options.threshold == quantizers::threshold::group_mean) {
+      accumulators sums;
+      sums.fill(batch(0.0f));
+      for (std::size_t i = 0; i < body; i += summation_lanes)
+        for (std::size_t k = 0; k < registers; ++k) sums[k] += fed(x, residual, i + k * width);
+      lane_sums lanes = spill(sums);
+      for (std::size_t i = body; i < g; ++i) lanes[i % summation_lanes] += one_bit_detail::fed(x, residual, i);
+      const float total = fold_lanes(lanes);
+      if (!is_finite(total) && has_nonfinite(x, residual, g)) {
+        store(record, nonfinite_table.zero);
+        store(record + sizeof(float), nonfinite_table.one);
+        std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
+        return;
+      }
+      threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual, g);
+    }
+
+    std::byte* bits = record + 2 * sizeof(float);
+    const batch threshold_lanes(threshold), zero(0.0f);
+    accumulators sum0, sum1, low, high;
+    sum0.fill(zero);
+    sum1.fill(zero);
+    low.fill(batch(std::numeric_limits<float>::infinity()));
+    high.fill(batch(-std::numeric_limits<float>::infinity()));
+    const bool min_max = options.reconstruction == quantizers::reconstruction::min_max;
+    bin_statistics stats;
+    for (std::size_t i = 0; i < body; i += summation_lanes) {
+      std::uint32_t block_bits = 0;
+      for (std::size_t k = 0; k < registers; ++k) {
+        const batch v = fed(x, residual, i + k * width);
+        const auto in_one = v >= threshold_lanes;
+        block_bits |= movemask(in_one) << (k * width);
+        sum1[k] += xsimd::select(in_one, v, zero);
+        sum0[k] += xsimd::select(in_one, zero, v);
+        if (min_max) {
+          low[k] = xsimd::min(low[k], v);
+          high[k] = xsimd::max(high[k], v);
+        }
+      }
+      store(bits + i / 8, static_cast<std::uint16_t>(block_bits));
+      stats.count1 += static_cast<std::size_t>(__builtin_popcount(block_bits));
+    }
+    lane_sums lanes0 = spill(sum0), lanes1 = spill(sum1);
+    if (min_max) {
+      const lane_sums lows = spill(low), highs = spill(high);
+      stats.low = lows[0];
+      stats.high = highs[0];
+      for (std::size_t j = 1; j < summation_lanes; ++j) {
+        stats.low = lows[j] < stats.low ? lows[j] : stats.low;
+        stats.high = highs[j] > stats.high ? highs[j] : stats.high;
+      }
+    }
+    if (body < g) {
+      std::memset(bits + body / 8, 0, layout(g).codes_bytes(g) - body / 8);
+      for (std::size_t i = body; i < g; ++i) {
+        const float v = one_bit_detail::fed(x, residual, i);
+        if (v >= threshold) {
+          bits[i / 8] |= std::byte{1} << (i % 8);
+          lanes1[i % summation_lanes] += v;
+          ++stats.count1;
+        } else {
+          lanes0[i % summation_lanes] += v;
+        }
+        stats.low = v < stats.low ? v : stats.low;
+        stats.high = v > stats.high ? v : stats.high;
+      }
+    }
+    stats.sum0 = fold_lanes(lanes0);
+    stats.sum1 = fold_lanes(lanes1);
+    const table values = finish(options, stats, threshold, x, residual, g);
+    store(record, values.zero);
+    store(record + sizeof(float), values.one);
+    if (values.nonfinite) {
+      std::memset(bits, 0, layout(g).codes_bytes(g));
+      return;
+    }
+    if (!residual) return;
+    const batch one_lanes(values.one), zero_lanes(values.zero);
+    for (std::size_t i = 0; i < body; i += width) {
+      const batch v = fed(x, residual, i);
+      (v - xsimd::select(v >= threshold_lanes, one_lanes, zero_lanes)).store_unaligned(residual + i);
+    }
+    for (std::size_t i = body; i < g; ++i) {
+      const float v = x[i] + residual[i];
+      residual[i] = v - (v >= threshold ? values.one : values.zero);
+    }
+  }
+
+  static void encode(const quantizers::one_bit_options& options, std::span<const float> in, std::span<float> residual,
+                     std::byte* records) noexcept {
+    const auto records_layout = one_bit_detail::layout(options.group_size);
+    for (std::size_t first = 0; first < in.size(); first += options.group_size) {
+      const std::size_t g = std::min(options.group_size, in.size() - first);
+      encode_group(options, in.data() + first, residual.empty() ? nullptr : residual.data() + first, g, records);
+      records += records_layout.record_bytes(g);
+    }
+  }
+
+  static void decode(const quantizers::one_bit_options& options, const std::byte* records, std::span<float> out,
+                     bool accumulate) noexcept {
+    const auto records_layout = one_bit_detail::layout(options.group_size);
+    for (std::size_t first = 0; first < out.size(); first += options.group_size) {
+      const std::size_t g = std::min(options.group_size, out.size() - first);
+      const float zero = load<float>(records);
+      const float one = load<float>(records + sizeof(float));
+      const std::byte* bits = records + 2 * sizeof(float);
+      float* y = out.data() + first;
+      const batch zero_lanes(zero), one_lanes(one);
+      const std::size_t body = g / summation_lanes * summation_lanes;
+      constexpr std::uint32_t lane_mask = width >= 32 ? ~0u : (1u << width) - 1;
+      for (std::size_t i = 0; i < body; i += summation_lanes) {
+        const std::uint32_t block_bits = load<std::uint16_t>(bits + i / 8);
+        for (std::size_t k = 0; k < registers; ++k) {
+          const batch value = select_bits<Arch>((block_bits >> (k * width)) & lane_mask, one_lanes, zero_lanes);
+          float* at = y + i + k * width;
+          (accumulate ? batch::load_unaligned(at) + value : value).store_unaligned(at);
+        }
+      }
+      for (std::size_t i = body; i < g; ++i) {
+        const float value = ((bits[i / 8] >> (i % 8)) & std::byte{1}) != std::byte{0} ? one : zero;
+        y[i] = accumulate ? y[i] + value : value;
+      }
+      records += records_layout.record_bytes(g);
+    }
+  }
+};
+
+}  // namespace simd
+QCOLL_CPU_KERNELS_END

@@ -1,0 +1,47 @@
+#pragma once
+/// @file
+/// Builds a kernel_table from the reference kernels or from the xsimd kernels of
+/// one architecture. A table for an architecture can only be built in a
+/// translation unit compiled for it (xsimd 8 exposes an architecture's batches
+/// only when its instruction set is enabled): src/kernels.cpp does that once per
+/// architecture; a header-only build gets the one its own flags enable.
+
+#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/cpu/kernel_table.hpp>
+#include <qcoll/kernels/cpu/reference/bfp.hpp>
+#include <qcoll/kernels/cpu/reference/k_level.hpp>
+#include <qcoll/kernels/cpu/reference/one_bit.hpp>
+#include <qcoll/kernels/cpu/simd/bfp.hpp>
+#include <qcoll/kernels/cpu/simd/k_level.hpp>
+#include <qcoll/kernels/cpu/simd/one_bit.hpp>
+
+#include <xsimd/xsimd.hpp>
+
+QCOLL_CPU_KERNELS_BEGIN
+
+inline constexpr kernel_table make_reference_table() noexcept {
+  return {
+      .name = "reference",
+      .one_bit_encode = &reference::one_bit_encode,
+      .one_bit_decode = &reference::one_bit_decode,
+      .k_level_encode = &reference::k_level_encode,
+      .k_level_decode = &reference::k_level_decode,
+      .bfp_encode = &reference::bfp_encode,
+      .bfp_decode = &reference::bfp_decode,
+  };
+}
+
+template <class Arch>
+constexpr kernel_table make_simd_table() noexcept {
+  return {
+      .name = Arch::name(),
+      .one_bit_encode = &simd::one_bit_kernels<Arch>::encode,
+      .one_bit_decode = &simd::one_bit_kernels<Arch>::decode,
+      .k_level_encode = &simd::k_level_kernels<Arch>::encode,
+      .k_level_decode = &simd::k_level_kernels<Arch>::decode,
+      .bfp_encode = &simd::bfp_kernels<Arch>::encode,
+      .bfp_decode = &simd::bfp_kernels<Arch>::decode,
+  };
+}
+
+QCOLL_CPU_KERNELS_END

@@ -1,0 +1,84 @@
+#pragma once
+/// @file
+/// What every quantizer shares: the frame header, the argument checks, and the
+/// check of a received frame before anything is decoded. A quantizer supplies its
+/// header fields, its record layout, and its kernels (CRTP).
+
+#include <qcoll/detail/check.hpp>
+#include <qcoll/quantizers/options.hpp>
+#include <qcoll/quantizers/wire.hpp>
+
+#include <cstddef>
+#include <span>
+#include <system_error>
+
+namespace qcoll::quantizers::detail {
+
+/// Derived provides:
+///   static constexpr const char* name;
+///   wire::frame_header header() const;                  // all but the count
+///   wire::record_layout layout(std::size_t n) const;
+///   void encode_records(in, residual, position, std::byte* records) const;
+///   std::error_code check_records(const std::byte* records, std::size_t n) const noexcept;
+///   void decode_records(const std::byte* records, std::span<T> out, bool accumulate) const noexcept;
+template <class Derived, class T>
+class framed {
+ public:
+  using value_type = T;
+
+  /// Bytes of the frame for n values: the 24-byte header plus one record per group.
+  std::size_t encoded_size(std::size_t n) const noexcept { return self().layout(n).frame_bytes(n); }
+
+  /// Encodes `in` into the first encoded_size(in.size()) bytes of `encoded`.
+  /// `residual` is empty (no error feedback) or one value per input. A group that
+  /// holds NaN or Inf (in input + residual) decodes to NaN and keeps its residual.
+  /// @par Errors
+  /// qcoll::error (invalid_argument) when `residual` or `encoded` has the wrong size.
+  void encode(std::span<const T> in, std::span<T> residual, std::span<std::byte> encoded,
+              encode_position position = {}) const {
+    if (!residual.empty() && residual.size() != in.size())
+      qcoll::detail::throw_error(errc::invalid_argument, "{}::encode: the residual holds {} values for {} inputs",
+                                 Derived::name, residual.size(), in.size());
+    const std::size_t size = encoded_size(in.size());
+    if (encoded.size() < size)
+      qcoll::detail::throw_error(errc::invalid_argument, "{}::encode: {} values need {} bytes, the buffer has {}",
+                                 Derived::name, in.size(), size, encoded.size());
+    wire::frame_header header = self().header();
+    header.count = in.size();
+    wire::write_header(header, encoded);
+    self().encode_records(in, residual, position, encoded.data() + wire::header_size);
+  }
+
+  /// out = the decoded frame. On error `out` is untouched.
+  std::error_code decode(std::span<const std::byte> frame, std::span<T> out) const noexcept {
+    return decode_into(frame, out, false);
+  }
+
+  /// out += the decoded frame, the fused step of a reduction. On error `out` is untouched.
+  std::error_code decode_accumulate(std::span<const std::byte> frame, std::span<T> out) const noexcept {
+    return decode_into(frame, out, true);
+  }
+
+ private:
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+
+  std::error_code decode_into(std::span<const std::byte> frame, std::span<T> out, bool accumulate) const noexcept {
+    wire::frame_header expected = self().header();
+    expected.count = out.size();
+    if (const auto failure = wire::check_header(frame, expected, encoded_size(out.size()))) return failure;
+    const std::byte* records = frame.data() + wire::header_size;
+    if (const auto failure = self().check_records(records, out.size())) return failure;
+    self().decode_records(records, out, accumulate);
+    return {};
+  }
+};
+
+/// The group sizes one_bit and k_level accept: whole bytes of codes, exact counts.
+inline void check_group_size(const char* quantizer, std::size_t group_size) {
+  if (group_size < 8 || group_size % 8 != 0 || group_size > wire::max_group_size)
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: the group size must be a multiple of 8 between 8 and {}, not {}", quantizer,
+                               wire::max_group_size, group_size);
+}
+
+}  // namespace qcoll::quantizers::detail

@@ -1,0 +1,70 @@
+#pragma once
+/// @file
+/// The settings of each quantizer, shared by the quantizer classes (which validate
+/// them and write them into every encoded frame) and the kernels (which obey them).
+
+#include <cstddef>
+#include <cstdint>
+
+namespace qcoll::quantizers {
+
+/// Where an encode sits in the caller's sequence of calls and in its tensor.
+/// Deterministic quantizers ignore it. Stochastic rounding draws the random number
+/// for element i of `in` from (seed, sequence, offset + i), so a result depends on
+/// the seed, the call and the element's place in the tensor — never on how the
+/// tensor was chunked, on the thread count or on the SIMD width. Pass a new
+/// `sequence` for every call (a collective's sequence number does).
+struct encode_position {
+  std::uint64_t sequence = 0;
+  std::uint64_t offset = 0;
+};
+
+/// one_bit: which values go to bin 1.
+enum class threshold : std::uint8_t {
+  zero = 0,        ///< v >= 0 (the spec's experiments)
+  group_mean = 1,  ///< v >= the mean of the group
+};
+
+/// one_bit: what each bin decodes to.
+enum class reconstruction : std::uint8_t {
+  bin_means = 0,  ///< the mean of the values in the bin (least squared error for the bits)
+  min_max = 1,    ///< the group's minimum for bin 0, its maximum for bin 1
+};
+
+struct one_bit_options {
+  /// Values per group ("column"); a multiple of 8 (whole bytes of bits), at most 2^24.
+  std::size_t group_size = 2048;
+  quantizers::threshold threshold = threshold::zero;
+  quantizers::reconstruction reconstruction = reconstruction::bin_means;
+};
+
+enum class rounding : std::uint8_t {
+  nearest = 0,     ///< deterministic; ties go to the upper level
+  stochastic = 1,  ///< unbiased (QSGD): up with probability equal to the fraction
+};
+
+struct k_level_options {
+  /// Levels, evenly spaced over each group's [min, max]: 2…256. Codes take
+  /// ceil(log2(levels)) bits. `with_bits(b)` gives 2^b levels.
+  unsigned levels = 16;
+  std::size_t group_size = 2048;  ///< a multiple of 8, at most 2^24
+  quantizers::rounding rounding = rounding::nearest;
+  std::uint64_t seed = 0;  ///< for stochastic rounding; use a different one on each rank
+
+  static constexpr k_level_options with_bits(unsigned bits) noexcept {
+    k_level_options options;
+    options.levels = bits >= 1 && bits <= 8 ? 1u << bits : 0u;  // 0 is rejected by k_level
+    return options;
+  }
+};
+
+struct bfp_options {
+  /// Mantissa width including the sign: 2…16, or 32.
+  unsigned mantissa_bits = 8;
+  /// Values sharing one exponent: a multiple of 8 (32 as in OCP MX formats), or
+  /// `whole_tensor` for one exponent per encoded buffer (as in the spec).
+  std::size_t block_size = 32;
+  static constexpr std::size_t whole_tensor = 0;
+};
+
+}  // namespace qcoll::quantizers
