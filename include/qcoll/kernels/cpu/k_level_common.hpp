@@ -1,0 +1,235 @@
+#pragma once
+/// @file
+/// The per-group decisions of the k_level kernels that every backend shares as one
+/// piece of code: the table (minimum, step) from a group's extremes, the rounding of
+/// one value, and the counter-based random numbers of stochastic rounding. The
+/// SIMD kernels vectorise the same operations in the same order and fall back to
+/// these functions for the last partial vector of a group, so every backend gives
+/// the same bits. quantizers/k_level.hpp states the semantics.
+
+#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/quantizers/options.hpp>
+#include <qcoll/quantizers/wire.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+QCOLL_CPU_KERNELS_BEGIN
+namespace k_level_detail {
+
+/// Bits per code: ceil(log2(levels)), 1…8 for 2…256 levels.
+inline constexpr unsigned code_bits(unsigned levels) noexcept {
+  unsigned bits = 1;
+  while (bits < 32 && (std::uint64_t{1} << bits) < levels) ++bits;
+  return bits;
+}
+
+/// A group record: [minimum: f32][step: f32][codes, code_bits each, LSB-first].
+inline constexpr quantizers::wire::record_layout layout(const quantizers::k_level_options& options) noexcept {
+  return quantizers::wire::k_level_layout(options.group_size, code_bits(options.levels));
+}
+
+/// Codes are computed into a stack buffer of this many, then packed. A multiple of
+/// 8 (so every chunk starts on a byte boundary) and of every SIMD width.
+inline constexpr std::size_t chunk = 256;
+
+/// The value fed to the quantizer: x + residual, or x alone without error feedback
+/// (adding 0 would turn -0 into +0).
+inline float fed(const float* x, const float* residual, std::size_t i) noexcept {
+  return residual ? x[i] + residual[i] : x[i];
+}
+
+/// The running extremes of a group, updated the same way by every backend (a NaN
+/// never replaces an extreme; non-finite groups are caught separately).
+inline float lower(float value, float low) noexcept { return value < low ? value : low; }
+inline float higher(float value, float high) noexcept { return value > high ? value : high; }
+
+struct table {
+  float min = 0;   ///< level 0 (on the wire)
+  float step = 0;  ///< distance between levels (on the wire)
+  float scale = 1;    ///< 2^24 for a subnormal step, else 1 (encode only)
+  float inverse = 0;  ///< 1 / (step * scale), or 0 for step 0 (encode only)
+  float top = 0;      ///< levels - 1, the largest code
+};
+
+/// A group holding NaN or Inf encodes as {NaN, NaN} with all codes 0, so every
+/// value decodes to NaN (a loss scaler downstream sees it); its residual is kept.
+inline constexpr float nonfinite_value = std::numeric_limits<float>::quiet_NaN();
+
+/// The table of a finite group whose values lie in [low, high].
+inline table make_table(float low, float high, unsigned levels) noexcept {
+  constexpr float largest = std::numeric_limits<float>::max();
+  table result;
+  result.top = static_cast<float>(levels - 1);
+  // + 0.0f turns -0 into +0, so the order the extremes were found in cannot matter.
+  result.min = low + 0.0f;
+  const float max = high + 0.0f;
+  float step = (max - result.min) / result.top;
+  if (!is_finite(step)) step = max / result.top - result.min / result.top;  // the range overflowed float
+  // Every level min + c * step (c <= top) must be finite, the product included;
+  // rounding is monotonic, so checking the top level is enough. A range wider than
+  // float's largest value cannot be covered: the levels then span [min, min + FLT_MAX].
+  if (!is_finite(result.top * step)) step = largest / result.top;
+  while (!is_finite(result.top * step) || !is_finite(result.min + result.top * step))
+    step = __builtin_nextafterf(step, 0.0f);
+  result.step = step;
+  // 1 / step overflows for steps below 2^-128; scaling (v - min) and the step by 2^24
+  // (exact: a power of two, far from overflow there) keeps t exact to rounding.
+  if (step > 0.0f && step < std::numeric_limits<float>::min()) result.scale = 0x1p24f;
+  result.inverse = step > 0.0f ? 1.0f / (step * result.scale) : 0.0f;
+  return result;
+}
+
+/// t = ((v - min) * scale) * inverse in [0, top]: the position of v between the levels.
+/// v >= min, so t >= 0 (never NaN: inverse is finite, and 0 only when v == min).
+inline float position(float v, const table& t) noexcept {
+  const float scaled = ((v - t.min) * t.scale) * t.inverse;
+  return scaled < t.top ? scaled : t.top;
+}
+
+/// The code of v as a float (exact: 0…255). Nearest: ties go up. Stochastic: up
+/// with probability P(u < t - floor(t)), u uniform in [0, 1) in steps of 2^-24.
+template <bool stochastic>
+inline float code_of(float v, const table& t, float u) noexcept {
+  const float place = position(v, t);
+  const float code = static_cast<float>(static_cast<std::int32_t>(place));  // trunc; place >= 0
+  const float fraction = place - code;                                      // exact
+  if constexpr (stochastic) return code + (u < fraction ? 1.0f : 0.0f);
+  else return code + (fraction >= 0.5f ? 1.0f : 0.0f);
+}
+
+/// What code c decodes to: min + c * step, the multiply and the add rounded separately.
+inline float level(float min, float step, float code) noexcept { return min + code * step; }
+
+// The random numbers of stochastic rounding. Value i of an encode call at
+// encode_position {sequence, offset} has the global index n = offset + i (mod 2^64).
+// Its number depends on (seed, sequence, n) only:
+//   key  = splitmix64(splitmix64(splitmix64(seed) ^ sequence) ^ (n >> 32))
+//   h    = lowbias32(lowbias32(uint32(n) ^ uint32(key)) ^ uint32(key >> 32))
+//   u    = float(h >> 8) * 2^-24
+// The key is constant over 2^32 consecutive indices, so it is computed once per run
+// (in scalar code) and each value costs only 32-bit xor, shift and multiply.
+
+/// splitmix64's output function (Steele, Lea, Flood 2014) applied to z + golden gamma.
+inline constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept {
+  z += 0x9e3779b97f4a7c15u;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+  return z ^ (z >> 31);
+}
+
+/// Chris Wellons' lowbias32 integer hash (a bijection on 32 bits).
+inline constexpr std::uint32_t lowbias32(std::uint32_t x) noexcept {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+struct random_key {
+  std::uint32_t low = 0, high = 0;
+};
+
+inline constexpr random_key make_key(std::uint64_t seed, std::uint64_t sequence, std::uint32_t index_high) noexcept {
+  const std::uint64_t key = splitmix64(splitmix64(splitmix64(seed) ^ sequence) ^ index_high);
+  return {static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32)};
+}
+
+inline constexpr std::uint32_t random_bits(random_key key, std::uint32_t index_low) noexcept {
+  return lowbias32(lowbias32(index_low ^ key.low) ^ key.high);
+}
+
+/// 24 random bits as a float in [0, 1); the conversion and the scaling are exact.
+inline float uniform(std::uint32_t bits) noexcept {
+  return static_cast<float>(static_cast<std::int32_t>(bits >> 8)) * 0x1p-24f;
+}
+
+/// The random numbers of one group. A group (at most 2^24 values) crosses at most
+/// one multiple of 2^32 in the global index: values [0, split) use keys[0], the rest keys[1].
+struct group_stream {
+  std::uint32_t first_low = 0;  ///< low 32 bits of the global index of the group's value 0
+  std::size_t split = 0;
+  random_key keys[2];
+
+  std::uint32_t index_low(std::size_t i) const noexcept { return first_low + static_cast<std::uint32_t>(i); }
+  const random_key& key_at(std::size_t i) const noexcept { return keys[i < split ? 0 : 1]; }
+  float u(std::size_t i) const noexcept { return uniform(random_bits(key_at(i), index_low(i))); }
+};
+
+/// Makes the streams of consecutive groups, remembering the last key (a key costs
+/// three splitmix64 calls; consecutive groups almost always share it).
+class stream_maker {
+ public:
+  stream_maker(const quantizers::k_level_options& options, quantizers::encode_position position) noexcept
+      : seed_(options.seed), sequence_(position.sequence), offset_(position.offset) {}
+
+  /// The stream of the g values starting at value `first` of the encode call.
+  group_stream group(std::size_t first, std::size_t g) noexcept {
+    const std::uint64_t start = offset_ + first;  // wraps modulo 2^64, like the index
+    group_stream stream;
+    stream.first_low = static_cast<std::uint32_t>(start);
+    const std::uint64_t to_next_run = (std::uint64_t{1} << 32) - stream.first_low;
+    stream.split = to_next_run < g ? static_cast<std::size_t>(to_next_run) : g;
+    stream.keys[0] = key(static_cast<std::uint32_t>(start >> 32));
+    stream.keys[1] = stream.split < g ? key(static_cast<std::uint32_t>((start + to_next_run) >> 32)) : stream.keys[0];
+    return stream;
+  }
+
+ private:
+  random_key key(std::uint32_t index_high) noexcept {
+    if (!cached_ || index_high != cached_high_) {
+      cached_key_ = make_key(seed_, sequence_, index_high);
+      cached_high_ = index_high;
+      cached_ = true;
+    }
+    return cached_key_;
+  }
+
+  std::uint64_t seed_, sequence_, offset_;
+  bool cached_ = false;
+  std::uint32_t cached_high_ = 0;
+  random_key cached_key_;
+};
+
+/// Codes start after the table.
+inline std::byte* codes_of(std::byte* record) noexcept { return record + 2 * sizeof(float); }
+inline const std::byte* codes_of(const std::byte* record) noexcept { return record + 2 * sizeof(float); }
+
+inline void store_table(std::byte* record, float min, float step) noexcept {
+  store(record, min);
+  store(record + sizeof(float), step);
+}
+
+/// The record of a group holding NaN or Inf: {NaN, NaN} and all codes 0.
+inline void store_nonfinite(const quantizers::k_level_options& options, std::byte* record, std::size_t g) noexcept {
+  store_table(record, nonfinite_value, nonfinite_value);
+  __builtin_memset(codes_of(record), 0, layout(options).codes_bytes(g));
+}
+
+/// Quantizes values [begin, end) of a group: the code of value i goes to
+/// codes[i - begin], its new error to residual[i] (when there is a residual).
+template <bool stochastic>
+inline void encode_values(const float* x, float* residual, std::size_t begin, std::size_t end, const table& t,
+                          const group_stream& stream, std::uint32_t* codes) noexcept {
+  for (std::size_t i = begin; i < end; ++i) {
+    const float v = fed(x, residual, i);
+    const float code = code_of<stochastic>(v, t, stochastic ? stream.u(i) : 0.0f);
+    codes[i - begin] = static_cast<std::uint32_t>(code);
+    if (residual) residual[i] = v - level(t.min, t.step, code);
+  }
+}
+
+/// y[j] = (or +=) the level of codes[j], j < count.
+inline void decode_values(float min, float step, const std::uint32_t* codes, std::size_t count, float* y,
+                          bool accumulate) noexcept {
+  for (std::size_t j = 0; j < count; ++j) {
+    const float value = level(min, step, static_cast<float>(codes[j]));
+    y[j] = accumulate ? y[j] + value : value;
+  }
+}
+
+}  // namespace k_level_detail
+QCOLL_CPU_KERNELS_END

@@ -1,0 +1,89 @@
+#pragma once
+/// @file
+/// The k_level reference kernels: plain loops that define the results every other
+/// backend must reproduce bit for bit (quantizers/k_level.hpp states the semantics).
+
+#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/cpu/codes.hpp>
+#include <qcoll/kernels/cpu/k_level_common.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+
+QCOLL_CPU_KERNELS_BEGIN
+namespace reference {
+
+template <bool stochastic>
+inline void k_level_encode_group(const quantizers::k_level_options& options, const float* x, float* residual,
+                                 std::size_t g, const k_level_detail::group_stream& stream,
+                                 std::byte* record) noexcept {
+  using namespace k_level_detail;
+  const unsigned bits = code_bits(options.levels);
+  float low = std::numeric_limits<float>::infinity();
+  float high = -std::numeric_limits<float>::infinity();
+  bool finite = true;
+  for (std::size_t i = 0; i < g; ++i) {
+    const float v = fed(x, residual, i);
+    finite = finite && is_finite(v);
+    low = lower(v, low);
+    high = higher(v, high);
+  }
+  if (!finite) {
+    store_nonfinite(options, record, g);
+    return;
+  }
+  const table t = make_table(low, high, options.levels);
+  store_table(record, t.min, t.step);
+  std::array<std::uint32_t, chunk> buffer;
+  for (std::size_t first = 0; first < g; first += chunk) {
+    const std::size_t count = g - first < chunk ? g - first : chunk;
+    encode_values<stochastic>(x, residual, first, first + count, t, stream, buffer.data());
+    pack_codes(std::span<const std::uint32_t>(buffer.data(), count), bits, codes_of(record) + first * bits / 8);
+  }
+}
+
+/// Encodes in.size() values into the records of a frame (header excluded).
+/// `residual` is empty (no error feedback) or as long as `in`.
+inline void k_level_encode(const quantizers::k_level_options& options, std::span<const float> in,
+                           std::span<float> residual, quantizers::encode_position position,
+                           std::byte* records) noexcept {
+  const auto records_layout = k_level_detail::layout(options);
+  k_level_detail::stream_maker streams(options, position);
+  const bool stochastic = options.rounding == quantizers::rounding::stochastic;
+  for (std::size_t first = 0; first < in.size(); first += options.group_size) {
+    const std::size_t g = in.size() - first < options.group_size ? in.size() - first : options.group_size;
+    float* r = residual.empty() ? nullptr : residual.data() + first;
+    if (stochastic)
+      k_level_encode_group<true>(options, in.data() + first, r, g, streams.group(first, g), records);
+    else
+      k_level_encode_group<false>(options, in.data() + first, r, g, {}, records);
+    records += records_layout.record_bytes(g);
+  }
+}
+
+/// out = decoded (accumulate false) or out += decoded (accumulate true).
+inline void k_level_decode(const quantizers::k_level_options& options, const std::byte* records,
+                           std::span<float> out, bool accumulate) noexcept {
+  using namespace k_level_detail;
+  const auto records_layout = layout(options);
+  const unsigned bits = records_layout.code_bits;
+  std::array<std::uint32_t, chunk> buffer;
+  for (std::size_t start = 0; start < out.size(); start += options.group_size) {
+    const std::size_t g = out.size() - start < options.group_size ? out.size() - start : options.group_size;
+    const float min = load<float>(records);
+    const float step = load<float>(records + sizeof(float));
+    float* y = out.data() + start;
+    for (std::size_t first = 0; first < g; first += chunk) {
+      const std::size_t count = g - first < chunk ? g - first : chunk;
+      unpack_codes(codes_of(records) + first * bits / 8, bits, std::span<std::uint32_t>(buffer.data(), count));
+      decode_values(min, step, buffer.data(), count, y + first, accumulate);
+    }
+    records += records_layout.record_bytes(g);
+  }
+}
+
+}  // namespace reference
+QCOLL_CPU_KERNELS_END
