@@ -9,7 +9,11 @@
 #include <qcoll/concepts.hpp>
 #include <qcoll/partition.hpp>
 #include <qcoll/communicator.hpp>
+#include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
+#include <qcoll/quantizers/k_level.hpp>
+#include <qcoll/quantizers/lazy_update.hpp>
+#include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/inproc.hpp>
