@@ -11,6 +11,8 @@
 // algbw · (n−1)/n for reduce_scatter and all_gather, as nccl-tests defines them.
 // Rank r holds (r + 1) · ((i mod 1021) + 1), so every sum is an exact small integer.
 
+#include "bench_args.hpp"
+
 #include <qcoll/qcoll.hpp>
 
 #include <fmt/format.h>
@@ -36,14 +38,6 @@ struct options {
   bool check = true;
 };
 
-std::size_t parse_bytes(std::string_view text) {
-  char* end = nullptr;
-  const double value = std::strtod(std::string(text).c_str(), &end);
-  const char unit = end && *end ? *end : ' ';
-  const double scale = unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : unit == 'G' ? 1073741824.0 : 1.0;
-  return static_cast<std::size_t>(value * scale);
-}
-
 options parse(int argc, char** argv) {
   if (argc < 2) throw std::invalid_argument("usage: collective_bench NRANKS [-o op] [-b min] [-e max] [-f factor] ...");
   options o;
@@ -51,8 +45,8 @@ options parse(int argc, char** argv) {
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string_view flag = argv[i], value = argv[i + 1];
     if (flag == "-o") o.op_name = value;
-    else if (flag == "-b") o.min_bytes = parse_bytes(value);
-    else if (flag == "-e") o.max_bytes = parse_bytes(value);
+    else if (flag == "-b") o.min_bytes = bench::parse_bytes(value);
+    else if (flag == "-e") o.max_bytes = bench::parse_bytes(value);
     else if (flag == "-f") o.factor = std::strtod(argv[i + 1], nullptr);
     else if (flag == "-n") o.max_iters = std::atoi(argv[i + 1]);
     else if (flag == "-m") o.min_iters = std::atoi(argv[i + 1]);

@@ -1,5 +1,5 @@
 // The vocabulary, the partition, the topologies, the reference kernels, the
-// identity quantizer and the in-process transport's contract, tested directly.
+// in-process transport's contract, tested directly.
 
 #define BOOST_TEST_MODULE qcoll core
 #include <boost/test/unit_test.hpp>
@@ -117,27 +117,6 @@ BOOST_AUTO_TEST_CASE(reduce_semantics) {
   kernels::cpu::finish_avg<double>(avg, 3);
   BOOST_TEST(avg[0] == 1.0);
   BOOST_TEST(avg[1] == 3.0);
-}
-
-BOOST_AUTO_TEST_SUITE_END()
-
-BOOST_AUTO_TEST_SUITE(identity_quantizer)
-
-BOOST_AUTO_TEST_CASE(round_trips_and_accumulates_exactly) {
-  const quantizers::identity<double> q;
-  static_assert(quantizer<quantizers::identity<double>>);
-  const std::vector<double> in{1.5, -2.25, 1e300, 0.0};
-  std::vector<std::byte> wire(q.encoded_size(in.size()) + 1);
-  BOOST_TEST(q.encoded_size(in.size()) == 32u);
-  // Decode from an odd address: the wire buffer need not be aligned.
-  q.encode(in, {}, std::span<std::byte>(wire).subspan(1));
-  std::vector<double> out(4, 0.0);
-  BOOST_TEST(!q.decode(std::span<const std::byte>(wire).subspan(1), out));
-  BOOST_TEST(out == in);
-  BOOST_TEST(!q.decode_accumulate(std::span<const std::byte>(wire).subspan(1), out));
-  BOOST_TEST(out[0] == 3.0);
-  BOOST_TEST(q.decode(std::span<const std::byte>(wire), out) == make_error_code(errc::protocol_error));
-  BOOST_TEST(q.decode_accumulate(std::span<const std::byte>(wire).first(8), out) == make_error_code(errc::protocol_error));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,169 @@
+// Throughput of every quantizer's encode (with error feedback) and decode-accumulate,
+// per CPU backend, against this machine's streaming bandwidth measured in the same
+// run over the same sizes:
+//
+//   quantizer_bench [-b 64K] [-e 256M] [-f 4] [-q one_bit,k_level4,k_level8,bfp8]
+//                   [-k reference,sse2,avx2,avx512f] [-t seconds per measurement]
+//
+// GB/s counts float32 input bytes (n · 4) per second on one thread. The streaming
+// reference is y += x over n floats (reads 2n·4 bytes, writes n·4), reported in the
+// same unit, so "% stream" = quantizer GB/s / streaming GB/s. Each number is the
+// median of repeated timings filling about -t seconds (default 0.3).
+
+#include "bench_args.hpp"
+
+#include <qcoll/kernels/cpu/dispatch.hpp>
+#include <qcoll/quantizers/bfp.hpp>
+#include <qcoll/quantizers/k_level.hpp>
+#include <qcoll/quantizers/one_bit.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace qcoll;
+using kernels::cpu::kernel_table;
+
+struct options {
+  std::size_t min_bytes = 64 << 10, max_bytes = std::size_t{256} << 20;
+  double factor = 4;
+  double seconds = 0.3;
+  std::vector<std::string> quantizers{"one_bit", "k_level4", "k_level8", "bfp8"};
+  std::vector<std::string> backends;  // empty: the reference and every SIMD backend this CPU runs
+};
+
+std::vector<std::string> split(std::string_view list) {
+  std::vector<std::string> items;
+  while (!list.empty()) {
+    const auto comma = list.find(',');
+    items.emplace_back(list.substr(0, comma));
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+  }
+  return items;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string_view flag = argv[i], value = argv[i + 1];
+    if (flag == "-b") o.min_bytes = bench::parse_bytes(value);
+    else if (flag == "-e") o.max_bytes = bench::parse_bytes(value);
+    else if (flag == "-f") o.factor = std::strtod(argv[i + 1], nullptr);
+    else if (flag == "-t") o.seconds = std::strtod(argv[i + 1], nullptr);
+    else if (flag == "-q") o.quantizers = split(value);
+    else if (flag == "-k") o.backends = split(value);
+    else throw std::invalid_argument(fmt::format("unknown option {}", flag));
+  }
+  if (o.factor <= 1 || o.min_bytes < 4 || o.max_bytes < o.min_bytes) throw std::invalid_argument("need -f > 1 and 4 <= -b <= -e");
+  return o;
+}
+
+/// One quantizer as the two kernel calls the benchmark times, on a given backend.
+struct quantizer_case {
+  std::string name;
+  std::function<std::size_t(std::size_t)> payload_bytes;
+  std::function<void(const kernel_table&, std::span<const float>, std::span<float>, std::byte*)> encode;
+  std::function<void(const kernel_table&, const std::byte*, std::span<float>)> decode_accumulate;
+};
+
+quantizer_case make_case(const std::string& name) {
+  using namespace quantizers;
+  if (name == "one_bit") {
+    const one_bit_options o;
+    return {name, [o](std::size_t n) { return wire::one_bit_layout(o.group_size).payload_bytes(n); },
+            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.one_bit_encode(o, in, r, out); },
+            [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.one_bit_decode(o, in, out, true); }};
+  }
+  if (name.rfind("k_level", 0) == 0) {
+    const unsigned bits = static_cast<unsigned>(std::stoul(name.substr(7)));
+    const k_level_options o = k_level_options::with_bits(bits);
+    const unsigned code_bits = bits;  // 2^bits levels take exactly `bits` bits
+    return {name, [o, code_bits](std::size_t n) { return wire::k_level_layout(o.group_size, code_bits).payload_bytes(n); },
+            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.k_level_encode(o, in, r, {}, out); },
+            [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.k_level_decode(o, in, out, true); }};
+  }
+  if (name.rfind("bfp", 0) == 0) {
+    bfp_options o;
+    o.mantissa_bits = static_cast<unsigned>(std::stoul(name.substr(3)));
+    return {name, [o](std::size_t n) { return wire::bfp_layout(o.block_size, o.mantissa_bits).payload_bytes(n); },
+            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.bfp_encode(o, in, r, out); },
+            [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.bfp_decode(o, in, out, true); }};
+  }
+  throw std::invalid_argument(fmt::format("unknown quantizer {} (one_bit, k_level<bits>, bfp<bits>)", name));
+}
+
+/// Median seconds of `run` over repetitions filling about `budget` seconds.
+double median_seconds(const std::function<void()>& run, double budget) {
+  using clock = std::chrono::steady_clock;
+  run();  // warm up: page faults, caches
+  std::vector<double> samples;
+  const auto start = clock::now();
+  do {
+    const auto t0 = clock::now();
+    run();
+    samples.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+  } while ((samples.size() < 3 || std::chrono::duration<double>(clock::now() - start).count() < budget) &&
+           samples.size() < 10000);
+  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+  return samples[samples.size() / 2];
+}
+
+// Not inlined into the timing loop's caller, so the compiler cannot drop it;
+// __restrict lets it vectorise without alias checks.
+[[gnu::noinline]] void stream_add(const float* __restrict x, float* __restrict y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const options o = parse(argc, argv);
+  std::vector<const kernel_table*> backends;
+  for (const auto& backend : kernels::cpu::compiled_backends()) {
+    const bool wanted = o.backends.empty() ||
+                        std::find(o.backends.begin(), o.backends.end(), backend.kernels->name) != o.backends.end();
+    if (wanted && backend.runs_here) backends.push_back(backend.kernels);
+    if (wanted && !backend.runs_here) fmt::print("# {}: built, but this CPU lacks it\n", backend.kernels->name);
+  }
+  std::vector<quantizer_case> cases;
+  for (const auto& name : o.quantizers) cases.push_back(make_case(name));
+
+  fmt::print("# quantizer_bench: GB/s of float32 input, one thread; stream = y += x over the same n\n");
+  fmt::print("# active backend: {}\n", kernels::cpu::active_kernels().name);
+  fmt::print("# {:>10} {:>10} {:>10} {:>9} {:>12} {:>8} {:>12} {:>8} {:>10}\n", "size", "quantizer", "backend", "stream",
+             "encode", "%stream", "decode_acc", "%stream", "ratio");
+
+  std::mt19937 generator(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (double bytes = static_cast<double>(o.min_bytes); bytes <= static_cast<double>(o.max_bytes) * 1.0001; bytes *= o.factor) {
+    const std::size_t n = static_cast<std::size_t>(bytes) / sizeof(float);
+    std::vector<float> x(n), residual(n, 0.0f), out(n, 0.0f);
+    for (float& v : x) v = normal(generator);
+    const double gigabytes = static_cast<double>(n * sizeof(float)) / 1e9;
+    const double stream = gigabytes / median_seconds([&] { stream_add(x.data(), out.data(), n); }, o.seconds);
+    for (const auto& quantizer : cases) {
+      std::vector<std::byte> records(quantizer.payload_bytes(n));
+      for (const kernel_table* backend : backends) {
+        const double encode = gigabytes / median_seconds([&] { quantizer.encode(*backend, x, residual, records.data()); }, o.seconds);
+        const double decode = gigabytes / median_seconds([&] { quantizer.decode_accumulate(*backend, records.data(), out); }, o.seconds);
+        fmt::print("  {:>10} {:>10} {:>10} {:>9.2f} {:>12.2f} {:>7.0f}% {:>12.2f} {:>7.0f}% {:>9.1f}x\n", n * sizeof(float),
+                   quantizer.name, backend->name, stream, encode, 100 * encode / stream, decode, 100 * decode / stream,
+                   static_cast<double>(n * sizeof(float)) / static_cast<double>(records.size() + quantizers::wire::header_size));
+      }
+    }
+  }
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "quantizer_bench: {}\n", e.what());
+  return 2;
+}
