@@ -31,12 +31,12 @@ class identity : public detail::framed<identity<T>, T> {
   wire::record_layout layout(std::size_t) const noexcept { return {.group = 1, .table_bytes = 0, .code_bits = 8 * sizeof(T)}; }
 
   void encode_records(std::span<const T> in, std::span<T>, encode_position, std::byte* records) const noexcept {
-    std::memcpy(records, in.data(), in.size_bytes());
+    if (!in.empty()) std::memcpy(records, in.data(), in.size_bytes());  // an empty span may hold nullptr
   }
   std::error_code check_records(const std::byte*, std::size_t) const noexcept { return {}; }
   void decode_records(const std::byte* records, std::span<T> out, bool accumulate) const noexcept {
     if (!accumulate) {
-      std::memcpy(out.data(), records, out.size_bytes());
+      if (!out.empty()) std::memcpy(out.data(), records, out.size_bytes());
       return;
     }
     for (std::size_t i = 0; i < out.size(); ++i) {
