@@ -4,12 +4,25 @@
 /// backend (the arithmetic is vectorised; the bit packing is this one piece of code).
 
 #include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/quantizers/wire.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
 QCOLL_CPU_KERNELS_BEGIN
+
+/// Calls visit(first, g, record) for each group of n values — `first` its first
+/// value, g its size (the last one may be shorter), `record` its record — the one
+/// walk over a frame's records that every kernel driver shares.
+template <class Byte, class Visit>
+inline void for_each_group(const quantizers::wire::record_layout& layout, std::size_t n, Byte* records, Visit&& visit) {
+  for (std::size_t first = 0; first < n; first += layout.group) {
+    const std::size_t g = layout.group < n - first ? layout.group : n - first;
+    visit(first, g, records);
+    records += layout.record_bytes(g);
+  }
+}
 
 /// Packs codes of `bits` bits (1…32) LSB-first, as docs/wire-format.md describes.
 inline void pack_codes(std::span<const std::uint32_t> codes, unsigned bits, std::byte* out) noexcept {

@@ -53,15 +53,13 @@ inline void k_level_encode(const quantizers::k_level_options& options, std::span
   const auto records_layout = k_level_detail::layout(options);
   k_level_detail::stream_maker streams(options, position);
   const bool stochastic = options.rounding == quantizers::rounding::stochastic;
-  for (std::size_t first = 0; first < in.size(); first += options.group_size) {
-    const std::size_t g = in.size() - first < options.group_size ? in.size() - first : options.group_size;
+  for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
     float* r = residual.empty() ? nullptr : residual.data() + first;
     if (stochastic)
       k_level_encode_group<true>(options, in.data() + first, r, g, streams.group(first, g), records);
     else
       k_level_encode_group<false>(options, in.data() + first, r, g, {}, records);
-    records += records_layout.record_bytes(g);
-  }
+  });
 }
 
 /// out = decoded (accumulate false) or out += decoded (accumulate true).
@@ -71,8 +69,7 @@ inline void k_level_decode(const quantizers::k_level_options& options, const std
   const auto records_layout = layout(options);
   const unsigned bits = records_layout.code_bits;
   std::array<std::uint32_t, chunk> buffer;
-  for (std::size_t start = 0; start < out.size(); start += options.group_size) {
-    const std::size_t g = out.size() - start < options.group_size ? out.size() - start : options.group_size;
+  for_each_group(records_layout, out.size(), records, [&](std::size_t start, std::size_t g, auto* records) {
     const float min = load<float>(records);
     const float step = load<float>(records + sizeof(float));
     float* y = out.data() + start;
@@ -81,8 +78,7 @@ inline void k_level_decode(const quantizers::k_level_options& options, const std
       unpack_codes(codes_of(records) + first * bits / 8, bits, std::span<std::uint32_t>(buffer.data(), count));
       decode_values(min, step, buffer.data(), count, y + first, accumulate);
     }
-    records += records_layout.record_bytes(g);
-  }
+  });
 }
 
 }  // namespace reference

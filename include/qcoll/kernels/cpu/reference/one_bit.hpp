@@ -4,6 +4,7 @@
 /// backend must reproduce bit for bit.
 
 #include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/cpu/codes.hpp>
 #include <qcoll/kernels/cpu/lanes.hpp>
 #include <qcoll/kernels/cpu/one_bit_common.hpp>
 
@@ -73,19 +74,16 @@ inline void one_bit_encode_group(const quantizers::one_bit_options& options, con
 inline void one_bit_encode(const quantizers::one_bit_options& options, std::span<const float> in,
                            std::span<float> residual, std::byte* records) noexcept {
   const auto records_layout = one_bit_detail::layout(options.group_size);
-  for (std::size_t first = 0; first < in.size(); first += options.group_size) {
-    const std::size_t g = std::min(options.group_size, in.size() - first);
+  for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
     one_bit_encode_group(options, in.data() + first, residual.empty() ? nullptr : residual.data() + first, g, records);
-    records += records_layout.record_bytes(g);
-  }
+  });
 }
 
 /// out = decoded (accumulate false) or out += decoded (accumulate true).
 inline void one_bit_decode(const quantizers::one_bit_options& options, const std::byte* records, std::span<float> out,
                            bool accumulate) noexcept {
   const auto records_layout = one_bit_detail::layout(options.group_size);
-  for (std::size_t first = 0; first < out.size(); first += options.group_size) {
-    const std::size_t g = std::min(options.group_size, out.size() - first);
+  for_each_group(records_layout, out.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
     const float zero = load<float>(records);
     const float one = load<float>(records + sizeof(float));
     const std::byte* bits = records + 2 * sizeof(float);
@@ -94,8 +92,7 @@ inline void one_bit_decode(const quantizers::one_bit_options& options, const std
       const float value = ((bits[i / 8] >> (i % 8)) & std::byte{1}) != std::byte{0} ? one : zero;
       y[i] = accumulate ? y[i] + value : value;
     }
-    records += records_layout.record_bytes(g);
-  }
+  });
 }
 
 }  // namespace reference

@@ -104,12 +104,10 @@ struct bfp_kernels {
                      std::byte* records) noexcept {
     const std::size_t block = bfp_detail::block_values(options, in.size());
     const auto records_layout = bfp_detail::layout(block, options.mantissa_bits);
-    for (std::size_t first = 0; first < in.size(); first += block) {
-      const std::size_t g = block < in.size() - first ? block : in.size() - first;
+    for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
       encode_block(options.mantissa_bits, in.data() + first, residual.empty() ? nullptr : residual.data() + first, g,
                    records);
-      records += records_layout.record_bytes(g);
-    }
+    });
   }
 
   static void decode(const quantizers::bfp_options& options, const std::byte* records, std::span<float> out,
@@ -119,8 +117,7 @@ struct bfp_kernels {
     const auto unused = static_cast<std::int32_t>(32 - bits);
     const std::size_t block = block_values(options, out.size());
     const auto records_layout = layout(block, bits);
-    for (std::size_t first = 0; first < out.size(); first += block) {
-      const std::size_t g = block < out.size() - first ? block : out.size() - first;
+    for_each_group(records_layout, out.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
       const int exponent = load<std::int8_t>(records);
       const std::byte* codes = records + records_layout.table_bytes;
       float* y = out.data() + first;
@@ -152,8 +149,7 @@ struct bfp_kernels {
           }
         }
       }
-      records += records_layout.record_bytes(g);
-    }
+    });
   }
 };
 

@@ -158,15 +158,13 @@ struct k_level_kernels {
     const auto records_layout = k_level_detail::layout(options);
     k_level_detail::stream_maker streams(options, position);
     const bool stochastic = options.rounding == quantizers::rounding::stochastic;
-    for (std::size_t first = 0; first < in.size(); first += options.group_size) {
-      const std::size_t g = in.size() - first < options.group_size ? in.size() - first : options.group_size;
+    for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
       float* r = residual.empty() ? nullptr : residual.data() + first;
       if (stochastic)
         encode_group<true>(options, in.data() + first, r, g, streams.group(first, g), records);
       else
         encode_group<false>(options, in.data() + first, r, g, {}, records);
-      records += records_layout.record_bytes(g);
-    }
+    });
   }
 
   static void decode(const quantizers::k_level_options& options, const std::byte* records, std::span<float> out,
@@ -175,8 +173,7 @@ struct k_level_kernels {
     const auto records_layout = layout(options);
     const unsigned bits = records_layout.code_bits;
     alignas(64) std::array<std::uint32_t, chunk> buffer;
-    for (std::size_t start = 0; start < out.size(); start += options.group_size) {
-      const std::size_t g = out.size() - start < options.group_size ? out.size() - start : options.group_size;
+    for_each_group(records_layout, out.size(), records, [&](std::size_t start, std::size_t g, auto* records) {
       const float min = load<float>(records);
       const float step = load<float>(records + sizeof(float));
       const batch min_lanes(min), step_lanes(step);
@@ -195,8 +192,7 @@ struct k_level_kernels {
         }
         decode_values(min, step, buffer.data() + body, count - body, y + first + body, accumulate);
       }
-      records += records_layout.record_bytes(g);
-    }
+    });
   }
 };
 
