@@ -1,0 +1,45 @@
+#pragma once
+/// @file
+/// Warnings that must reach a person but must not stop the program: one line on
+/// stderr per call, written with one write(2) so lines from ranks that share a
+/// terminal do not interleave mid-line. QCOLL_LOG=quiet silences them.
+/// The caller writes the whole line, by convention "qcoll: rank R: what happened".
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include <unistd.h>
+
+namespace qcoll::detail {
+
+/// True unless the environment says QCOLL_LOG=quiet (read on every call: warnings are rare).
+inline bool log_enabled() noexcept {
+  const char* setting = std::getenv("QCOLL_LOG");
+  return setting == nullptr || std::strcmp(setting, "quiet") != 0;
+}
+
+template <class... Args>
+void log_warning(fmt::format_string<Args...> format, Args&&... args) noexcept {
+  if (!log_enabled()) return;
+  try {
+    std::string line = fmt::format(format, std::forward<Args>(args)...);
+    line.push_back('\n');
+    const char* data = line.data();
+    std::size_t left = line.size();
+    while (left > 0) {  // one call unless interrupted or cut short by the kernel
+      const ssize_t written = ::write(STDERR_FILENO, data, left);
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) return;
+      data += written;
+      left -= static_cast<std::size_t>(written);
+    }
+  } catch (...) {  // a warning that cannot be formatted is not worth an exception
+  }
+}
+
+}  // namespace qcoll::detail

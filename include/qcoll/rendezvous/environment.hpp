@@ -1,0 +1,375 @@
+#pragma once
+/// @file
+/// The description of a job — who this rank is, where the store is, which secret —
+/// read from the environment a launcher set up.
+///
+/// Three launcher families are understood, so a program runs unchanged under each:
+///
+/// | family   | rank / size                                  | local rank / size                                          |
+/// |----------|----------------------------------------------|------------------------------------------------------------|
+/// | qcoll    | QCOLL_RANK, QCOLL_WORLD_SIZE                 | QCOLL_LOCAL_RANK, QCOLL_LOCAL_WORLD_SIZE                   |
+/// | torchrun | RANK, WORLD_SIZE                             | LOCAL_RANK, LOCAL_WORLD_SIZE                               |
+/// | mpirun   | OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE   | OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE     |
+///
+/// Rules (each group of variables is read on its own, first source that has it wins):
+/// - **Rank and size** come from the first family, in the order qcoll > torchrun > mpirun,
+///   that sets either of its pair: explicit qcoll settings must be able to override what
+///   an outer launcher exported. Half a pair is an error, not a fall-through, because it
+///   is always a mistake. The local pair comes from the *same* family (mixing families
+///   would pair a rank with another launcher's idea of the host). Without a local pair a
+///   rank is assumed to be alone on its host (local 0 of 1): TCP works everywhere, shared
+///   memory would not.
+/// - **Store address**: QCOLL_STORE=host:port ([v6-address]:port for IPv6), else
+///   MASTER_ADDR + MASTER_PORT. When TORCHELASTIC_USE_AGENT_STORE=True, torchrun's own
+///   agent already serves a TCPStore on MASTER_PORT, so qcoll's store takes MASTER_PORT + 1.
+///   Else, under mpirun with every rank on this host, 127.0.0.1 and
+///   port 20000 + FNV-1a(job id) % 20000 (see mpirun_local_port): mpirun passes no address,
+///   but every rank knows the job id, so all ranks agree without talking. A multi-host
+///   mpirun job has no such common knowledge of rank 0's host: set MASTER_ADDR/MASTER_PORT
+///   (mpirun -x) or QCOLL_STORE.
+/// - **Job id** (names shared-memory segments, goes into every handshake so two jobs on
+///   one host never join each other): QCOLL_JOB_ID, else TORCHELASTIC_RUN_ID (unless it is
+///   torchrun's non-unique default "none"), else Open MPI's job id ("ompi-" +
+///   OMPI_MCA_ess_base_jobid, or PMIX_NAMESPACE), else "host:port" of the store — unique
+///   on a host for as long as the store's port is bound.
+/// - **Secret**: QCOLL_SECRET, else the contents of the file QCOLL_SECRET_FILE names (one
+///   trailing newline stripped; keeps the secret out of `ps e` and /proc/PID/environ of
+///   the launcher's children). Empty or unset: no authentication.
+/// - QCOLL_TRANSPORT = shm | tcp | auto (default auto: shm when every rank is local).
+/// - QCOLL_BIND: the address this rank's TCP listener binds (default 127.0.0.1).
+/// - QCOLL_TIMEOUT_MS: deadline for setup and for each collective step (default 60000).
+///
+/// A variable set to the empty string counts as unset. Every error is a qcoll::error with
+/// errc::invalid_argument whose message names the variable and its value.
+
+#include <qcoll/detail/check.hpp>
+#include <qcoll/error.hpp>
+#include <qcoll/types.hpp>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+namespace qcoll::rendezvous {
+
+/// Which transport carries the data between ranks.
+enum class transport_kind { automatic, shm, tcp };
+
+constexpr std::string_view to_string(transport_kind kind) noexcept {
+  switch (kind) {
+    case transport_kind::automatic: return "auto";
+    case transport_kind::shm: return "shm";
+    case transport_kind::tcp: return "tcp";
+  }
+  return "transport?";
+}
+
+/// Everything a rank needs to join its job.
+struct job {
+  rank_t rank = 0, size = 1, local_rank = 0, local_size = 1;
+  std::string store_host = "127.0.0.1";
+  std::uint16_t store_port = 0;
+  std::string job_id;  ///< never empty when it comes from job_from_environment
+  std::string secret;  ///< empty: no authentication
+  transport_kind transport = transport_kind::automatic;
+  std::string bind_address = "127.0.0.1";
+  std::chrono::milliseconds timeout{60000};
+  std::string launcher;  ///< "qcoll", "torchrun" or "mpirun": which family gave rank/size
+
+  /// True when every rank runs on this host (local_size counts the ranks here).
+  bool all_local() const noexcept { return local_size == size; }
+};
+
+/// The store port of an mpirun job whose ranks are all on one host:
+/// 20000 + FNV-1a-32(job_id) % 20000: every rank computes the same port from the job id
+/// alone. 20000–39999 avoids the well-known and most registered service ports; it
+/// overlaps Linux's ephemeral range (32768+) in part, so a port that happens to be in
+/// use is reported by store_server, and QCOLL_STORE or MASTER_ADDR/MASTER_PORT override it.
+constexpr std::uint16_t mpirun_local_port(std::string_view job_id) noexcept {
+  std::uint32_t hash = 2166136261u;
+  for (char c : job_id) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 16777619u;
+  }
+  return static_cast<std::uint16_t>(20000 + hash % 20000);
+}
+
+namespace detail {
+
+using lookup_function = std::function<const char*(const char*)>;
+
+constexpr std::string_view environment_error_prefix = "qcoll job environment";
+
+/// The variable's value, or nothing when it is unset or empty.
+inline std::optional<std::string_view> read_variable(const lookup_function& lookup, const char* name) {
+  const char* value = lookup(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string_view(value);
+}
+
+/// A decimal number 0 … max, digits only.
+inline std::uint64_t parse_number(const char* name, std::string_view value, std::uint64_t max) {
+  std::uint64_t number = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
+  const bool digits_only = !value.empty() && value.front() >= '0' && value.front() <= '9';
+  if (!digits_only || end != value.data() + value.size() || ec == std::errc::invalid_argument)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is not a non-negative integer",
+                               environment_error_prefix, name, value);
+  if (ec == std::errc::result_out_of_range || number > max)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is out of range (at most {})",
+                               environment_error_prefix, name, value, max);
+  return number;
+}
+
+inline std::uint16_t parse_port(const char* name, std::string_view value) {
+  std::uint64_t port = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), port);
+  const bool digits_only = !value.empty() && value.front() >= '0' && value.front() <= '9';
+  if (!digits_only || end != value.data() + value.size() || ec != std::errc{} || port == 0 || port > 65535)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is not a port number (1-65535)",
+                               environment_error_prefix, name, value);
+  return static_cast<std::uint16_t>(port);
+}
+
+struct host_port {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+/// "host:port" or "[v6-address]:port".
+inline host_port parse_host_port(const char* name, std::string_view value) {
+  std::string_view host;
+  std::string_view port;
+  if (value.starts_with('[')) {
+    const auto close = value.find(']');
+    if (close != std::string_view::npos && close + 1 < value.size() && value[close + 1] == ':') {
+      host = value.substr(1, close - 1);
+      port = value.substr(close + 2);
+    }
+  } else if (const auto colon = value.rfind(':'); colon != std::string_view::npos) {
+    host = value.substr(0, colon);
+    port = value.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) host = {};  // a bare IPv6 address needs brackets
+  }
+  if (host.empty() || port.empty())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: {}={} is not host:port (e.g. 127.0.0.1:29500, or [::1]:29500 for IPv6)",
+                               environment_error_prefix, name, value);
+  return {std::string(host), parse_port(name, port)};
+}
+
+/// The secret in a file: at most 64 KiB, one trailing newline ("\n" or "\r\n") stripped.
+inline std::string read_secret_file(std::string_view path) {
+  const std::string file_name(path);
+  std::FILE* file = std::fopen(file_name.c_str(), "rb");
+  if (file == nullptr)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_SECRET_FILE={} cannot be read: {}",
+                               environment_error_prefix, path, std::strerror(errno));
+  constexpr std::size_t limit = 64 * 1024;
+  std::string secret(limit + 1, '\0');
+  const std::size_t got = std::fread(secret.data(), 1, secret.size(), file);
+  const bool failed = std::ferror(file) != 0;
+  std::fclose(file);
+  if (failed)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_SECRET_FILE={} cannot be read",
+                               environment_error_prefix, path);
+  if (got > limit)
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: QCOLL_SECRET_FILE={} is larger than {} bytes; a secret is a short string",
+                               environment_error_prefix, path, limit);
+  secret.resize(got);
+  if (secret.ends_with('\n')) secret.pop_back();
+  if (secret.ends_with('\r')) secret.pop_back();
+  if (secret.empty())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: QCOLL_SECRET_FILE={} is empty (unset the variable to run without a secret)",
+                               environment_error_prefix, path);
+  return secret;
+}
+
+struct launcher_family {
+  const char* name;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;
+};
+
+inline constexpr launcher_family launcher_families[] = {
+    {"qcoll", "QCOLL_RANK", "QCOLL_WORLD_SIZE", "QCOLL_LOCAL_RANK", "QCOLL_LOCAL_WORLD_SIZE"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+};
+
+/// Ranks travel as u32 in the handshake.
+inline constexpr std::uint64_t max_world_size = std::numeric_limits<std::uint32_t>::max();
+
+/// Reads one (rank, size)-style pair: both or neither; rank < size; size ≥ 1.
+inline bool read_pair(const lookup_function& lookup, const char* rank_name, const char* size_name, rank_t& rank,
+                      rank_t& size) {
+  const auto rank_value = read_variable(lookup, rank_name);
+  const auto size_value = read_variable(lookup, size_name);
+  if (!rank_value && !size_value) return false;
+  if (!size_value)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is set but {} is not: set both",
+                               environment_error_prefix, rank_name, *rank_value, size_name);
+  if (!rank_value)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is set but {} is not: set both",
+                               environment_error_prefix, size_name, *size_value, rank_name);
+  rank = parse_number(rank_name, *rank_value, max_world_size);
+  size = parse_number(size_name, *size_value, max_world_size);
+  if (size == 0)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}=0: a job has at least one rank",
+                               environment_error_prefix, size_name);
+  if (rank >= size)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is not below {}={}", environment_error_prefix,
+                               rank_name, rank, size_name, size);
+  return true;
+}
+
+}  // namespace detail
+
+/// Reads the job from `lookup(name)` (nullptr: unset). See the file comment for the rules.
+/// @par Errors qcoll::error (errc::invalid_argument) naming the variable and its value.
+inline job job_from_environment(const std::function<const char*(const char*)>& lookup) {
+  using detail::environment_error_prefix;
+  using detail::read_variable;
+  job result;
+
+  // Rank and size: the first family that has them.
+  const detail::launcher_family* family = nullptr;
+  for (const auto& candidate : detail::launcher_families) {
+    if (detail::read_pair(lookup, candidate.rank, candidate.size, result.rank, result.size)) {
+      family = &candidate;
+      break;
+    }
+  }
+  if (family == nullptr)
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: no rank: set QCOLL_RANK/QCOLL_WORLD_SIZE, or run under qcoll-run, torchrun "
+                               "(RANK/WORLD_SIZE) or mpirun",
+                               environment_error_prefix);
+  result.launcher = family->name;
+  if (detail::read_pair(lookup, family->local_rank, family->local_size, result.local_rank, result.local_size)) {
+    if (result.local_size > result.size)
+      qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is larger than {}={}", environment_error_prefix,
+                                 family->local_size, result.local_size, family->size, result.size);
+  } else {
+    result.local_rank = 0;
+    result.local_size = 1;
+  }
+
+  // Job id, part 1: what a launcher named.
+  if (auto id = read_variable(lookup, "QCOLL_JOB_ID")) {
+    result.job_id = *id;
+  } else if (auto run_id = read_variable(lookup, "TORCHELASTIC_RUN_ID"); run_id && *run_id != "none") {
+    result.job_id = *run_id;
+  } else if (auto ompi = read_variable(lookup, "OMPI_MCA_ess_base_jobid")) {
+    result.job_id = fmt::format("ompi-{}", *ompi);
+  } else if (auto pmix = read_variable(lookup, "PMIX_NAMESPACE")) {
+    result.job_id = fmt::format("ompi-{}", *pmix);
+  }
+
+  // Store address.
+  const auto master_addr = read_variable(lookup, "MASTER_ADDR");
+  const auto master_port = read_variable(lookup, "MASTER_PORT");
+  if (auto store = read_variable(lookup, "QCOLL_STORE")) {
+    auto [host, port] = detail::parse_host_port("QCOLL_STORE", *store);
+    result.store_host = std::move(host);
+    result.store_port = port;
+  } else if (master_addr || master_port) {
+    if (!master_addr || !master_port)
+      qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is set but {} is not: set both",
+                                 environment_error_prefix, master_addr ? "MASTER_ADDR" : "MASTER_PORT",
+                                 master_addr ? *master_addr : *master_port,
+                                 master_addr ? "MASTER_PORT" : "MASTER_ADDR");
+    result.store_host = *master_addr;
+    result.store_port = detail::parse_port("MASTER_PORT", *master_port);
+    if (read_variable(lookup, "TORCHELASTIC_USE_AGENT_STORE") == std::string_view("True")) {
+      if (result.store_port == 65535)
+        qcoll::detail::throw_error(errc::invalid_argument,
+                                   "{}: MASTER_PORT=65535 leaves no port for qcoll's store next to torchrun's "
+                                   "agent store (qcoll uses MASTER_PORT + 1); set QCOLL_STORE=host:port",
+                                   environment_error_prefix);
+      ++result.store_port;
+    }
+  } else if (result.launcher == "mpirun") {
+    if (!result.all_local())
+      qcoll::detail::throw_error(
+          errc::invalid_argument,
+          "{}: no store address for an mpirun job on several hosts (OMPI_COMM_WORLD_LOCAL_SIZE={} of "
+          "OMPI_COMM_WORLD_SIZE={}): set MASTER_ADDR and MASTER_PORT to an address rank 0 can listen on, e.g. "
+          "mpirun -x MASTER_ADDR=node0 -x MASTER_PORT=29500 …, or set QCOLL_STORE=host:port",
+          environment_error_prefix, result.local_size, result.size);
+    if (result.job_id.empty())
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "{}: no store address and no job id to derive a port from (neither "
+                                 "OMPI_MCA_ess_base_jobid nor PMIX_NAMESPACE is set): set QCOLL_STORE=host:port",
+                                 environment_error_prefix);
+    result.store_host = "127.0.0.1";
+    result.store_port = mpirun_local_port(result.job_id);
+  } else {
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: no store address: set QCOLL_STORE=host:port (qcoll-run sets it), or "
+                               "MASTER_ADDR and MASTER_PORT (torchrun sets them)",
+                               environment_error_prefix);
+  }
+
+  // Job id, part 2: the store's address is unique on its host while rank 0 serves it.
+  if (result.job_id.empty()) {
+    result.job_id = result.store_host.find(':') != std::string::npos
+                        ? fmt::format("[{}]:{}", result.store_host, result.store_port)
+                        : fmt::format("{}:{}", result.store_host, result.store_port);
+  }
+
+  // Secret.
+  if (auto secret = read_variable(lookup, "QCOLL_SECRET")) {
+    result.secret = *secret;
+  } else if (auto path = read_variable(lookup, "QCOLL_SECRET_FILE")) {
+    result.secret = detail::read_secret_file(*path);
+  }
+
+  if (auto transport = read_variable(lookup, "QCOLL_TRANSPORT")) {
+    if (*transport == "shm") {
+      result.transport = transport_kind::shm;
+    } else if (*transport == "tcp") {
+      result.transport = transport_kind::tcp;
+    } else if (*transport == "auto") {
+      result.transport = transport_kind::automatic;
+    } else {
+      qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_TRANSPORT={} is not one of shm, tcp, auto",
+                                 environment_error_prefix, *transport);
+    }
+  }
+
+  if (auto bind = read_variable(lookup, "QCOLL_BIND")) result.bind_address = *bind;
+
+  if (auto timeout = read_variable(lookup, "QCOLL_TIMEOUT_MS")) {
+    const auto ms = detail::parse_number("QCOLL_TIMEOUT_MS", *timeout, std::numeric_limits<std::uint32_t>::max());
+    if (ms == 0)
+      qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_TIMEOUT_MS=0: the timeout must be at least 1 ms",
+                                 environment_error_prefix);
+    result.timeout = std::chrono::milliseconds(ms);
+  }
+  return result;
+}
+
+/// The job this process belongs to, from its environment (::getenv).
+inline job job_from_environment() {
+  return job_from_environment([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+}  // namespace qcoll::rendezvous

@@ -1,0 +1,632 @@
+#pragma once
+/// @file
+/// The part the process transports share: requests, matching, the record stream of
+/// records.hpp, progress, deadlines and abort. A transport supplies only `channels`:
+/// non-blocking byte pipes to each peer and a way to sleep until one may have moved.
+///
+/// Progress is made by the thread that posts, tests or waits; there is no progress
+/// thread. A wait on any request moves every pending request of the transport, so a
+/// rank waiting for a receive keeps its own sends flowing and ring steps cannot
+/// deadlock on full pipes.
+///
+/// Matching: a receive matches the oldest unmatched message from its peer with its
+/// tag. Payload bytes go straight from the pipe into the posted buffer (one copy out
+/// of the pipe, no staging). When the next message from a peer has no matching receive
+/// yet, that peer's stream waits for one (backpressure, bounded memory): messages from
+/// one peer are therefore delivered in the order they were sent across all tags, and a
+/// program must post receives from a peer in the order that peer sends — which every
+/// qcoll algorithm does.
+
+#include <qcoll/concepts.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/error.hpp>
+#include <qcoll/transports/message.hpp>
+#include <qcoll/transports/stream/records.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace qcoll::transports::stream {
+
+/// Non-blocking byte pipes between this rank and each peer (one per direction).
+class channels {
+ public:
+  virtual ~channels() = default;
+  /// Copies up to bytes.size() bytes toward `peer`; returns how many (0: no room now).
+  /// Sets `lost` to the reason when the pipe is broken for good.
+  virtual std::size_t write_some(rank_t peer, std::span<const std::byte> bytes, std::string& lost) = 0;
+  /// Copies up to into.size() bytes from `peer`; returns how many (0: none now). Sets
+  /// `lost` once the peer closed or died and everything it wrote has been read.
+  virtual std::size_t read_some(rank_t peer, std::span<std::byte> into, std::string& lost) = 0;
+  /// True once the peer closed or died (bytes it wrote may still be unread).
+  virtual bool peer_gone(rank_t peer) = 0;
+  /// A counter that changes whenever a pipe may have moved; read it before looking.
+  virtual std::uint64_t activity() = 0;
+  /// Sleeps until activity() differs from `seen`, a peer dies, or `until` passes.
+  /// `want_read[p]`: this rank would read from p now (false while p's next message
+  /// waits for a receive: only p leaving matters then); `want_write[p]`: this rank has
+  /// bytes waiting for room toward p.
+  virtual void wait_for_activity(std::uint64_t seen, std::span<const char> want_read, std::span<const char> want_write,
+                                 deadline until) = 0;
+  /// Closes both directions to `peer`; the peer's reads end after what was written.
+  virtual void close(rank_t peer) noexcept = 0;
+};
+
+class engine;
+
+/// A posted send or receive. Caller-owned; must not move while posted and must not
+/// outlive its transport. Destroying a posted request cancels it.
+class request {
+ public:
+  request() = default;
+  request(const request&) = delete;
+  request& operator=(const request&) = delete;
+  ~request();
+
+  /// For a receive: the header that arrived with the message.
+  const message_header& header() const noexcept { return header_; }
+  /// Bytes moved so far (for a receive of the wrong size: the size the sender announced).
+  std::size_t transferred() const noexcept { return transferred_; }
+
+ private:
+  friend class engine;
+  enum class state : unsigned char { idle, queued, active, done };
+
+  engine* engine_ = nullptr;
+  rank_t peer_ = 0;
+  tag_t tag_ = 0;
+  bool is_send_ = false;
+  state state_ = state::idle;
+  message_header header_{};
+  const std::byte* send_data_ = nullptr;
+  std::byte* recv_data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t transferred_ = 0;
+  std::error_code result_{};
+};
+
+struct engine_options {
+  /// How long a wait polls before it sleeps: a reply within this time costs no
+  /// wakeup, which dominates small-message latency. 0 sleeps at once.
+  std::chrono::microseconds spin{50};
+  /// How long an abort tries to deliver its reason to the peers before closing.
+  std::chrono::milliseconds abort_flush{200};
+};
+
+class engine {
+ public:
+  /// `name` prefixes error messages ("shm transport", "tcp transport").
+  engine(rank_t rank, rank_t size, std::unique_ptr<channels> pipes, std::string name, engine_options options = {})
+      : rank_(rank), size_(size), pipes_(std::move(pipes)), name_(std::move(name)), options_(options), peers_(size) {}
+
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  ~engine() {
+    for (rank_t p = 0; p < size_; ++p)
+      if (p != rank_) pipes_->close(p);
+  }
+
+  rank_t rank() const noexcept { return rank_; }
+  rank_t size() const noexcept { return size_; }
+
+  void post_send(request& r, rank_t peer, tag_t tag, const message_header& header, std::span<const std::byte> data) {
+    prepare(r, peer, tag, true);
+    r.header_ = header;
+    r.send_data_ = data.data();
+    r.size_ = data.size();
+    outgoing& out = peers_[peer].out;
+    if (failure_.code) return complete(r, failure_.code);
+    if (out.broken) return complete(r, out.broken);
+    r.state_ = request::state::queued;
+    out.sends.push_back(&r);
+    pump_out(peer);
+  }
+
+  void post_recv(request& r, rank_t peer, tag_t tag, std::span<std::byte> buffer) {
+    prepare(r, peer, tag, false);
+    r.recv_data_ = buffer.data();
+    r.size_ = buffer.size();
+    incoming& in = peers_[peer].in;
+    if (failure_.code) return complete(r, failure_.code);
+    if (in.broken) return complete(r, in.broken);
+    r.state_ = request::state::queued;
+    in.recvs.push_back(&r);
+    pump_in(peer);
+  }
+
+  /// True once the request completed, successfully or not.
+  bool test(request& r) {
+    progress();
+    return r.state_ == request::state::done;
+  }
+
+  /// Moves everything until `r` completes or `until` passes. On a timeout the request
+  /// is withdrawn (its buffer is free again); one caught half-transferred breaks the
+  /// stream to that peer, since the rest of its bytes can no longer be placed.
+  std::error_code wait(request& r, deadline until) {
+    if (r.state_ == request::state::idle || r.engine_ != this) return make_error_code(errc::invalid_argument);
+    const deadline spin_until = clock::now() + options_.spin;
+    for (;;) {
+      const std::uint64_t seen = pipes_->activity();
+      progress();
+      if (r.state_ == request::state::done) return r.result_;
+      const deadline now = clock::now();
+      if (now >= until) {
+        withdraw(r, make_error_code(errc::timeout));
+        return r.result_;
+      }
+      if (now < spin_until) {
+        std::this_thread::yield();  // lets an oversubscribed peer run
+        continue;
+      }
+      sleep(seen, until);
+    }
+  }
+
+  /// Fails every pending and future request with `code`, tells every peer why (they
+  /// fail the same way and pass it on), then closes all pipes. The first abort wins.
+  void abort(std::error_code code, std::string_view reason) {
+    if (failure_.code) return;
+    failure_ = {code, std::string(reason.substr(0, max_reason_bytes))};
+    for (rank_t p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      fail_requests(p, code);
+      queue_abort_record(p);
+    }
+    // Best effort and bounded: a peer that is not reading learns of it from the close.
+    const deadline give_up = clock::now() + options_.abort_flush;
+    for (;;) {
+      const std::uint64_t seen = pipes_->activity();
+      bool pending = false;
+      for (rank_t p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        pump_out(p);
+        pending = pending || has_output(peers_[p].out);
+      }
+      if (!pending || clock::now() >= give_up) break;
+      sleep(seen, give_up);
+    }
+    for (rank_t p = 0; p < size_; ++p)
+      if (p != rank_) pipes_->close(p);
+  }
+
+  /// The first abort's code and reason, this rank's or a peer's; empty while intact.
+  transports::failure failure() const { return failure_; }
+
+  /// Why the stream from or to `peer` broke; empty while it is intact.
+  std::string_view lost_reason(rank_t peer) const noexcept {
+    return peers_[peer].in.broken ? std::string_view(peers_[peer].in.why) : std::string_view(peers_[peer].out.why);
+  }
+
+ private:
+  friend class request;
+
+  struct outgoing {
+    std::deque<request*> sends;  // FIFO; the front one is being written
+    std::array<std::byte, record_header_bytes + message_header_bytes> staged{};
+    std::size_t staged_size = 0;
+    std::size_t staged_done = 0;
+    bool message_open = false;     // the front send's message record is staged or written
+    std::uint64_t chunk_left = 0;  // payload bytes of the current data record still to write
+    std::string tail;              // engine-owned bytes to write last: rest of a chunk, then the abort record
+    std::size_t tail_done = 0;
+    std::error_code broken;
+    std::string why;
+  };
+
+  enum class phase : unsigned char { record, message_header, payload, reason };
+
+  struct incoming {
+    std::deque<request*> recvs;  // posted, not yet matched; FIFO
+    phase at = phase::record;
+    std::array<std::byte, message_header_bytes> staged{};
+    std::size_t staged_need = record_header_bytes;
+    std::size_t staged_have = 0;
+    record_header record;
+    bool stalled = false;  // a whole message record waits for a matching receive
+    message_header stalled_header;
+    std::uint64_t message_left = 0;  // payload bytes of the open message still to come
+    std::uint64_t chunk_left = 0;    // bytes of the current data record still to come
+    request* target = nullptr;       // the receive being filled; null while discarding
+    std::string reason;
+    std::error_code broken;
+    std::string why;
+  };
+
+  struct peer_state {
+    outgoing out;
+    incoming in;
+  };
+
+  void prepare(request& r, rank_t peer, tag_t tag, bool is_send) const {
+    if (peer >= size_ || peer == rank_)
+      qcoll::detail::throw_error(errc::invalid_argument, "{}: rank {} of {}: peer {} is out of range or this rank",
+                                 name_, rank_, size_, peer);
+    if (r.state_ == request::state::queued || r.state_ == request::state::active)
+      qcoll::detail::throw_error(errc::invalid_argument, "{}: rank {}: a request was posted again while still pending",
+                                 name_, rank_);
+    r.engine_ = const_cast<engine*>(this);
+    r.peer_ = peer;
+    r.tag_ = tag;
+    r.is_send_ = is_send;
+    r.transferred_ = 0;
+    r.result_ = {};
+    r.header_ = {};
+  }
+
+  static void complete(request& r, std::error_code result) noexcept {
+    r.state_ = request::state::done;
+    r.result_ = result;
+  }
+
+  static bool has_output(const outgoing& out) noexcept {
+    if (out.broken) return false;
+    return out.staged_done < out.staged_size || out.chunk_left > 0 || out.tail_done < out.tail.size() ||
+           !out.sends.empty();
+  }
+
+  void sleep(std::uint64_t seen, deadline until) {
+    for (rank_t p = 0; p < size_; ++p) {
+      const incoming& in = peers_[p].in;
+      want_read_[p] = p != rank_ && !in.broken && !in.stalled;
+      want_write_[p] = p != rank_ && has_output(peers_[p].out);
+    }
+    pipes_->wait_for_activity(seen, want_read_, want_write_, until);
+  }
+
+  void progress() {
+    bool moved = true;
+    while (moved) {
+      moved = false;
+      for (rank_t p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        moved = pump_out(p) || moved;
+        moved = pump_in(p) || moved;
+      }
+    }
+  }
+
+  // ---- outgoing -------------------------------------------------------------------
+
+  std::size_t write(rank_t p, std::span<const std::byte> bytes) {
+    std::string lost;
+    const std::size_t n = pipes_->write_some(p, bytes, lost);
+    if (!lost.empty()) break_out(p, make_error_code(errc::peer_lost), "peer " + std::to_string(p) + ": " + lost);
+    return n;
+  }
+
+  void stage(outgoing& out, const record_header& record, const message_header* header) {
+    write_record_header(std::span(out.staged).first<record_header_bytes>(), record);
+    out.staged_size = record_header_bytes;
+    if (header) {
+      write_message_header(std::span(out.staged).subspan<record_header_bytes, message_header_bytes>(), *header);
+      out.staged_size += message_header_bytes;
+    }
+    out.staged_done = 0;
+  }
+
+  /// Writes what fits toward `p`; true when any byte moved.
+  bool pump_out(rank_t p) {
+    outgoing& out = peers_[p].out;
+    bool moved = false;
+    while (!out.broken) {
+      if (out.staged_done < out.staged_size) {
+        const std::size_t n = write(p, std::span(out.staged).subspan(out.staged_done, out.staged_size - out.staged_done));
+        if (n == 0) break;
+        out.staged_done += n;
+        moved = true;
+        continue;
+      }
+      if (out.chunk_left > 0) {
+        request& head = *out.sends.front();
+        const std::size_t n = write(p, {head.send_data_ + head.transferred_, out.chunk_left});
+        if (n == 0) break;
+        head.transferred_ += n;
+        out.chunk_left -= n;
+        moved = true;
+        continue;
+      }
+      if (out.tail_done < out.tail.size()) {  // only after an abort
+        const std::size_t n = write(p, std::as_bytes(std::span(out.tail)).subspan(out.tail_done));
+        if (n == 0) break;
+        out.tail_done += n;
+        moved = true;
+        continue;
+      }
+      if (failure_.code || out.sends.empty()) break;
+      request& head = *out.sends.front();
+      if (!out.message_open) {
+        stage(out, {record_type::message, head.tag_, head.size_}, &head.header_);
+        out.message_open = true;
+        head.state_ = request::state::active;
+        continue;
+      }
+      if (head.transferred_ < head.size_) {
+        out.chunk_left = std::min<std::uint64_t>(max_chunk_bytes, head.size_ - head.transferred_);
+        stage(out, {record_type::data, 0, out.chunk_left}, nullptr);
+        continue;
+      }
+      out.sends.pop_front();
+      out.message_open = false;
+      complete(head, {});
+    }
+    return moved;
+  }
+
+  /// The abort record goes out at the next record boundary: the rest of a chunk in
+  /// flight is copied first, because its request fails now and its buffer is the caller's.
+  void queue_abort_record(rank_t p) {
+    outgoing& out = peers_[p].out;
+    if (out.broken) return;
+    out.tail.clear();
+    if (out.chunk_left > 0) {
+      const request& head = *out.sends.front();
+      out.tail.append(reinterpret_cast<const char*>(head.send_data_ + head.transferred_), out.chunk_left);
+      out.chunk_left = 0;
+    }
+    std::array<std::byte, record_header_bytes> header{};
+    write_record_header(header, {record_type::abort, wire_code(failure_.code), failure_.reason.size()});
+    out.tail.append(reinterpret_cast<const char*>(header.data()), header.size());
+    out.tail += failure_.reason;
+    out.tail_done = 0;
+    out.sends.clear();  // already failed by fail_requests
+    out.message_open = false;
+  }
+
+  void break_out(rank_t p, std::error_code code, std::string why) {
+    outgoing& out = peers_[p].out;
+    if (out.broken) return;
+    out.broken = code;
+    out.why = std::move(why);
+    for (request* r : out.sends) complete(*r, code);
+    out.sends.clear();
+    out.chunk_left = 0;
+    out.staged_size = out.staged_done = 0;
+    out.tail.clear();
+    out.tail_done = 0;
+  }
+
+  // ---- incoming -------------------------------------------------------------------
+
+  std::size_t read(rank_t p, std::span<std::byte> into) {
+    std::string lost;
+    const std::size_t n = pipes_->read_some(p, into, lost);
+    if (!lost.empty()) break_in(p, make_error_code(errc::peer_lost), "peer " + std::to_string(p) + ": " + lost);
+    return n;
+  }
+
+  /// Reads what has arrived from `p`; true when any byte moved.
+  bool pump_in(rank_t p) {
+    incoming& in = peers_[p].in;
+    bool moved = false;
+    while (!in.broken) {
+      if (in.stalled) {
+        if (match_stalled(p)) continue;
+        // The stalled message stays deliverable after its sender left (it may have
+        // finished and exited), but receives that cannot match it never will match.
+        if (!in.recvs.empty() && pipes_->peer_gone(p)) {
+          for (request* r : in.recvs) complete(*r, make_error_code(errc::peer_lost));
+          in.recvs.clear();
+        }
+        break;
+      }
+      if (in.at == phase::payload) {
+        const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(in.chunk_left, discard_.size()));
+        const std::span<std::byte> into = in.target
+                                              ? std::span(in.target->recv_data_ + in.target->transferred_, in.chunk_left)
+                                              : std::span(discard_).first(want);
+        const std::size_t n = read(p, into);
+        if (n == 0) break;
+        moved = true;
+        in.chunk_left -= n;
+        in.message_left -= n;
+        if (in.target) in.target->transferred_ += n;
+        if (in.chunk_left == 0) expect_record(in);
+        if (in.message_left == 0 && in.target) {
+          complete(*in.target, {});
+          in.target = nullptr;
+        }
+        continue;
+      }
+      if (in.at == phase::reason) {
+        const std::size_t have = in.reason.size();
+        in.reason.resize(in.record.length);
+        const std::size_t n = read(p, std::as_writable_bytes(std::span(in.reason)).subspan(have));
+        in.reason.resize(have + n);
+        if (n == 0) break;
+        moved = true;
+        if (in.reason.size() == in.record.length) {
+          expect_record(in);
+          abort(code_from_wire(in.record.tag), in.reason);  // a peer's abort is this rank's too
+          return true;
+        }
+        continue;
+      }
+      const std::size_t n = read(p, std::span(in.staged).subspan(in.staged_have, in.staged_need - in.staged_have));
+      if (n == 0) break;
+      moved = true;
+      in.staged_have += n;
+      if (in.staged_have == in.staged_need) on_staged(p);
+    }
+    return moved;
+  }
+
+  static void expect_record(incoming& in) noexcept {
+    in.at = phase::record;
+    in.staged_need = record_header_bytes;
+    in.staged_have = 0;
+  }
+
+  void on_staged(rank_t p) {
+    incoming& in = peers_[p].in;
+    std::string problem;
+    if (in.at == phase::message_header) {
+      const auto header = read_message_header(std::span(in.staged).first<message_header_bytes>(), problem);
+      if (!header) return malformed(p, problem);
+      in.stalled_header = *header;
+      in.stalled = true;
+      expect_record(in);
+      return;
+    }
+    const auto record = read_record_header(std::span(in.staged).first<record_header_bytes>(), problem);
+    if (!record) return malformed(p, problem);
+    in.record = *record;
+    switch (record->type) {
+      case record_type::message:
+        if (in.message_left != 0) return malformed(p, "a message began inside an unfinished one");
+        in.at = phase::message_header;
+        in.staged_need = message_header_bytes;
+        in.staged_have = 0;
+        return;
+      case record_type::data:
+        if (record->length > in.message_left)
+          return malformed(p, fmt::format("a data record of {} bytes where {} remain of the message", record->length,
+                                          in.message_left));
+        in.at = phase::payload;
+        in.chunk_left = record->length;
+        return;
+      case record_type::abort:
+        in.at = phase::reason;
+        in.reason.clear();
+        if (record->length == 0) {
+          expect_record(in);
+          abort(code_from_wire(record->tag), fmt::format("peer {} aborted", p));
+        }
+        return;
+    }
+  }
+
+  /// Hands the stalled message to the oldest receive with its tag, if one is posted.
+  bool match_stalled(rank_t p) {
+    incoming& in = peers_[p].in;
+    const auto found = std::find_if(in.recvs.begin(), in.recvs.end(),
+                                    [&](const request* r) { return r->tag_ == in.record.tag; });
+    if (found == in.recvs.end()) return false;
+    request& r = **found;
+    in.recvs.erase(found);
+    in.stalled = false;
+    in.message_left = in.record.length;
+    r.header_ = in.stalled_header;
+    if (in.record.length != r.size_) {
+      // The receiver learns the sender's header and size; the payload is read and dropped.
+      r.transferred_ = static_cast<std::size_t>(std::min<std::uint64_t>(in.record.length, SIZE_MAX));
+      complete(r, make_error_code(errc::protocol_error));
+      in.target = nullptr;
+      return true;
+    }
+    in.target = &r;
+    r.state_ = request::state::active;
+    if (in.message_left == 0) {
+      complete(r, {});
+      in.target = nullptr;
+    }
+    return true;
+  }
+
+  void malformed(rank_t p, std::string_view problem) {
+    break_in(p, make_error_code(errc::protocol_error), fmt::format("peer {} sent a malformed stream: {}", p, problem));
+    pipes_->close(p);
+  }
+
+  void break_in(rank_t p, std::error_code code, std::string why) {
+    incoming& in = peers_[p].in;
+    if (in.broken) return;
+    in.broken = code;
+    in.why = std::move(why);
+    if (in.target) complete(*in.target, code);
+    in.target = nullptr;
+    for (request* r : in.recvs) complete(*r, code);
+    in.recvs.clear();
+    in.stalled = false;
+  }
+
+  void fail_requests(rank_t p, std::error_code code) {
+    incoming& in = peers_[p].in;
+    if (in.target) complete(*in.target, code);
+    in.target = nullptr;
+    for (request* r : in.recvs) complete(*r, code);
+    in.recvs.clear();
+    for (request* r : peers_[p].out.sends) complete(*r, code);
+  }
+
+  /// Takes a pending request back with `code`. One half-transferred breaks its stream.
+  void withdraw(request& r, std::error_code code) noexcept {
+    if (r.state_ == request::state::done || r.state_ == request::state::idle) return;
+    peer_state& peer = peers_[r.peer_];
+    if (r.is_send_) {
+      auto& sends = peer.out.sends;
+      const bool started = !sends.empty() && sends.front() == &r && peer.out.message_open;
+      if (started) {
+        break_out(r.peer_, code, "a send was withdrawn half-written");
+        pipes_->close(r.peer_);
+      } else {
+        sends.erase(std::remove(sends.begin(), sends.end(), &r), sends.end());
+      }
+    } else if (peer.in.target == &r) {
+      break_in(r.peer_, code, "a receive was withdrawn half-filled");
+      pipes_->close(r.peer_);
+    } else {
+      auto& recvs = peer.in.recvs;
+      recvs.erase(std::remove(recvs.begin(), recvs.end(), &r), recvs.end());
+    }
+    complete(r, code);
+  }
+
+  const rank_t rank_;
+  const rank_t size_;
+  std::unique_ptr<channels> pipes_;
+  std::string name_;
+  engine_options options_;
+  std::vector<peer_state> peers_;
+  transports::failure failure_;
+  std::vector<char> want_read_ = std::vector<char>(size_);
+  std::vector<char> want_write_ = std::vector<char>(size_);
+  std::array<std::byte, 64 << 10> discard_{};  // where dropped payload is read to
+};
+
+/// The transport interface over an engine, shared by the process transports; each
+/// adds how it joins a job. The engine stays put when the endpoint moves, because
+/// posted requests point at it.
+class endpoint {
+ public:
+  using request = stream::request;
+
+  rank_t rank() const noexcept { return engine_->rank(); }
+  rank_t size() const noexcept { return engine_->size(); }
+  void post_send(request& r, rank_t peer, tag_t tag, const message_header& header, std::span<const std::byte> data) {
+    engine_->post_send(r, peer, tag, header, data);
+  }
+  void post_recv(request& r, rank_t peer, tag_t tag, std::span<std::byte> buffer) {
+    engine_->post_recv(r, peer, tag, buffer);
+  }
+  bool test(request& r) { return engine_->test(r); }
+  std::error_code wait(request& r, deadline until) { return engine_->wait(r, until); }
+  void abort(std::error_code code, std::string_view reason) { engine_->abort(code, reason); }
+  transports::failure failure() const { return engine_->failure(); }
+
+ protected:
+  explicit endpoint(std::unique_ptr<engine> core) : engine_(std::move(core)) {}
+
+ private:
+  std::unique_ptr<engine> engine_;
+};
+
+inline request::~request() {
+  if (engine_) engine_->withdraw(*this, make_error_code(errc::aborted));
+}
+
+}  // namespace qcoll::transports::stream

@@ -1,0 +1,134 @@
+#pragma once
+/// @file
+/// The byte stream that the process transports (shared memory, TCP) carry between a
+/// pair of ranks, one stream per direction. A message is a `message` record (its
+/// header and total length) followed by `data` records of at most max_chunk_bytes
+/// each; chunks let an `abort` record follow any chunk, so an aborting rank can tell
+/// its peers why even in the middle of a large message.
+///
+/// Every record starts with a 16-byte header, little-endian, read field by field:
+///   u16 magic 0x5143 · u8 version 1 · u8 type · u32 tag (abort: the error code) · u64 length
+/// message: length = total payload bytes; followed by the 24-byte message_header
+///          (u64 sequence, u64 count, u32 root, u8 kind, u8 type, u8 op, u8 reserved).
+/// data:    length = chunk bytes, 1 … max_chunk_bytes, never past the message's end.
+/// abort:   length = reason bytes, at most max_reason_bytes; tag = qcoll::errc value.
+/// Anything else is a protocol error: the receiver never allocates a size a peer
+/// chose, and only writes into a posted buffer of exactly the announced length.
+
+#include <qcoll/detail/little_endian.hpp>
+#include <qcoll/error.hpp>
+#include <qcoll/transports/message.hpp>
+#include <qcoll/types.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace qcoll::transports::stream {
+
+inline constexpr std::uint16_t record_magic = 0x5143;  // "CQ" on the wire
+inline constexpr std::uint8_t record_version = 1;
+inline constexpr std::size_t record_header_bytes = 16;
+inline constexpr std::size_t message_header_bytes = 24;
+/// Large enough that the 16-byte chunk header costs < 0.01 %, small enough that an
+/// abort record waits for at most this much payload ahead of it.
+inline constexpr std::size_t max_chunk_bytes = std::size_t{256} << 10;
+inline constexpr std::size_t max_reason_bytes = 4096;
+
+enum class record_type : std::uint8_t { message = 1, data = 2, abort = 3 };
+
+struct record_header {
+  record_type type = record_type::message;
+  std::uint32_t tag = 0;
+  std::uint64_t length = 0;
+};
+
+inline void write_record_header(std::span<std::byte, record_header_bytes> out, const record_header& h) noexcept {
+  qcoll::detail::store_le(out.data(), record_magic);
+  out[2] = static_cast<std::byte>(record_version);
+  out[3] = static_cast<std::byte>(h.type);
+  qcoll::detail::store_le(out.data() + 4, h.tag);
+  qcoll::detail::store_le(out.data() + 8, h.length);
+}
+
+/// The header, or a description of what is wrong with it.
+inline std::optional<record_header> read_record_header(std::span<const std::byte, record_header_bytes> in,
+                                                       std::string& problem) {
+  if (qcoll::detail::load_le<std::uint16_t>(in.data()) != record_magic) {
+    problem = "bad record magic (not a qcoll stream)";
+    return std::nullopt;
+  }
+  if (std::to_integer<std::uint8_t>(in[2]) != record_version) {
+    problem = "record version " + std::to_string(std::to_integer<unsigned>(in[2])) + ", expected 1";
+    return std::nullopt;
+  }
+  record_header h;
+  h.type = static_cast<record_type>(in[3]);
+  h.tag = qcoll::detail::load_le<std::uint32_t>(in.data() + 4);
+  h.length = qcoll::detail::load_le<std::uint64_t>(in.data() + 8);
+  switch (h.type) {
+    case record_type::message: return h;
+    case record_type::data:
+      if (h.length == 0 || h.length > max_chunk_bytes) {
+        problem = "data record of " + std::to_string(h.length) + " bytes (1 … 262144 allowed)";
+        return std::nullopt;
+      }
+      return h;
+    case record_type::abort:
+      if (h.length > max_reason_bytes) {
+        problem = "abort record of " + std::to_string(h.length) + " bytes (at most 4096 allowed)";
+        return std::nullopt;
+      }
+      return h;
+  }
+  problem = "unknown record type " + std::to_string(std::to_integer<unsigned>(in[3]));
+  return std::nullopt;
+}
+
+inline void write_message_header(std::span<std::byte, message_header_bytes> out, const message_header& h) noexcept {
+  qcoll::detail::store_le(out.data(), h.sequence);
+  qcoll::detail::store_le(out.data() + 8, h.count);
+  qcoll::detail::store_le(out.data() + 16, h.root);
+  out[20] = static_cast<std::byte>(h.kind);
+  out[21] = static_cast<std::byte>(h.type);
+  out[22] = static_cast<std::byte>(h.op);
+  out[23] = static_cast<std::byte>(h.reserved);
+}
+
+/// Enum fields are checked, so a header from a peer is always printable.
+inline std::optional<message_header> read_message_header(std::span<const std::byte, message_header_bytes> in,
+                                                         std::string& problem) {
+  message_header h;
+  h.sequence = qcoll::detail::load_le<std::uint64_t>(in.data());
+  h.count = qcoll::detail::load_le<std::uint64_t>(in.data() + 8);
+  h.root = qcoll::detail::load_le<std::uint32_t>(in.data() + 16);
+  const auto kind = std::to_integer<std::uint8_t>(in[20]);
+  const auto type = std::to_integer<std::uint8_t>(in[21]);
+  const auto op = std::to_integer<std::uint8_t>(in[22]);
+  h.reserved = std::to_integer<std::uint8_t>(in[23]);
+  if (kind < 1 || kind > 5 || type < 1 || type > 4 || op < 1 || op > 4) {
+    problem = "message header with an unknown collective, type or operation";
+    return std::nullopt;
+  }
+  h.kind = static_cast<collective>(kind);
+  h.type = static_cast<dtype>(type);
+  h.op = static_cast<reduce_op>(op);
+  return h;
+}
+
+/// qcoll's own codes cross the wire as their value; anything else becomes `aborted`.
+inline std::uint32_t wire_code(std::error_code code) noexcept {
+  return code.category() == error_category() ? static_cast<std::uint32_t>(code.value())
+                                             : static_cast<std::uint32_t>(errc::aborted);
+}
+
+inline std::error_code code_from_wire(std::uint32_t value) noexcept {
+  if (value < static_cast<std::uint32_t>(errc::invalid_argument) || value > static_cast<std::uint32_t>(errc::aborted))
+    return make_error_code(errc::aborted);
+  return make_error_code(static_cast<errc>(value));
+}
+
+}  // namespace qcoll::transports::stream

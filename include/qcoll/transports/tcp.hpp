@@ -1,0 +1,287 @@
+#pragma once
+/// @file
+/// TCP transport (Boost.Asio): one connection per pair of ranks, both directions used
+/// at once. Every connection starts with the authenticated handshake of
+/// rendezvous/handshake.hpp (magic, version, job, rank, world size, HMAC of the job
+/// secret when one is set); a connection that fails it is refused, logged, and the
+/// job carries on waiting for the real peer. Then the sockets turn non-blocking and
+/// carry the record stream of stream/records.hpp: messages are streamed from the
+/// caller's buffer into the socket and from the socket into the posted buffer, in
+/// chunks, never staged whole; TCP_NODELAY is set.
+///
+/// Setup: each rank listens on `job.bind_address` (loopback unless told otherwise) on
+/// an ephemeral port, publishes it in the job's store, connects to every lower rank
+/// and accepts every higher one.
+///
+/// Progress happens in the waiting thread (see stream/engine.hpp): it polls the
+/// sockets it can read or write and sleeps in poll(2) otherwise. A peer whose process
+/// dies resets or closes its connections, which fails the requests waiting on it with
+/// errc::peer_lost at once.
+
+#include <qcoll/concepts.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/detail/log.hpp>
+#include <qcoll/error.hpp>
+#include <qcoll/rendezvous/environment.hpp>
+#include <qcoll/rendezvous/handshake.hpp>
+#include <qcoll/rendezvous/store.hpp>
+#include <qcoll/transports/stream/engine.hpp>
+
+#include <boost/asio.hpp>
+#include <fmt/chrono.h>
+
+#include <poll.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace qcoll::transports::tcp {
+
+struct options {
+  /// SO_SNDBUF / SO_RCVBUF for each connection; 0 keeps the kernel's autotuning.
+  std::size_t socket_buffer_bytes = 0;
+  stream::engine_options engine{};
+};
+
+namespace detail {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+/// Runs `io` until `done` or `until`; then cancels what is left so no handler outlives the call.
+template <class Cancel>
+bool run_until(asio::io_context& io, const bool& done, deadline until, Cancel&& cancel) {
+  io.restart();
+  while (!done && io.run_one_until(until) > 0) {
+  }
+  if (done) return true;
+  cancel();
+  io.restart();
+  io.run();
+  return done;
+}
+
+inline std::string endpoint_text(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  return ec ? std::string("?") : remote.address().to_string() + ":" + std::to_string(remote.port());
+}
+
+/// The stream engine's pipes over one connected socket per peer.
+class tcp_channels final : public stream::channels {
+ public:
+  tcp_channels(std::unique_ptr<asio::io_context> io, std::vector<std::optional<tcp::socket>> sockets, rank_t rank)
+      : io_(std::move(io)), sockets_(std::move(sockets)), rank_(rank), gone_(sockets_.size()) {
+    for (rank_t p = 0; p < sockets_.size(); ++p) {
+      if (p == rank_) continue;
+      addresses_.push_back(endpoint_text(*sockets_[p]));
+      sockets_[p]->non_blocking(true);
+    }
+  }
+
+  std::size_t write_some(rank_t peer, std::span<const std::byte> bytes, std::string& lost) override {
+    if (!sockets_[peer]) {
+      lost = "its connection is closed";
+      return 0;
+    }
+    boost::system::error_code ec;
+    const std::size_t n = sockets_[peer]->write_some(asio::buffer(bytes.data(), bytes.size()), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return 0;
+    if (ec) lost = fmt::format("the connection to {} failed: {}", address(peer), ec.message());
+    return n;
+  }
+
+  std::size_t read_some(rank_t peer, std::span<std::byte> into, std::string& lost) override {
+    if (!sockets_[peer]) {
+      lost = "its connection is closed";
+      return 0;
+    }
+    if (into.empty()) return 0;
+    boost::system::error_code ec;
+    const std::size_t n = sockets_[peer]->read_some(asio::buffer(into.data(), into.size()), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return 0;
+    if (ec == asio::error::eof)
+      lost = fmt::format("it closed the connection ({})", address(peer));
+    else if (ec)
+      lost = fmt::format("the connection to {} failed: {}", address(peer), ec.message());
+    return n;
+  }
+
+  bool peer_gone(rank_t peer) override {
+    if (!sockets_[peer]) return true;
+    if (gone_[peer]) return true;
+    pollfd probe{sockets_[peer]->native_handle(), POLLRDHUP, 0};
+    gone_[peer] = ::poll(&probe, 1, 0) > 0 && (probe.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    return gone_[peer] != 0;
+  }
+
+  // poll(2) is level-triggered, so there is no counter to compare.
+  std::uint64_t activity() override { return 0; }
+
+  void wait_for_activity(std::uint64_t, std::span<const char> want_read, std::span<const char> want_write,
+                         deadline until) override {
+    probes_.clear();
+    for (rank_t p = 0; p < sockets_.size(); ++p) {
+      if (!sockets_[p]) continue;
+      // A peer whose next message waits for a receive is watched only for hang-ups.
+      const short events = static_cast<short>((want_read[p] ? POLLIN : 0) | (want_write[p] ? POLLOUT : 0) | POLLRDHUP);
+      probes_.push_back({sockets_[p]->native_handle(), events, 0});
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock::now()).count();
+    if (left <= 0) return;
+    ::poll(probes_.data(), probes_.size(), static_cast<int>(std::min<long long>(left, 1000)));
+  }
+
+  void close(rank_t peer) noexcept override {
+    if (!sockets_[peer]) return;
+    boost::system::error_code ignored;
+    sockets_[peer]->shutdown(tcp::socket::shutdown_both, ignored);
+    sockets_[peer]->close(ignored);
+    sockets_[peer].reset();
+  }
+
+ private:
+  const std::string& address(rank_t peer) const { return addresses_[peer < rank_ ? peer : peer - 1]; }
+
+  std::unique_ptr<asio::io_context> io_;  // outlives the sockets it owns
+  std::vector<std::optional<tcp::socket>> sockets_;
+  rank_t rank_;
+  std::vector<std::string> addresses_;
+  std::vector<char> gone_;
+  std::vector<pollfd> probes_;
+};
+
+inline void tune(tcp::socket& socket, const options& opts) {
+  socket.set_option(tcp::no_delay(true));
+  if (opts.socket_buffer_bytes != 0) {
+    const auto bytes = static_cast<int>(std::min<std::size_t>(opts.socket_buffer_bytes, INT32_MAX));
+    socket.set_option(asio::socket_base::send_buffer_size(bytes));
+    socket.set_option(asio::socket_base::receive_buffer_size(bytes));
+  }
+}
+
+/// "host:port" as published in the store.
+inline tcp::endpoint parse_endpoint(const std::string& text, rank_t peer) {
+  const auto colon = text.rfind(':');
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(text.substr(0, colon == std::string::npos ? 0 : colon), ec);
+  unsigned port = 0;
+  const char* digits = text.c_str() + (colon == std::string::npos ? text.size() : colon + 1);
+  const auto parsed = std::from_chars(digits, text.c_str() + text.size(), port);
+  if (colon == std::string::npos || ec || parsed.ec != std::errc() || *parsed.ptr != '\0' || port == 0 || port > 65535)
+    qcoll::detail::throw_error(errc::protocol_error, "tcp transport: rank {} published the address '{}'", peer, text);
+  return {address, static_cast<unsigned short>(port)};
+}
+
+inline tcp::socket connect_to(asio::io_context& io, const tcp::endpoint& where, rank_t peer, deadline until) {
+  // The peer's listener exists before it publishes its address, so a refusal means it is gone.
+  tcp::socket socket(io);
+  bool done = false;
+  boost::system::error_code result = asio::error::timed_out;
+  socket.async_connect(where, [&](boost::system::error_code ec) {
+    result = ec;
+    done = true;
+  });
+  run_until(io, done, until, [&] { socket.close(); });
+  if (result)
+    qcoll::detail::throw_error(result == asio::error::timed_out || result == asio::error::operation_aborted
+                                   ? errc::timeout
+                                   : errc::peer_lost,
+                               "tcp transport: connecting to rank {} at {}:{} failed: {}", peer,
+                               where.address().to_string(), where.port(), result.message());
+  return socket;
+}
+
+}  // namespace detail
+
+/// One rank's endpoint. Models qcoll::transport; move-only.
+class transport : public stream::endpoint {
+ public:
+  /// Connects the job's ranks pairwise. Collective: every rank of the job calls it.
+  /// Connections that fail the handshake (garbage, wrong secret, version or job, a
+  /// rank already connected) are logged and refused while setup waits for the real
+  /// peer until job.timeout.
+  /// @par Errors
+  /// qcoll::error: invalid_argument (cannot listen on the bind address), timeout (a
+  /// peer never connected or answered), peer_lost (a peer refused the connection),
+  /// protocol_error (a peer refused this rank's handshake, with its reason).
+  static transport join(const rendezvous::job& job, rendezvous::store_client& store, const options& opts = {}) {
+    namespace asio = boost::asio;
+    using asio::ip::tcp;
+    const deadline until = clock::now() + job.timeout;
+    auto io = std::make_unique<asio::io_context>();
+    std::vector<std::optional<tcp::socket>> sockets(job.size);
+
+    boost::system::error_code ec;
+    const auto bind_address = asio::ip::make_address(job.bind_address, ec);
+    if (ec)
+      qcoll::detail::throw_error(errc::invalid_argument, "tcp transport: bind address '{}' is not an IP address",
+                                 job.bind_address);
+    tcp::acceptor acceptor(*io);
+    acceptor.open(bind_address.is_v6() ? tcp::v6() : tcp::v4(), ec);
+    if (!ec) acceptor.bind({bind_address, 0}, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec)
+      qcoll::detail::throw_error(errc::invalid_argument, "tcp transport: rank {} cannot listen on {}: {}", job.rank,
+                                 job.bind_address, ec.message());
+    store.set(fmt::format("qcoll/tcp/address/{}", job.rank),
+              fmt::format("{}:{}", job.bind_address, acceptor.local_endpoint().port()));
+
+    for (rank_t peer = 0; peer < job.rank; ++peer) {
+      const auto where =
+          detail::parse_endpoint(store.get(fmt::format("qcoll/tcp/address/{}", peer), until), peer);
+      tcp::socket socket = detail::connect_to(*io, where, peer, until);
+      rendezvous::introduce(socket, job, rendezvous::channel::data, until);
+      detail::tune(socket, opts);
+      sockets[peer].emplace(std::move(socket));
+    }
+
+    rank_t missing = job.size - 1 - job.rank;
+    while (missing > 0) {
+      tcp::socket socket(*io);
+      bool accepted = false;
+      boost::system::error_code accept_error = asio::error::timed_out;
+      acceptor.async_accept(socket, [&](boost::system::error_code e) {
+        accept_error = e;
+        accepted = true;
+      });
+      detail::run_until(*io, accepted, until, [&] { acceptor.cancel(); });
+      if (accept_error)
+        qcoll::detail::throw_error(errc::timeout,
+                                   "tcp transport: rank {} waited {} for {} higher rank(s) to connect; {}", job.rank,
+                                   job.timeout, missing, accept_error.message());
+      const std::string from = detail::endpoint_text(socket);
+      try {
+        // A connection that says nothing must not hold up the real peers for long.
+        const deadline admit_until = std::min(until, clock::now() + std::chrono::seconds(5));
+        const rendezvous::hello peer = rendezvous::admit(socket, job, rendezvous::channel::data, admit_until);
+        if (peer.rank <= job.rank || sockets[peer.rank])
+          qcoll::detail::throw_error(errc::protocol_error, "rank {} is not an expected, unconnected higher rank",
+                                     peer.rank);
+        detail::tune(socket, opts);
+        sockets[peer.rank].emplace(std::move(socket));
+        --missing;
+      } catch (const qcoll::error& refused) {
+        qcoll::detail::log_warning("qcoll: rank {}: tcp transport refused a connection from {}: {}", job.rank, from,
+                                   refused.what());
+      }
+    }
+    auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(sockets), job.rank);
+    return transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "tcp transport",
+                                                      opts.engine));
+  }
+
+ private:
+  using stream::endpoint::endpoint;
+};
+
+static_assert(qcoll::transport<transport>);
+
+}  // namespace qcoll::transports::tcp

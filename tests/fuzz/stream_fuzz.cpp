@@ -1,0 +1,171 @@
+// Fuzz target for the record stream the process transports receive (stream/engine.hpp).
+//
+// Input: [receive count: 1 byte][per receive: size u16 LE, tag 1 byte][stream bytes…].
+// The receives are posted on rank 1 with guard bytes around each buffer, the stream is
+// what "rank 0" wrote, then rank 0 leaves. The target aborts if any byte outside a
+// posted buffer changed, if a receive reported success with a size other than its own,
+// or if a receive is still pending after the peer left (a hang in a real job).
+// Out-of-bounds accesses are for the sanitizers (the asan preset runs it).
+//
+// Built as a libFuzzer binary with -DQCOLL_FUZZ=ON and clang; otherwise ctest runs the
+// driver below for a few seconds: valid streams (messages of random sizes and tags in
+// data chunks, aborts), mutated by bit flips, byte writes, truncation and splices.
+
+#include <qcoll/transports/stream/engine.hpp>
+
+#include "../support/memory_pipes.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace qcoll;
+namespace stream = transports::stream;
+
+constexpr std::size_t guard_bytes = 64;
+constexpr std::byte guard{0xA5};
+
+[[noreturn]] void failure(const char* what) {
+  std::fprintf(stderr, "stream_fuzz: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size < 1) return 0;
+  const std::size_t receives = std::min<std::size_t>(data[0] % 5, (size - 1) / 3);
+  std::size_t at = 1;
+  struct posted {
+    std::vector<std::byte> storage;
+    std::size_t size;
+    stream::request request;
+  };
+  std::vector<posted> posts(receives);
+  // A pipe smaller than most messages, so payloads are read in pieces.
+  test::pair_of_engines pair(4096);
+  for (posted& p : posts) {
+    p.size = static_cast<std::size_t>(data[at] | data[at + 1] << 8);
+    const auto tag = static_cast<transports::tag_t>(data[at + 2] % 3);
+    at += 3;
+    p.storage.assign(p.size + 2 * guard_bytes, guard);
+    pair.ranks[1]->post_recv(p.request, 0, tag, std::span(p.storage).subspan(guard_bytes, p.size));
+  }
+  // Feed the stream through the pipe in pieces, then let rank 0 leave.
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data + at), size - at);
+  for (std::size_t fed = 0; fed < bytes.size();) {
+    const std::size_t room = 4096 - pair.world->pipes[0][1].bytes.size();
+    const std::size_t n = std::min(room, bytes.size() - fed);
+    pair.inject(bytes.subspan(fed, n));
+    fed += n;
+    pair.ranks[1]->test(pair.probe);
+    if (n == 0 && pair.world->pipes[0][1].bytes.size() == 4096) break;  // stalled: nobody reads
+  }
+  pair.ranks.erase(pair.ranks.begin());
+  for (posted& p : posts) {
+    if (!pair.ranks[0]->test(p.request)) failure("a receive is still pending after its peer left");
+    const std::error_code result = pair.ranks[0]->wait(p.request, clock::now());
+    if (!result && p.request.transferred() != p.size) failure("a receive succeeded with the wrong size");
+    const auto outside_intact = [&](std::span<const std::byte> region) {
+      return std::all_of(region.begin(), region.end(), [](std::byte b) { return b == guard; });
+    };
+    if (!outside_intact(std::span(p.storage).first(guard_bytes)) ||
+        !outside_intact(std::span(p.storage).last(guard_bytes)))
+      failure("bytes outside a posted buffer changed");
+  }
+  return 0;
+}
+
+#ifndef QCOLL_LIBFUZZER
+namespace {
+
+void append_record(std::vector<std::uint8_t>& out, stream::record_type type, std::uint32_t tag, std::uint64_t length) {
+  std::array<std::byte, stream::record_header_bytes> header{};
+  stream::write_record_header(header, {type, tag, length});
+  for (const std::byte b : header) out.push_back(std::to_integer<std::uint8_t>(b));
+}
+
+/// A valid input: receives, and a stream of messages that (mostly) match them.
+std::vector<std::uint8_t> valid_input(std::mt19937_64& rng) {
+  std::vector<std::uint8_t> input;
+  const std::size_t receives = 1 + rng() % 4;
+  input.push_back(static_cast<std::uint8_t>(receives));
+  std::vector<std::pair<std::size_t, std::uint32_t>> shapes;
+  for (std::size_t i = 0; i < receives; ++i) {
+    const std::size_t size = rng() % 3 == 0 ? rng() % 16 : rng() % 9000;
+    const auto tag = static_cast<std::uint32_t>(rng() % 3);
+    shapes.emplace_back(size, tag);
+    input.push_back(static_cast<std::uint8_t>(size));
+    input.push_back(static_cast<std::uint8_t>(size >> 8));
+    input.push_back(static_cast<std::uint8_t>(tag));
+  }
+  for (const auto& [size, tag] : shapes) {
+    append_record(input, stream::record_type::message, tag, size);
+    std::array<std::byte, stream::message_header_bytes> header{};
+    stream::write_message_header(header, {1, size / 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, 0});
+    for (const std::byte b : header) input.push_back(std::to_integer<std::uint8_t>(b));
+    for (std::size_t sent = 0; sent < size;) {
+      const std::size_t chunk = std::min<std::size_t>(size - sent, 1 + rng() % 5000);
+      append_record(input, stream::record_type::data, 0, chunk);
+      for (std::size_t i = 0; i < chunk; ++i) input.push_back(static_cast<std::uint8_t>(rng()));
+      sent += chunk;
+    }
+  }
+  if (rng() % 4 == 0) {
+    append_record(input, stream::record_type::abort, 6, 5);
+    for (const char c : std::string_view("gone!")) input.push_back(static_cast<std::uint8_t>(c));
+  }
+  return input;
+}
+
+void mutate(std::vector<std::uint8_t>& input, std::mt19937_64& rng) {
+  const int mutations = 1 + static_cast<int>(rng() % 4);
+  for (int m = 0; m < mutations && !input.empty(); ++m) {
+    const std::size_t at = rng() % input.size();
+    switch (rng() % 6) {
+      case 0: input[at] ^= static_cast<std::uint8_t>(1u << (rng() % 8)); break;
+      case 1: input[at] = static_cast<std::uint8_t>(rng()); break;
+      case 2: input.resize(at); break;
+      case 3: input.insert(input.begin() + static_cast<std::ptrdiff_t>(at), static_cast<std::uint8_t>(rng())); break;
+      case 4: {  // a length field made huge
+        for (std::size_t i = at; i < std::min(input.size(), at + 8); ++i) input[i] = 0xff;
+        break;
+      }
+      default: {  // splice a copy of one region over another
+        const std::size_t from = rng() % input.size(), length = rng() % 64;
+        for (std::size_t i = 0; i < length && from + i < input.size() && at + i < input.size(); ++i)
+          input[at + i] = input[from + i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 2.0;
+  std::uint64_t seed = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string_view(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
+    if (std::string_view(argv[i]) == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
+  }
+  std::mt19937_64 rng(seed);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::size_t runs = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    std::vector<std::uint8_t> input = valid_input(rng);
+    if (runs % 5 != 0) mutate(input, rng);  // one in five stays valid
+    LLVMFuzzerTestOneInput(input.data(), input.size());
+    ++runs;
+  }
+  std::printf("stream_fuzz: %zu inputs in %.1f s, no failure\n", runs, seconds);
+  return 0;
+}
+#endif

@@ -1,0 +1,1160 @@
+// The rendezvous layer: SHA-256 and HMAC against the published vectors, the job
+// description from each launcher's environment, the authenticated handshake against
+// honest, misconfigured and hostile peers, and the key-value store rank 0 serves.
+// Ranks are threads here; no Boost.Test assertion runs off the main thread.
+
+#define BOOST_TEST_MODULE qcoll transports
+#include <boost/test/unit_test.hpp>
+
+#include <qcoll/detail/log.hpp>
+#include <qcoll/rendezvous/environment.hpp>
+#include <qcoll/rendezvous/handshake.hpp>
+#include <qcoll/rendezvous/hmac.hpp>
+#include <qcoll/rendezvous/store.hpp>
+
+#include <boost/asio.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+using namespace qcoll;
+using namespace qcoll::rendezvous;
+using namespace std::chrono_literals;
+using boost::asio::ip::tcp;
+
+namespace {
+
+std::string hex(std::span<const std::byte> bytes) {
+  std::string text;
+  for (std::byte b : bytes) text += fmt::format("{:02x}", std::to_integer<unsigned>(b));
+  return text;
+}
+
+std::span<const std::byte> bytes_of(std::string_view text) { return std::as_bytes(std::span(text.data(), text.size())); }
+
+std::vector<std::byte> repeated(unsigned char value, std::size_t n) { return std::vector<std::byte>(n, std::byte{value}); }
+
+/// What a call threw: the code and message, or nothing.
+struct outcome {
+  bool threw = false;
+  std::error_code code;
+  std::string message;
+};
+
+template <class Fn>
+outcome capture(Fn&& fn) {
+  try {
+    fn();
+    return {};
+  } catch (const qcoll::error& e) {
+    return {true, e.code(), e.what()};
+  } catch (const std::exception& e) {
+    return {true, std::make_error_code(std::errc::state_not_recoverable), e.what()};
+  }
+}
+
+bool contains(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
+
+/// Checks on the main thread that `o` is an error with `code` whose message has every part.
+void check_error(const outcome& o, errc code, std::initializer_list<std::string_view> parts) {
+  BOOST_TEST_INFO("message: " << o.message);
+  BOOST_TEST(o.threw);
+  BOOST_TEST((o.code == make_error_code(code)));
+  for (auto part : parts) {
+    BOOST_TEST_INFO("expected in the message: " << part << "\nmessage: " << o.message);
+    BOOST_TEST(contains(o.message, part));
+  }
+}
+
+long long ms_since(clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(hmac)
+
+BOOST_AUTO_TEST_CASE(sha256_fips_vectors) {
+  BOOST_TEST(hex(sha256(bytes_of(""))) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  BOOST_TEST(hex(sha256(bytes_of("abc"))) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  BOOST_TEST(hex(sha256(bytes_of("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))) ==
+             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  BOOST_TEST(hex(sha256(bytes_of("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopq"
+                                 "rlmnopqrsmnopqrstnopqrstu"))) ==
+             "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+  const std::string million(1000000, 'a');
+  BOOST_TEST(hex(sha256(bytes_of(million))) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+BOOST_AUTO_TEST_CASE(sha256_padding_boundaries) {
+  // 55 bytes leave exactly room for the length; 56 and 64 need a second block (hashlib's values).
+  BOOST_TEST(hex(sha256(bytes_of(std::string(55, 'a')))) ==
+             "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318");
+  BOOST_TEST(hex(sha256(bytes_of(std::string(56, 'a')))) ==
+             "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
+  BOOST_TEST(hex(sha256(bytes_of(std::string(64, 'a')))) ==
+             "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+  BOOST_TEST(hex(sha256(bytes_of(std::string(119, 'a')))) ==
+             "31eba51c313a5c08226adf18d4a359cfdfd8d2e816b13f4af952f7ea6584dcfb");
+}
+
+BOOST_AUTO_TEST_CASE(sha256_incremental_matches_one_shot) {
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text += static_cast<char>('!' + i % 90);
+  const digest whole = sha256(bytes_of(text));
+  for (std::size_t chunk : {1u, 3u, 63u, 64u, 65u, 200u}) {
+    sha256_hasher hasher;
+    for (std::size_t at = 0; at < text.size(); at += chunk)
+      hasher.update(bytes_of(std::string_view(text).substr(at, chunk)));
+    BOOST_TEST_INFO("chunk " << chunk);
+    BOOST_TEST(hex(hasher.finish()) == hex(whole));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(hmac_rfc4231_cases_1_to_7) {
+  std::vector<std::byte> key4;
+  for (unsigned i = 1; i <= 25; ++i) key4.push_back(std::byte(i));
+  const auto key_aa131 = repeated(0xaa, 131);
+  BOOST_TEST(hex(hmac_sha256(repeated(0x0b, 20), bytes_of("Hi There"))) ==
+             "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  BOOST_TEST(hex(hmac_sha256(bytes_of("Jefe"), bytes_of("what do ya want for nothing?"))) ==
+             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  BOOST_TEST(hex(hmac_sha256(repeated(0xaa, 20), repeated(0xdd, 50))) ==
+             "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
+  BOOST_TEST(hex(hmac_sha256(key4, repeated(0xcd, 50))) ==
+             "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+  // Case 5 publishes the first 128 bits only.
+  BOOST_TEST(hex(hmac_sha256(repeated(0x0c, 20), bytes_of("Test With Truncation"))).substr(0, 32) ==
+             "a3b6167473100ee06e0c796c2955552b");
+  BOOST_TEST(hex(hmac_sha256(key_aa131, bytes_of("Test Using Larger Than Block-Size Key - Hash Key First"))) ==
+             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  BOOST_TEST(hex(hmac_sha256(key_aa131, bytes_of("This is a test using a larger than block-size key and a larger "
+                                                 "than block-size data. The key needs to be hashed before being "
+                                                 "used by the HMAC algorithm."))) ==
+             "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
+}
+
+BOOST_AUTO_TEST_CASE(constant_time_equal_compares_bytes_and_sizes) {
+  const auto a = repeated(7, 32);
+  auto b = a;
+  BOOST_TEST(constant_time_equal(a, b));
+  b.front() = std::byte{8};
+  BOOST_TEST(!constant_time_equal(a, b));
+  b = a;
+  b.back() = std::byte{0};
+  BOOST_TEST(!constant_time_equal(a, b));
+  BOOST_TEST(!constant_time_equal(a, std::span(a).first(31)));
+  BOOST_TEST(constant_time_equal(std::span<const std::byte>{}, std::span<const std::byte>{}));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+using variables = std::map<std::string, std::string>;
+
+job job_from(const variables& vars) {
+  return job_from_environment([&](const char* name) -> const char* {
+    const auto found = vars.find(name);
+    return found == vars.end() ? nullptr : found->second.c_str();
+  });
+}
+
+outcome job_error(const variables& vars) {
+  return capture([&] { job_from(vars); });
+}
+
+// What Debian's Open MPI 4.1 mpirun exported to `mpirun -np 2 env` on this machine (rank 1).
+variables open_mpi_rank1() {
+  return {{"OMPI_COMM_WORLD_RANK", "1"},        {"OMPI_COMM_WORLD_SIZE", "2"},
+          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},  {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+          {"OMPI_COMM_WORLD_NODE_RANK", "1"},   {"OMPI_MCA_ess_base_jobid", "1773666305"},
+          {"PMIX_NAMESPACE", "1773666305"},     {"PMIX_RANK", "1"},
+          {"OMPI_MCA_orte_num_nodes", "1"},     {"OMPI_UNIVERSE_SIZE", "2"}};
+}
+
+variables qcoll_rank(std::string rank, std::string size) {
+  return {{"QCOLL_RANK", rank}, {"QCOLL_WORLD_SIZE", size}, {"QCOLL_STORE", "127.0.0.1:29517"}};
+}
+
+std::string temporary_file(const std::string& contents) {
+  char name[] = "/tmp/qcoll-secret-XXXXXX";
+  const int fd = ::mkstemp(name);
+  BOOST_REQUIRE(fd >= 0);
+  BOOST_REQUIRE(::write(fd, contents.data(), contents.size()) == static_cast<ssize_t>(contents.size()));
+  ::close(fd);
+  return name;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(environment)
+
+BOOST_AUTO_TEST_CASE(qcoll_family_sets_every_field) {
+  const job j = job_from({{"QCOLL_RANK", "2"},
+                          {"QCOLL_WORLD_SIZE", "4"},
+                          {"QCOLL_LOCAL_RANK", "0"},
+                          {"QCOLL_LOCAL_WORLD_SIZE", "2"},
+                          {"QCOLL_STORE", "10.0.0.1:29517"},
+                          {"QCOLL_JOB_ID", "job-42"},
+                          {"QCOLL_SECRET", "s3cret"},
+                          {"QCOLL_TRANSPORT", "tcp"},
+                          {"QCOLL_BIND", "10.0.0.2"},
+                          {"QCOLL_TIMEOUT_MS", "1500"}});
+  BOOST_TEST(j.rank == 2u);
+  BOOST_TEST(j.size == 4u);
+  BOOST_TEST(j.local_rank == 0u);
+  BOOST_TEST(j.local_size == 2u);
+  BOOST_TEST(!j.all_local());
+  BOOST_TEST(j.store_host == "10.0.0.1");
+  BOOST_TEST(j.store_port == 29517);
+  BOOST_TEST(j.job_id == "job-42");
+  BOOST_TEST(j.secret == "s3cret");
+  BOOST_TEST((j.transport == transport_kind::tcp));
+  BOOST_TEST(j.bind_address == "10.0.0.2");
+  BOOST_TEST(j.timeout.count() == 1500);
+  BOOST_TEST(j.launcher == "qcoll");
+}
+
+BOOST_AUTO_TEST_CASE(defaults_and_derived_job_id) {
+  const job j = job_from(qcoll_rank("0", "3"));
+  BOOST_TEST(j.job_id == "127.0.0.1:29517");  // no launcher named one: the store's address
+  BOOST_TEST(j.secret.empty());
+  BOOST_TEST((j.transport == transport_kind::automatic));
+  BOOST_TEST(j.bind_address == "127.0.0.1");
+  BOOST_TEST(j.timeout.count() == 60000);
+  // No local pair: assumed alone on its host, so the TCP transport is chosen.
+  BOOST_TEST(j.local_rank == 0u);
+  BOOST_TEST(j.local_size == 1u);
+  BOOST_TEST(!j.all_local());
+  BOOST_TEST(job_from(qcoll_rank("0", "1")).all_local());
+  auto v6 = qcoll_rank("0", "2");
+  v6["QCOLL_STORE"] = "[::1]:29500";
+  const job j6 = job_from(v6);
+  BOOST_TEST(j6.store_host == "::1");
+  BOOST_TEST(j6.store_port == 29500);
+  BOOST_TEST(j6.job_id == "[::1]:29500");
+  auto shm = qcoll_rank("0", "2");
+  shm["QCOLL_TRANSPORT"] = "shm";
+  BOOST_TEST((job_from(shm).transport == transport_kind::shm));
+  shm["QCOLL_TRANSPORT"] = "auto";
+  BOOST_TEST((job_from(shm).transport == transport_kind::automatic));
+}
+
+BOOST_AUTO_TEST_CASE(empty_values_count_as_unset) {
+  auto vars = qcoll_rank("1", "2");
+  vars["QCOLL_SECRET"] = "";
+  vars["QCOLL_JOB_ID"] = "";
+  vars["RANK"] = "";
+  const job j = job_from(vars);
+  BOOST_TEST(j.secret.empty());
+  BOOST_TEST(j.job_id == "127.0.0.1:29517");
+}
+
+BOOST_AUTO_TEST_CASE(torchrun_family) {
+  variables vars{{"RANK", "3"},        {"WORLD_SIZE", "8"},       {"LOCAL_RANK", "3"},
+                 {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
+                 {"TORCHELASTIC_RUN_ID", "a1b2c3"}};
+  job j = job_from(vars);
+  BOOST_TEST(j.launcher == "torchrun");
+  BOOST_TEST(j.rank == 3u);
+  BOOST_TEST(j.size == 8u);
+  BOOST_TEST(j.local_rank == 3u);
+  BOOST_TEST(j.local_size == 4u);
+  BOOST_TEST(j.store_host == "node0");
+  BOOST_TEST(j.store_port == 29500);
+  BOOST_TEST(j.job_id == "a1b2c3");
+  // torchrun's default run id "none" is shared by every job: not an id.
+  vars["TORCHELASTIC_RUN_ID"] = "none";
+  BOOST_TEST(job_from(vars).job_id == "node0:29500");
+  // torchrun's agent serves its own TCPStore on MASTER_PORT: qcoll's store moves one up.
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  BOOST_TEST(job_from(vars).store_port == 29501);
+  vars["MASTER_PORT"] = "65535";
+  check_error(job_error(vars), errc::invalid_argument, {"MASTER_PORT=65535", "QCOLL_STORE"});
+}
+
+BOOST_AUTO_TEST_CASE(open_mpi_family_on_one_host) {
+  const job j = job_from(open_mpi_rank1());
+  BOOST_TEST(j.launcher == "mpirun");
+  BOOST_TEST(j.rank == 1u);
+  BOOST_TEST(j.size == 2u);
+  BOOST_TEST(j.local_rank == 1u);
+  BOOST_TEST(j.local_size == 2u);
+  BOOST_TEST(j.all_local());
+  BOOST_TEST(j.job_id == "ompi-1773666305");
+  BOOST_TEST(j.store_host == "127.0.0.1");
+  // 20000 + FNV-1a-32("ompi-1773666305") % 20000, FNV computed independently (0x55dd592f).
+  BOOST_TEST(j.store_port == 29647);
+  BOOST_TEST(mpirun_local_port("ompi-1773666305") == 29647);
+  // FNV-1a-32 reference values: "" = 0x811c9dc5, "a" = 0xe40c292c, "foobar" = 0xbf9cf968.
+  BOOST_TEST(mpirun_local_port("") == 20000 + 0x811c9dc5u % 20000);
+  BOOST_TEST(mpirun_local_port("a") == 20000 + 0xe40c292cu % 20000);
+  BOOST_TEST(mpirun_local_port("foobar") == 20000 + 0xbf9cf968u % 20000);
+  // An explicit job id changes the derived port with it (all ranks see the same id).
+  auto vars = open_mpi_rank1();
+  vars["QCOLL_JOB_ID"] = "foobar";
+  BOOST_TEST(job_from(vars).store_port == 35720);
+  // Open MPI 5 (PRRTE) has no ess_base_jobid, but a PMIx namespace.
+  vars = open_mpi_rank1();
+  vars.erase("OMPI_MCA_ess_base_jobid");
+  vars["PMIX_NAMESPACE"] = "prterun-vm-1234@1";
+  BOOST_TEST(job_from(vars).job_id == "ompi-prterun-vm-1234@1");
+}
+
+BOOST_AUTO_TEST_CASE(open_mpi_on_several_hosts_needs_an_address) {
+  auto vars = open_mpi_rank1();
+  vars["OMPI_COMM_WORLD_SIZE"] = "4";  // 2 of 4 ranks on this host
+  check_error(job_error(vars), errc::invalid_argument, {"MASTER_ADDR", "MASTER_PORT", "mpirun -x", "QCOLL_STORE"});
+  vars["MASTER_ADDR"] = "node0";
+  vars["MASTER_PORT"] = "29400";
+  const job j = job_from(vars);
+  BOOST_TEST(j.store_host == "node0");
+  BOOST_TEST(j.store_port == 29400);
+  BOOST_TEST(j.job_id == "ompi-1773666305");
+  BOOST_TEST(!j.all_local());
+  auto no_id = open_mpi_rank1();
+  no_id.erase("OMPI_MCA_ess_base_jobid");
+  no_id.erase("PMIX_NAMESPACE");
+  check_error(job_error(no_id), errc::invalid_argument, {"no job id", "QCOLL_STORE"});
+}
+
+BOOST_AUTO_TEST_CASE(precedence_qcoll_over_torchrun_over_open_mpi) {
+  variables vars = open_mpi_rank1();
+  vars.insert({{"RANK", "5"},
+               {"WORLD_SIZE", "6"},
+               {"LOCAL_RANK", "1"},
+               {"LOCAL_WORLD_SIZE", "3"},
+               {"MASTER_ADDR", "10.1.1.1"},
+               {"MASTER_PORT", "29500"},
+               {"TORCHELASTIC_RUN_ID", "torch-run"}});
+  job j = job_from(vars);
+  BOOST_TEST(j.launcher == "torchrun");
+  BOOST_TEST(j.rank == 5u);
+  BOOST_TEST(j.size == 6u);
+  BOOST_TEST(j.local_size == 3u);
+  BOOST_TEST(j.store_host == "10.1.1.1");
+  BOOST_TEST(j.job_id == "torch-run");  // TORCHELASTIC_RUN_ID over Open MPI's id
+
+  vars.insert({{"QCOLL_RANK", "0"}, {"QCOLL_WORLD_SIZE", "2"}, {"QCOLL_STORE", "127.0.0.1:4000"},
+               {"QCOLL_JOB_ID", "mine"}});
+  j = job_from(vars);
+  BOOST_TEST(j.launcher == "qcoll");
+  BOOST_TEST(j.rank == 0u);
+  BOOST_TEST(j.size == 2u);
+  // The local pair comes from the family that gave the rank: qcoll has none here.
+  BOOST_TEST(j.local_rank == 0u);
+  BOOST_TEST(j.local_size == 1u);
+  BOOST_TEST(j.store_host == "127.0.0.1");  // QCOLL_STORE over MASTER_ADDR/MASTER_PORT
+  BOOST_TEST(j.store_port == 4000);
+  BOOST_TEST(j.job_id == "mine");  // QCOLL_JOB_ID over TORCHELASTIC_RUN_ID
+}
+
+BOOST_AUTO_TEST_CASE(rank_errors_name_the_variable_and_value) {
+  check_error(job_error({}), errc::invalid_argument,
+              {"no rank: set QCOLL_RANK/QCOLL_WORLD_SIZE, or run under qcoll-run, torchrun (RANK/WORLD_SIZE) or mpirun"});
+  check_error(job_error(qcoll_rank("7", "4")), errc::invalid_argument, {"QCOLL_RANK=7 is not below QCOLL_WORLD_SIZE=4"});
+  check_error(job_error(qcoll_rank("abc", "4")), errc::invalid_argument, {"QCOLL_RANK=abc", "not a non-negative integer"});
+  check_error(job_error(qcoll_rank("-1", "4")), errc::invalid_argument, {"QCOLL_RANK=-1"});
+  check_error(job_error(qcoll_rank("+1", "4")), errc::invalid_argument, {"QCOLL_RANK=+1"});
+  check_error(job_error(qcoll_rank("1", "4x")), errc::invalid_argument, {"QCOLL_WORLD_SIZE=4x"});
+  check_error(job_error(qcoll_rank("1", " 4")), errc::invalid_argument, {"QCOLL_WORLD_SIZE= 4"});
+  check_error(job_error(qcoll_rank("0", "99999999999999999999999")), errc::invalid_argument,
+              {"QCOLL_WORLD_SIZE=99999999999999999999999", "out of range"});
+  check_error(job_error(qcoll_rank("0", "4294967296")), errc::invalid_argument, {"QCOLL_WORLD_SIZE=4294967296"});
+  check_error(job_error(qcoll_rank("0", "0")), errc::invalid_argument, {"QCOLL_WORLD_SIZE=0"});
+  check_error(job_error({{"QCOLL_RANK", "1"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}}), errc::invalid_argument,
+              {"QCOLL_RANK=1 is set but QCOLL_WORLD_SIZE is not"});
+  check_error(job_error({{"WORLD_SIZE", "2"}}), errc::invalid_argument, {"WORLD_SIZE=2 is set but RANK is not"});
+  auto local = qcoll_rank("1", "4");
+  local["QCOLL_LOCAL_RANK"] = "2";
+  local["QCOLL_LOCAL_WORLD_SIZE"] = "2";
+  check_error(job_error(local), errc::invalid_argument, {"QCOLL_LOCAL_RANK=2 is not below QCOLL_LOCAL_WORLD_SIZE=2"});
+  local["QCOLL_LOCAL_RANK"] = "0";
+  local["QCOLL_LOCAL_WORLD_SIZE"] = "5";
+  check_error(job_error(local), errc::invalid_argument, {"QCOLL_LOCAL_WORLD_SIZE=5 is larger than QCOLL_WORLD_SIZE=4"});
+  local.erase("QCOLL_LOCAL_WORLD_SIZE");
+  check_error(job_error(local), errc::invalid_argument, {"QCOLL_LOCAL_RANK=0 is set but QCOLL_LOCAL_WORLD_SIZE is not"});
+}
+
+BOOST_AUTO_TEST_CASE(store_errors_name_the_variable_and_value) {
+  check_error(job_error({{"QCOLL_RANK", "0"}, {"QCOLL_WORLD_SIZE", "2"}}), errc::invalid_argument,
+              {"no store address", "QCOLL_STORE=host:port", "MASTER_ADDR"});
+  auto vars = qcoll_rank("0", "2");
+  for (const char* bad : {"127.0.0.1", "127.0.0.1:", ":29500", "::1:29500", "[::1]29500"}) {
+    vars["QCOLL_STORE"] = bad;
+    check_error(job_error(vars), errc::invalid_argument, {fmt::format("QCOLL_STORE={} is not host:port", bad)});
+  }
+  for (const char* bad : {"0", "65536", "70000", "http", "-5"}) {
+    vars["QCOLL_STORE"] = fmt::format("127.0.0.1:{}", bad);
+    check_error(job_error(vars), errc::invalid_argument,
+                {fmt::format("QCOLL_STORE={} is not a port number (1-65535)", bad)});
+  }
+  check_error(job_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}),
+              errc::invalid_argument, {"MASTER_PORT=70000 is not a port number (1-65535)"});
+  check_error(job_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}), errc::invalid_argument,
+              {"MASTER_ADDR=h is set but MASTER_PORT is not"});
+}
+
+BOOST_AUTO_TEST_CASE(other_settings_errors) {
+  auto vars = qcoll_rank("0", "2");
+  vars["QCOLL_TRANSPORT"] = "rdma";
+  check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TRANSPORT=rdma is not one of shm, tcp, auto"});
+  vars = qcoll_rank("0", "2");
+  vars["QCOLL_TIMEOUT_MS"] = "0";
+  check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TIMEOUT_MS=0"});
+  vars["QCOLL_TIMEOUT_MS"] = "5s";
+  check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TIMEOUT_MS=5s is not a non-negative integer"});
+}
+
+BOOST_AUTO_TEST_CASE(secret_from_a_file) {
+  auto vars = qcoll_rank("0", "2");
+  const std::string path = temporary_file("s3cret\n");
+  vars["QCOLL_SECRET_FILE"] = path;
+  BOOST_TEST(job_from(vars).secret == "s3cret");
+  vars["QCOLL_SECRET"] = "direct";  // the variable itself wins over the file
+  BOOST_TEST(job_from(vars).secret == "direct");
+  std::remove(path.c_str());
+
+  vars.erase("QCOLL_SECRET");
+  const std::string crlf = temporary_file("with spaces \r\n");
+  vars["QCOLL_SECRET_FILE"] = crlf;
+  BOOST_TEST(job_from(vars).secret == "with spaces ");  // only the line ending goes
+  std::remove(crlf.c_str());
+
+  const std::string empty = temporary_file("\n");
+  vars["QCOLL_SECRET_FILE"] = empty;
+  check_error(job_error(vars), errc::invalid_argument, {fmt::format("QCOLL_SECRET_FILE={} is empty", empty)});
+  std::remove(empty.c_str());
+
+  vars["QCOLL_SECRET_FILE"] = "/nonexistent/qcoll-secret";
+  check_error(job_error(vars), errc::invalid_argument,
+              {"QCOLL_SECRET_FILE=/nonexistent/qcoll-secret cannot be read", "No such file"});
+
+  const std::string huge = temporary_file(std::string(70000, 'x'));
+  vars["QCOLL_SECRET_FILE"] = huge;
+  check_error(job_error(vars), errc::invalid_argument, {"larger than 65536 bytes"});
+  std::remove(huge.c_str());
+}
+
+BOOST_AUTO_TEST_CASE(reads_the_process_environment) {
+  // The getenv overload, on variables no launcher sets, restored afterwards.
+  const char* names[] = {"QCOLL_RANK", "QCOLL_WORLD_SIZE", "QCOLL_STORE", "QCOLL_JOB_ID"};
+  std::map<std::string, std::optional<std::string>> saved;
+  for (const char* name : names) {
+    const char* value = std::getenv(name);
+    saved[name] = value ? std::optional<std::string>(value) : std::nullopt;
+  }
+  ::setenv("QCOLL_RANK", "1", 1);
+  ::setenv("QCOLL_WORLD_SIZE", "3", 1);
+  ::setenv("QCOLL_STORE", "127.0.0.1:1234", 1);
+  ::setenv("QCOLL_JOB_ID", "from-getenv", 1);
+  const outcome o = capture([] {
+    const job j = job_from_environment();
+    if (j.rank != 1 || j.size != 3 || j.store_port != 1234 || j.job_id != "from-getenv")
+      throw std::runtime_error("wrong job from getenv");
+  });
+  for (const auto& [name, value] : saved) {
+    if (value) {
+      ::setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+  BOOST_TEST(!o.threw, o.message);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+job test_job(rank_t rank, rank_t size, std::string secret = "", std::string job_id = "rendezvous-test",
+             std::uint16_t port = 0) {
+  job j;
+  j.rank = rank;
+  j.size = size;
+  j.store_port = port;
+  j.job_id = std::move(job_id);
+  j.secret = std::move(secret);
+  j.timeout = 5s;
+  return j;
+}
+
+/// A connected pair of sockets over loopback.
+struct socket_pair {
+  boost::asio::io_context io;
+  tcp::socket client{io};
+  tcp::socket server{io};
+  socket_pair() {
+    tcp::acceptor acceptor(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+    client.connect(acceptor.local_endpoint());
+    acceptor.accept(server);
+  }
+};
+
+struct handshake_outcome {
+  outcome server;
+  outcome client;
+  std::optional<hello> admitted;
+};
+
+/// introduce() on a thread, admit() here; the server closes its end when done, like a real one.
+handshake_outcome shake(const job& server_job, const job& client_job, channel server_kind = channel::data,
+                        channel client_kind = channel::data) {
+  socket_pair pair;
+  handshake_outcome result;
+  std::thread client([&] {
+    result.client = capture([&] { introduce(pair.client, client_job, client_kind, clock::now() + 3s); });
+  });
+  result.server = capture([&] { result.admitted = admit(pair.server, server_job, server_kind, clock::now() + 3s); });
+  pair.server.close();
+  client.join();
+  return result;
+}
+
+/// Sends raw bytes to admit() and returns what admit() threw and what came back.
+struct raw_outcome {
+  outcome server;
+  std::vector<std::byte> reply;
+  long long server_ms = 0;
+};
+
+raw_outcome send_raw(std::span<const std::byte> bytes, const job& server_job, std::chrono::milliseconds budget = 2s) {
+  socket_pair pair;
+  boost::asio::write(pair.client, boost::asio::buffer(bytes.data(), bytes.size()));
+  raw_outcome result;
+  const auto start = clock::now();
+  result.server = capture([&] { admit(pair.server, server_job, channel::data, clock::now() + budget); });
+  result.server_ms = ms_since(start);
+  pair.server.close();
+  boost::system::error_code ec;
+  std::array<std::byte, 256> buffer{};
+  for (;;) {
+    const std::size_t n = pair.client.read_some(boost::asio::buffer(buffer), ec);
+    result.reply.insert(result.reply.end(), buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(n));
+    if (ec) break;
+  }
+  return result;
+}
+
+/// A hello written out by hand, field by field, as the protocol documents it.
+std::vector<std::byte> hand_made_hello(std::uint16_t version, std::uint8_t kind, std::uint8_t flags,
+                                       std::string_view job_id, std::uint32_t rank, std::uint32_t size) {
+  std::vector<std::byte> frame;
+  for (char c : std::string_view("QCOL")) frame.push_back(std::byte(c));
+  frame.push_back(std::byte(version & 0xff));
+  frame.push_back(std::byte(version >> 8));
+  frame.push_back(std::byte(kind));
+  frame.push_back(std::byte(flags));
+  const digest hash = sha256(bytes_of(job_id));
+  frame.insert(frame.end(), hash.begin(), hash.end());
+  for (std::uint32_t v : {rank, size})
+    for (int i = 0; i < 4; ++i) frame.push_back(std::byte((v >> (8 * i)) & 0xff));
+  for (int i = 0; i < 16; ++i) frame.push_back(std::byte(i));
+  return frame;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(handshake)
+
+BOOST_AUTO_TEST_CASE(succeeds_without_a_secret) {
+  const auto r = shake(test_job(0, 4), test_job(2, 4));
+  BOOST_TEST(!r.server.threw, r.server.message);
+  BOOST_TEST(!r.client.threw, r.client.message);
+  BOOST_REQUIRE(r.admitted.has_value());
+  BOOST_TEST(r.admitted->rank == 2u);
+  BOOST_TEST(r.admitted->size == 4u);
+  BOOST_TEST((r.admitted->kind == channel::data));
+}
+
+BOOST_AUTO_TEST_CASE(succeeds_with_a_secret) {
+  const auto r = shake(test_job(1, 3, "s3cret"), test_job(0, 3, "s3cret"), channel::store, channel::store);
+  BOOST_TEST(!r.server.threw, r.server.message);
+  BOOST_TEST(!r.client.threw, r.client.message);
+  BOOST_REQUIRE(r.admitted.has_value());
+  BOOST_TEST(r.admitted->rank == 0u);
+  BOOST_TEST((r.admitted->kind == channel::store));
+}
+
+BOOST_AUTO_TEST_CASE(wrong_secret_is_reported_on_both_sides) {
+  const auto r = shake(test_job(0, 2, "right"), test_job(1, 2, "wrong"));
+  check_error(r.server, errc::protocol_error, {"different QCOLL_SECRET", "rank 1"});
+  check_error(r.client, errc::protocol_error, {"failed to prove", "different QCOLL_SECRET", "rank 1", "127.0.0.1:"});
+  BOOST_TEST(!r.admitted.has_value());
+}
+
+BOOST_AUTO_TEST_CASE(secret_on_one_side_only_is_refused) {
+  auto r = shake(test_job(0, 2, "s3cret"), test_job(1, 2));
+  check_error(r.server, errc::protocol_error, {"the client has no secret and this rank has one"});
+  check_error(r.client, errc::protocol_error, {"refused", "the peer requires a secret and this rank has none"});
+  r = shake(test_job(0, 2), test_job(1, 2, "s3cret"));
+  check_error(r.server, errc::protocol_error, {"the client has a secret (QCOLL_SECRET) and this rank has none"});
+  check_error(r.client, errc::protocol_error, {"refused", "this rank has a secret (QCOLL_SECRET) and the peer has none"});
+}
+
+BOOST_AUTO_TEST_CASE(wrong_job_is_refused) {
+  const auto r = shake(test_job(0, 2, "", "job-a"), test_job(1, 2, "", "job-b"));
+  check_error(r.server, errc::protocol_error, {"another job", "job-a"});
+  check_error(r.client, errc::protocol_error, {"refused", "another job", "job-b"});
+}
+
+BOOST_AUTO_TEST_CASE(wrong_channel_is_refused) {
+  const auto r = shake(test_job(0, 2), test_job(1, 2), channel::data, channel::store);
+  check_error(r.server, errc::protocol_error, {"store connection on this rank's data port"});
+  check_error(r.client, errc::protocol_error, {"refused", "does not take store connections"});
+}
+
+BOOST_AUTO_TEST_CASE(rank_out_of_range_is_refused) {
+  const auto r = shake(test_job(0, 4), test_job(7, 4));
+  check_error(r.server, errc::protocol_error, {"claims rank 7", "size 4"});
+  check_error(r.client, errc::protocol_error, {"refused", "rejected rank 7"});
+}
+
+BOOST_AUTO_TEST_CASE(size_mismatch_is_refused) {
+  const auto r = shake(test_job(0, 4, "s"), test_job(1, 8, "s"));
+  check_error(r.server, errc::protocol_error, {"the job has 8 ranks, this rank's job has 4"});
+  check_error(r.client, errc::protocol_error, {"refused", "does not have 8 ranks"});
+}
+
+BOOST_AUTO_TEST_CASE(wrong_version_gets_a_status_it_can_read) {
+  const auto frame = hand_made_hello(2, 2, 0, "rendezvous-test", 1, 2);
+  const auto r = send_raw(frame, test_job(0, 2));
+  check_error(r.server, errc::protocol_error, {"handshake version 2, this rank speaks 1"});
+  BOOST_REQUIRE(r.reply.size() == reply_size);
+  BOOST_TEST(hex(std::span(r.reply).first(4)) == hex(bytes_of("QCOL")));
+  BOOST_TEST(std::to_integer<int>(r.reply[4]) == 1);  // the server's version, little-endian
+  BOOST_TEST(std::to_integer<int>(r.reply[5]) == 0);
+  BOOST_TEST(std::to_integer<int>(r.reply[6]) == static_cast<int>(handshake_status::wrong_version));
+}
+
+BOOST_AUTO_TEST_CASE(hand_made_hello_of_the_documented_layout_is_admitted) {
+  // Proves the documented byte layout, not just that both sides of this code agree.
+  socket_pair pair;
+  const auto frame = hand_made_hello(1, 2, 0, "rendezvous-test", 3, 4);
+  boost::asio::write(pair.client, boost::asio::buffer(frame));
+  std::thread client([&] {
+    std::array<std::byte, reply_size> reply{};
+    boost::asio::read(pair.client, boost::asio::buffer(reply));
+    std::array<std::byte, proof_size> zeros{};
+    boost::asio::write(pair.client, boost::asio::buffer(zeros));
+    std::array<std::byte, 1> ack{};
+    boost::asio::read(pair.client, boost::asio::buffer(ack));
+  });
+  std::optional<hello> who;
+  const outcome o = capture([&] { who = admit(pair.server, test_job(0, 4), channel::data, clock::now() + 2s); });
+  client.join();
+  BOOST_TEST(!o.threw, o.message);
+  BOOST_REQUIRE(who.has_value());
+  BOOST_TEST(who->rank == 3u);
+  BOOST_TEST(who->size == 4u);
+}
+
+BOOST_AUTO_TEST_CASE(garbage_is_refused_at_once) {
+  std::mt19937 random(12345);
+  std::vector<std::byte> noise(100);
+  for (auto& b : noise) b = std::byte(random() & 0xff);
+  noise[0] = std::byte{'X'};  // whatever the seed, not "QCOL"
+  auto r = send_raw(noise, test_job(0, 2));
+  check_error(r.server, errc::protocol_error, {"not a qcoll data connection"});
+  BOOST_TEST(r.reply.empty());  // nothing is explained to a stranger
+  BOOST_TEST(r.server_ms < 1000);
+
+  r = send_raw(bytes_of("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"), test_job(0, 2));
+  check_error(r.server, errc::protocol_error, {"not a qcoll data connection", "\"GET \""});
+  BOOST_TEST(r.server_ms < 1000);  // refused on the first 4 bytes, without waiting for 64
+
+  // The right magic, then flags no version-1 peer sets: malformed, refused without an answer.
+  r = send_raw(hand_made_hello(1, 2, 0x80, "rendezvous-test", 1, 2), test_job(0, 2));
+  check_error(r.server, errc::protocol_error, {"unknown flags"});
+  BOOST_TEST(r.reply.empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_silent_client_times_out_by_the_deadline) {
+  socket_pair pair;
+  const auto start = clock::now();
+  const outcome o = capture([&] { admit(pair.server, test_job(0, 2), channel::data, clock::now() + 200ms); });
+  const auto elapsed = ms_since(start);
+  check_error(o, errc::timeout, {"waiting for the hello", "0 of 64 bytes"});
+  BOOST_TEST(elapsed >= 190);
+  BOOST_TEST(elapsed < 900);
+
+  // Half a hello, then silence: still the deadline, and the count says how far it got.
+  socket_pair half;
+  boost::asio::write(half.client, boost::asio::buffer(hand_made_hello(1, 2, 0, "x", 0, 2).data(), 10));
+  const outcome o2 = capture([&] { admit(half.server, test_job(0, 2), channel::data, clock::now() + 150ms); });
+  check_error(o2, errc::timeout, {"10 of 64 bytes"});
+}
+
+BOOST_AUTO_TEST_CASE(a_silent_server_times_out_the_client) {
+  socket_pair pair;  // nobody admits on pair.server
+  const auto start = clock::now();
+  const outcome o = capture([&] { introduce(pair.client, test_job(1, 2), channel::data, clock::now() + 200ms); });
+  const auto elapsed = ms_since(start);
+  check_error(o, errc::timeout, {"waiting for the peer's reply", "rank 1"});
+  BOOST_TEST(elapsed >= 190);
+  BOOST_TEST(elapsed < 900);
+}
+
+BOOST_AUTO_TEST_CASE(a_client_refuses_a_server_that_is_not_qcoll) {
+  socket_pair pair;
+  const std::string http = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  std::thread server([&] {
+    std::array<std::byte, hello_size> hello_bytes{};
+    boost::system::error_code ec;
+    boost::asio::read(pair.server, boost::asio::buffer(hello_bytes), ec);
+    boost::asio::write(pair.server, boost::asio::buffer(http), ec);
+  });
+  const outcome o = capture([&] { introduce(pair.client, test_job(1, 2), channel::data, clock::now() + 2s); });
+  server.join();
+  check_error(o, errc::protocol_error, {"not a qcoll rank", "HTTP/1.1"});
+}
+
+BOOST_AUTO_TEST_CASE(async_admit_admits_and_times_out) {
+  boost::asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  tcp::socket good_client(io), silent_client(io), good_server(io), silent_server(io);
+  good_client.connect(acceptor.local_endpoint());
+  acceptor.accept(good_server);
+  silent_client.connect(acceptor.local_endpoint());
+  acceptor.accept(silent_server);
+
+  outcome good, silent, client;
+  std::optional<hello> who;
+  const auto start = clock::now();
+  long long silent_ms = 0;
+  const auto record = [](outcome& o, std::exception_ptr error) {
+    if (error) o = capture([&] { std::rethrow_exception(error); });
+  };
+  async_admit(good_server, test_job(0, 2, "k"), channel::data, clock::now() + 2s, [&](std::exception_ptr e, hello h) {
+    record(good, e);
+    if (!e) who = h;
+  });
+  async_admit(silent_server, test_job(0, 2, "k"), channel::data, clock::now() + 200ms,
+              [&](std::exception_ptr e, hello) {
+                record(silent, e);
+                silent_ms = ms_since(start);
+              });
+  std::thread runner([&] { io.run(); });  // both admissions progress on one thread, neither blocks the other
+  client = capture([&] { introduce(good_client, test_job(1, 2, "k"), channel::data, clock::now() + 2s); });
+  runner.join();
+  BOOST_TEST(!client.threw, client.message);
+  BOOST_TEST(!good.threw, good.message);
+  BOOST_REQUIRE(who.has_value());
+  BOOST_TEST(who->rank == 1u);
+  check_error(silent, errc::timeout, {"waiting for the hello"});
+  BOOST_TEST(silent_ms >= 190);
+  BOOST_TEST(silent_ms < 900);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+/// Redirects this process's stderr into a file while alive; text() reads what was written.
+class stderr_capture {
+ public:
+  stderr_capture() : path_(temporary_file("")) {
+    std::fflush(stderr);
+    saved_ = ::dup(STDERR_FILENO);
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND);
+    ::dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+  ~stderr_capture() {
+    restore();
+    std::remove(path_.c_str());
+  }
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::string text() const {
+    std::ifstream in(path_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  std::string path_;
+  int saved_ = -1;
+};
+
+std::size_t count_of(const std::string& text, std::string_view part) {
+  std::size_t n = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+bool logging_enabled() { return qcoll::detail::log_enabled(); }
+
+tcp::socket raw_connection(boost::asio::io_context& io, std::uint16_t port) {
+  tcp::socket socket(io);
+  socket.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), port));
+  return socket;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(store)
+
+BOOST_AUTO_TEST_CASE(set_and_get_across_ranks) {
+  constexpr rank_t n = 4;
+  store_server server(test_job(0, n, "s3cret"));
+  std::vector<std::vector<std::string>> seen(n);
+  std::vector<outcome> errors(n);
+  std::vector<std::thread> ranks;
+  for (rank_t r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] {
+      errors[r] = capture([&] {
+        store_client client(test_job(r, n, "s3cret", "rendezvous-test", server.port()), clock::now() + 5s);
+        std::string value = fmt::format("address of rank {}", r);
+        value.push_back('\0');  // values are bytes, not C strings
+        value += "tail";
+        client.set(fmt::format("addr/{}", r), value);
+        for (rank_t peer = 0; peer < n; ++peer) seen[r].push_back(client.get(fmt::format("addr/{}", peer), clock::now() + 5s));
+      });
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(!errors[r].threw, errors[r].message);
+    BOOST_REQUIRE(seen[r].size() == n);
+    for (rank_t peer = 0; peer < n; ++peer) {
+      std::string expected = fmt::format("address of rank {}", peer);
+      expected.push_back('\0');
+      expected += "tail";
+      BOOST_TEST(seen[r][peer] == expected);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(set_overwrites) {
+  store_server server(test_job(0, 1));
+  store_client client(test_job(0, 1, "", "rendezvous-test", server.port()), clock::now() + 5s);
+  client.set("k", "one");
+  client.set("k", "two");
+  BOOST_TEST(client.get("k", clock::now() + 1s) == "two");
+  client.set("empty", "");
+  BOOST_TEST(client.get("empty", clock::now() + 1s).empty());
+}
+
+BOOST_AUTO_TEST_CASE(get_blocks_until_another_rank_sets) {
+  store_server server(test_job(0, 2));
+  store_client setter(test_job(0, 2, "", "rendezvous-test", server.port()), clock::now() + 5s);
+  std::string got;
+  outcome error;
+  long long waited = 0;
+  std::thread getter([&] {
+    error = capture([&] {
+      store_client client(test_job(1, 2, "", "rendezvous-test", server.port()), clock::now() + 5s);
+      const auto start = clock::now();
+      got = client.get("late", clock::now() + 5s);
+      waited = ms_since(start);
+    });
+  });
+  std::this_thread::sleep_for(150ms);
+  setter.set("late", "finally");
+  getter.join();
+  BOOST_TEST(!error.threw, error.message);
+  BOOST_TEST(got == "finally");
+  BOOST_TEST(waited >= 100);  // it really waited for the set
+  BOOST_TEST(waited < 3000);
+}
+
+BOOST_AUTO_TEST_CASE(get_times_out_naming_the_key_and_the_client_stays_usable) {
+  store_server server(test_job(0, 2));
+  store_client client(test_job(1, 2, "", "rendezvous-test", server.port()), clock::now() + 5s);
+  const auto start = clock::now();
+  const outcome o = capture([&] { client.get("never/set", clock::now() + 200ms); });
+  const auto elapsed = ms_since(start);
+  check_error(o, errc::timeout, {"\"never/set\"", "rank 1", "timed out"});
+  BOOST_TEST(elapsed >= 190);
+  BOOST_TEST(elapsed < 900);
+
+  // The timed-out get was cancelled; when the key appears later, no stale answer confuses the next call.
+  store_client other(test_job(0, 2, "", "rendezvous-test", server.port()), clock::now() + 5s);
+  other.set("never/set", "late");
+  other.set("next", "value");
+  BOOST_TEST(client.get("next", clock::now() + 2s) == "value");
+  BOOST_TEST(client.get("never/set", clock::now() + 2s) == "late");
+}
+
+BOOST_AUTO_TEST_CASE(a_stale_answer_that_crossed_the_timeout_is_skipped) {
+  // Set the key from another client right as the get gives up, many times: whichever way
+  // the race goes, the following request must get its own answer.
+  store_server server(test_job(0, 2));
+  store_client client(test_job(1, 2, "", "rendezvous-test", server.port()), clock::now() + 5s);
+  store_client other(test_job(0, 2, "", "rendezvous-test", server.port()), clock::now() + 5s);
+  std::vector<std::string> mismatches;
+  for (int i = 0; i < 20; ++i) {
+    const std::string key = fmt::format("race/{}", i);
+    std::thread setter([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(9500 + 100 * (i % 10)));
+      other.set(key, "racing value");
+    });
+    capture([&] { client.get(key, clock::now() + 10ms); });
+    setter.join();
+    client.set(fmt::format("own/{}", i), fmt::format("own value {}", i));
+    const std::string own = client.get(fmt::format("own/{}", i), clock::now() + 2s);
+    if (own != fmt::format("own value {}", i)) mismatches.push_back(own);
+  }
+  BOOST_TEST(mismatches.empty());
+}
+
+BOOST_AUTO_TEST_CASE(wait_all_is_a_barrier_for_four_ranks) {
+  constexpr rank_t n = 4;
+  store_server server(test_job(0, n));
+  std::vector<outcome> errors(n);
+  std::vector<clock::time_point> arrived(n), released(n);
+  std::vector<std::thread> ranks;
+  for (rank_t r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] {
+      errors[r] = capture([&] {
+        store_client client(test_job(r, n, "", "rendezvous-test", server.port()), clock::now() + 5s);
+        std::this_thread::sleep_for(std::chrono::milliseconds(40 * r));  // arrive one after another
+        arrived[r] = clock::now();
+        client.set(fmt::format("barrier/{}", r), "");
+        client.wait_all("barrier/", n, clock::now() + 5s);
+        released[r] = clock::now();
+      });
+    });
+  }
+  for (auto& t : ranks) t.join();
+  const auto last_arrival = *std::max_element(arrived.begin(), arrived.end());
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(!errors[r].threw, errors[r].message);
+    BOOST_TEST((released[r] >= last_arrival));  // nobody leaves before the last one arrives
+  }
+}
+
+BOOST_AUTO_TEST_CASE(wait_all_times_out_and_zero_keys_return_at_once) {
+  store_server server(test_job(0, 3));
+  store_client client(test_job(0, 3, "", "rendezvous-test", server.port()), clock::now() + 5s);
+  client.set("b/0", "");
+  client.set("b/2", "");
+  const outcome o = capture([&] { client.wait_all("b/", 3, clock::now() + 150ms); });
+  check_error(o, errc::timeout, {"\"b/0\" … \"b/2\"", "timed out"});
+  client.wait_all("nothing/", 0, clock::now());  // no keys: nothing to wait for
+  client.set("b/1", "");
+  client.wait_all("b/", 3, clock::now() + 1s);
+}
+
+BOOST_AUTO_TEST_CASE(oversize_keys_and_values_are_rejected_before_sending) {
+  store_server server(test_job(0, 1));
+  store_client client(test_job(0, 1, "", "rendezvous-test", server.port()), clock::now() + 5s);
+  check_error(capture([&] { client.set(std::string(257, 'k'), "v"); }), errc::invalid_argument,
+              {"257 bytes", "at most 256"});
+  check_error(capture([&] { client.get(std::string(300, 'k'), clock::now() + 1s); }), errc::invalid_argument,
+              {"300 bytes"});
+  check_error(capture([&] { client.set("k", std::string(64 * 1024 + 1, 'v')); }), errc::invalid_argument,
+              {"65537 bytes, more than 65536"});
+  check_error(capture([&] { client.wait_all(std::string(255, 'p'), 100, clock::now() + 1s); }),
+              errc::invalid_argument, {"257 bytes"});  // the longest key it waits for is prefix + "99"
+  // The limits themselves are fine, and the connection is still in step after the refusals.
+  const std::string key(256, 'k');
+  const std::string value(64 * 1024, 'v');
+  client.set(key, value);
+  BOOST_TEST(client.get(key, clock::now() + 2s) == value);
+}
+
+BOOST_AUTO_TEST_CASE(the_server_survives_hostile_and_misconfigured_clients) {
+  const bool check_log = logging_enabled();  // QCOLL_LOG=quiet in the test's environment silences it
+  stderr_capture log;
+  store_server server(test_job(0, 2, "s3cret"));
+  store_client good(test_job(0, 2, "s3cret", "rendezvous-test", server.port()), clock::now() + 5s);
+  good.set("before", "1");
+
+  boost::asio::io_context io;
+  // A connection that says nothing stays open throughout: it must not hold up anyone.
+  tcp::socket silent = raw_connection(io, server.port());
+  {
+    tcp::socket garbage = raw_connection(io, server.port());
+    std::mt19937 random(99);
+    std::vector<std::byte> noise(100);
+    for (auto& b : noise) b = std::byte(random() & 0xff);
+    noise[0] = std::byte{'Z'};
+    boost::asio::write(garbage, boost::asio::buffer(noise));
+  }
+  {
+    tcp::socket http = raw_connection(io, server.port());
+    boost::asio::write(http, boost::asio::buffer(std::string_view("GET / HTTP/1.1\r\nHost: x\r\n\r\n")));
+  }
+  const outcome wrong = capture([&] {
+    store_client c(test_job(1, 2, "guess", "rendezvous-test", server.port()), clock::now() + 2s);
+  });
+  const outcome none = capture([&] {
+    store_client c(test_job(1, 2, "", "rendezvous-test", server.port()), clock::now() + 2s);
+  });
+  const outcome other_job = capture([&] {
+    store_client c(test_job(1, 2, "s3cret", "another-job", server.port()), clock::now() + 2s);
+  });
+  // An admitted client that then sends a malformed request (a 300-byte key) loses its connection.
+  outcome malformed_seen_closed;
+  {
+    tcp::socket rogue = raw_connection(io, server.port());
+    introduce(rogue, test_job(1, 2, "s3cret", "rendezvous-test"), channel::store, clock::now() + 2s);
+    std::array<std::byte, 12> header{};
+    header[0] = std::byte{2};   // get
+    header[2] = std::byte{44};  // key size 300 = 0x012c
+    header[3] = std::byte{1};
+    boost::asio::write(rogue, boost::asio::buffer(header));
+    std::array<std::byte, 16> sink{};
+    boost::system::error_code ec;
+    rogue.read_some(boost::asio::buffer(sink), ec);  // blocks until the server closes it
+    if (!ec) malformed_seen_closed = {true, {}, "the server answered a malformed request"};
+  }
+
+  good.set("after", "2");
+  const std::string before = good.get("before", clock::now() + 2s);
+  const std::string after = good.get("after", clock::now() + 2s);
+  silent.close();  // leaving without a word is refused too
+
+  // The refusals are logged from the server's thread: give it a moment.
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    text = log.text();
+    if (count_of(text, "store refused a connection from 127.0.0.1:") >= 6 &&
+        contains(text, "store closed the connection of rank 1"))
+      break;
+    std::this_thread::sleep_for(20ms);
+  }
+  log.restore();
+  BOOST_TEST(before == "1");
+  BOOST_TEST(after == "2");
+  check_error(wrong, errc::protocol_error, {"different QCOLL_SECRET"});
+  check_error(none, errc::protocol_error, {"requires a secret"});
+  check_error(other_job, errc::protocol_error, {"another job"});
+  BOOST_TEST(!malformed_seen_closed.threw, malformed_seen_closed.message);
+  if (check_log) {
+    BOOST_TEST_INFO("log:\n" << text);
+    BOOST_TEST(count_of(text, "qcoll: rank 0: store refused a connection from 127.0.0.1:") == 6u);
+    BOOST_TEST(contains(text, "the connection closed waiting for the hello (0 of 64 bytes)"));
+    BOOST_TEST(contains(text, "not a qcoll store connection: it starts with \"GET \""));
+    BOOST_TEST(contains(text, "different QCOLL_SECRET"));
+    BOOST_TEST(contains(text, "another job"));
+    BOOST_TEST(contains(text, "store closed the connection of rank 1 (127.0.0.1:"));
+    BOOST_TEST(contains(text, "a key of 300 bytes"));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_client_whose_server_dies_gets_peer_lost) {
+  auto server = std::make_unique<store_server>(test_job(0, 2));
+  store_client client(test_job(1, 2, "", "rendezvous-test", server->port()), clock::now() + 5s);
+  client.set("k", "v");
+  outcome waiting;
+  long long waited = 0;
+  std::thread rank([&] {
+    const auto start = clock::now();
+    waiting = capture([&] { client.get("never", clock::now() + 10s); });
+    waited = ms_since(start);
+  });
+  std::this_thread::sleep_for(100ms);
+  server.reset();
+  rank.join();
+  check_error(waiting, errc::peer_lost, {"closed the connection", "\"never\"", "rank 0 exited"});
+  BOOST_TEST(waited < 3000);  // not the 10 s deadline
+  check_error(capture([&] { client.set("k", "v"); }), errc::peer_lost, {"closed the connection"});
+}
+
+BOOST_AUTO_TEST_CASE(a_client_waits_for_a_server_that_starts_later) {
+  std::uint16_t port = 0;
+  {
+    boost::asio::io_context io;
+    tcp::acceptor probe(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+    port = probe.local_endpoint().port();
+  }
+  outcome error;
+  std::string got;
+  std::thread rank([&] {
+    error = capture([&] {
+      store_client client(test_job(1, 2, "", "rendezvous-test", port), clock::now() + 5s);
+      got = client.get("hello", clock::now() + 5s);
+    });
+  });
+  std::this_thread::sleep_for(150ms);
+  {
+    store_server server(test_job(0, 2, "", "rendezvous-test", port));
+    store_client own(test_job(0, 2, "", "rendezvous-test", port), clock::now() + 5s);
+    own.set("hello", "world");
+    rank.join();
+  }
+  BOOST_TEST(!error.threw, error.message);
+  BOOST_TEST(got == "world");
+}
+
+BOOST_AUTO_TEST_CASE(no_server_times_out_with_a_hint) {
+  std::uint16_t port = 0;
+  {
+    boost::asio::io_context io;
+    tcp::acceptor probe(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+    port = probe.local_endpoint().port();
+  }
+  const auto start = clock::now();
+  const outcome o = capture([&] { store_client client(test_job(1, 2, "", "rendezvous-test", port), clock::now() + 200ms); });
+  const auto elapsed = ms_since(start);
+  check_error(o, errc::timeout, {"no store answered", "is rank 0 running", fmt::format("127.0.0.1:{}", port)});
+  BOOST_TEST(elapsed >= 190);
+  BOOST_TEST(elapsed < 900);
+}
+
+BOOST_AUTO_TEST_CASE(a_host_name_works_for_local_and_multi_host_jobs) {
+  // All local: the name's own address is bound; spanning hosts: every interface. Either way
+  // a client that resolves the same name finds the store.
+  for (rank_t local_size : {2u, 1u}) {
+    job server_job = test_job(0, 2);
+    server_job.store_host = "localhost";
+    server_job.local_size = local_size;
+    outcome error;
+    std::string got;
+    error = capture([&] {
+      store_server server(server_job);
+      job client_job = server_job;
+      client_job.rank = 1;
+      client_job.store_port = server.port();
+      store_client client(client_job, clock::now() + 5s);
+      client.set("name", "resolved");
+      got = client.get("name", clock::now() + 2s);
+    });
+    BOOST_TEST_INFO("local_size " << local_size);
+    BOOST_TEST(!error.threw, error.message);
+    BOOST_TEST(got == "resolved");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_taken_port_is_a_clear_error) {
+  boost::asio::io_context io;
+  tcp::acceptor taken(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  const auto port = taken.local_endpoint().port();
+  const outcome o = capture([&] { store_server server(test_job(0, 2, "", "rendezvous-test", port)); });
+  check_error(o, errc::invalid_argument, {fmt::format("127.0.0.1:{}", port), "in use", "QCOLL_STORE"});
+  job elsewhere = test_job(0, 2);
+  elsewhere.store_host = "203.0.113.77";  // TEST-NET-3: not an address of this host
+  check_error(capture([&] { store_server server(elsewhere); }), errc::invalid_argument,
+              {"203.0.113.77", "not an address of this host"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()

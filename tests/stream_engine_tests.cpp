@@ -1,0 +1,292 @@
+// The stream engine the process transports share, over in-memory pipes: streaming
+// through small pipes, matching, wrong sizes, malformed and hostile streams, abort,
+// backpressure and withdrawal. One thread drives both ranks with test().
+
+#include <qcoll/transports/stream/engine.hpp>
+
+#include "support/memory_pipes.hpp"
+
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+namespace {
+
+using namespace qcoll;
+using transports::message_header;
+namespace stream = transports::stream;
+
+using test::pair_of_engines;
+
+message_header header_for(std::size_t count, std::uint64_t sequence = 0) {
+  return {sequence, count, 0, collective::allreduce, dtype::f32, reduce_op::sum, 0};
+}
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::byte> bytes(n);
+  for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
+  return bytes;
+}
+
+std::vector<std::byte> record(stream::record_type type, std::uint32_t tag, std::uint64_t length) {
+  std::vector<std::byte> bytes(stream::record_header_bytes);
+  stream::write_record_header(std::span<std::byte, stream::record_header_bytes>(bytes.data(), bytes.size()),
+                              {type, tag, length});
+  return bytes;
+}
+
+std::vector<std::byte> message_record(std::uint32_t tag, std::uint64_t length, const message_header& h) {
+  auto bytes = record(stream::record_type::message, tag, length);
+  bytes.resize(bytes.size() + stream::message_header_bytes);
+  stream::write_message_header(
+      std::span<std::byte, stream::message_header_bytes>(bytes.data() + stream::record_header_bytes,
+                                                         stream::message_header_bytes),
+      h);
+  return bytes;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(stream_engine)
+
+BOOST_AUTO_TEST_CASE(messages_of_every_size_stream_through_a_small_pipe) {
+  // Sizes around the chunk size and far above the 64 KiB pipe, so every message is streamed.
+  for (const std::size_t size : {std::size_t{0}, std::size_t{1}, stream::max_chunk_bytes - 1, stream::max_chunk_bytes,
+                                 stream::max_chunk_bytes + 1, std::size_t{3} << 20}) {
+    pair_of_engines pair;
+    const auto sent = pattern(size, static_cast<unsigned>(size));
+    std::vector<std::byte> received(size, std::byte{0xee});
+    stream::request send, recv;
+    pair.ranks[1]->post_recv(recv, 0, 7, received);
+    pair.ranks[0]->post_send(send, 1, 7, header_for(size), sent);
+    BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(send) && pair.ranks[1]->test(recv); }));
+    BOOST_TEST(!pair.ranks[1]->wait(recv, clock::now()));
+    BOOST_TEST(recv.transferred() == size);
+    BOOST_TEST((recv.header() == header_for(size)));
+    BOOST_TEST((received == sent), "payload of " << size << " bytes differs");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(both_directions_flow_at_once_and_tags_match_in_order) {
+  pair_of_engines pair(4096);
+  const auto a = pattern(100000, 1), b = pattern(70000, 2), c = pattern(5000, 3);
+  std::vector<std::byte> got_a(a.size()), got_b(b.size()), got_c(c.size());
+  stream::request s1, s2, s3, r1, r2, r3;
+  // Rank 0 sends tag 1 then tag 2; rank 1 sends tag 1 back. All posted before any progress.
+  pair.ranks[0]->post_send(s1, 1, 1, header_for(1), a);
+  pair.ranks[0]->post_send(s2, 1, 2, header_for(2), b);
+  pair.ranks[1]->post_send(s3, 0, 1, header_for(3), c);
+  pair.ranks[1]->post_recv(r1, 0, 1, got_a);
+  pair.ranks[1]->post_recv(r2, 0, 2, got_b);
+  pair.ranks[0]->post_recv(r3, 1, 1, got_c);
+  BOOST_TEST_REQUIRE(pair.run([&] {
+    return pair.ranks[1]->test(r1) && pair.ranks[1]->test(r2) && pair.ranks[0]->test(r3) && pair.ranks[0]->test(s2);
+  }));
+  BOOST_TEST((got_a == a));
+  BOOST_TEST((got_b == b));
+  BOOST_TEST((got_c == c));
+  BOOST_TEST(r2.header().count == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(a_message_waits_for_its_receive_without_buffering) {
+  pair_of_engines pair(1024);
+  const auto sent = pattern(50000, 9);
+  std::vector<std::byte> received(sent.size());
+  stream::request send, recv;
+  pair.ranks[0]->post_send(send, 1, 3, header_for(9), sent);
+  pair.run([] { return false; });
+  // Only a pipe's worth left rank 0: the rest waits for the receive (backpressure).
+  BOOST_TEST(!pair.ranks[0]->test(send));
+  BOOST_TEST(pair.world->pipes[0][1].bytes.size() <= 1024u);
+  pair.ranks[1]->post_recv(recv, 0, 3, received);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[1]->test(recv) && pair.ranks[0]->test(send); }));
+  BOOST_TEST((received == sent));
+}
+
+BOOST_AUTO_TEST_CASE(a_receive_of_the_wrong_size_gets_the_senders_header_and_the_stream_stays_in_sync) {
+  pair_of_engines pair;
+  const auto big = pattern(300000, 4), next = pattern(100, 5);
+  std::vector<std::byte> small(1000), got_next(next.size());
+  stream::request s1, s2, r1, r2;
+  pair.ranks[0]->post_send(s1, 1, 0, header_for(75000, 1), big);
+  pair.ranks[0]->post_send(s2, 1, 0, header_for(25, 2), next);
+  pair.ranks[1]->post_recv(r1, 0, 0, small);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[1]->test(r1); }));
+  BOOST_TEST(pair.ranks[1]->wait(r1, clock::now()) == errc::protocol_error);
+  BOOST_TEST(r1.transferred() == big.size());
+  BOOST_TEST(r1.header().count == 75000u);
+  BOOST_TEST(std::all_of(small.begin(), small.end(), [](std::byte b) { return b == std::byte{0}; }),
+             "nothing is written into a buffer of the wrong size");
+  pair.ranks[1]->post_recv(r2, 0, 0, got_next);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[1]->test(r2); }));
+  BOOST_TEST(!pair.ranks[1]->wait(r2, clock::now()));
+  BOOST_TEST((got_next == next));
+}
+
+BOOST_AUTO_TEST_CASE(malformed_streams_fail_the_receive_with_a_protocol_error) {
+  struct hostile {
+    const char* what;
+    std::vector<std::byte> bytes;
+  };
+  auto bad_magic = record(stream::record_type::message, 0, 16);
+  bad_magic[0] = std::byte{0x47};  // "GET /" would start like this
+  auto bad_version = record(stream::record_type::message, 0, 16);
+  bad_version[2] = std::byte{9};
+  auto bad_type = record(stream::record_type::message, 0, 16);
+  bad_type[3] = std::byte{42};
+  auto bad_enums = message_record(0, 16, header_for(4));
+  bad_enums[stream::record_header_bytes + 20] = std::byte{77};
+  auto data_first = record(stream::record_type::data, 0, 16);
+  auto oversize_chunk = message_record(0, 1 << 20, header_for(1 << 18));
+  const auto chunk = record(stream::record_type::data, 0, stream::max_chunk_bytes + 1);
+  oversize_chunk.insert(oversize_chunk.end(), chunk.begin(), chunk.end());
+  auto chunk_past_end = message_record(0, 16, header_for(4));
+  const auto long_chunk = record(stream::record_type::data, 0, 17);
+  chunk_past_end.insert(chunk_past_end.end(), long_chunk.begin(), long_chunk.end());
+  auto huge_reason = record(stream::record_type::abort, 7, stream::max_reason_bytes + 1);
+  auto nested = message_record(0, 16, header_for(4));
+  const auto chunk8 = record(stream::record_type::data, 0, 8);
+  nested.insert(nested.end(), chunk8.begin(), chunk8.end());
+  nested.resize(nested.size() + 8);
+  const auto second = message_record(0, 16, header_for(4));
+  nested.insert(nested.end(), second.begin(), second.end());
+
+  const std::vector<hostile> cases{{"bad magic", bad_magic},       {"bad version", bad_version},
+                                   {"unknown record type", bad_type}, {"unknown enum values", bad_enums},
+                                   {"data before any message", data_first},
+                                   {"chunk over the limit", oversize_chunk},
+                                   {"chunk past the message's end", chunk_past_end},
+                                   {"abort reason over the limit", huge_reason},
+                                   {"message inside a message", nested}};
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      pair_of_engines pair;
+      std::vector<std::byte> buffer(16);
+      stream::request recv;
+      pair.ranks[1]->post_recv(recv, 0, 0, buffer);
+      pair.inject(c.bytes);
+      // The message inside a message is matched first; the receive after it sees the error.
+      stream::request second_recv;
+      pair.ranks[1]->post_recv(second_recv, 0, 0, buffer);
+      BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[1]->test(second_recv); }));
+      const std::error_code first = pair.ranks[1]->wait(recv, clock::now());
+      const std::error_code later = pair.ranks[1]->wait(second_recv, clock::now());
+      BOOST_TEST((first == errc::protocol_error || later == errc::protocol_error));
+      BOOST_TEST(pair.ranks[1]->lost_reason(0).find("malformed") != std::string_view::npos);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_abort_mid_message_reaches_the_peer_with_its_code_and_reason) {
+  // The pipe has room for the rest of a chunk and the abort record once rank 1 has read,
+  // as it would while waiting; a peer that does not read learns of the abort from the close.
+  pair_of_engines pair(300 << 10);
+  const auto big = pattern(1 << 20, 6);
+  std::vector<std::byte> received(big.size());
+  stream::request send, recv;
+  pair.ranks[1]->post_recv(recv, 0, 0, received);
+  pair.ranks[0]->post_send(send, 1, 0, header_for(1 << 18), big);
+  for (int i = 0; i < 2; ++i) {  // two pipes' worth, then rank 0 gives up
+    pair.ranks[0]->test(send);
+    pair.ranks[1]->test(recv);
+  }
+  BOOST_TEST_REQUIRE(!pair.ranks[1]->test(recv));
+  pair.ranks[0]->abort(make_error_code(errc::count_mismatch), "rank 0 saw a count mismatch");
+  BOOST_TEST(pair.ranks[0]->wait(send, clock::now()) == errc::count_mismatch);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[1]->test(recv); }));
+  BOOST_TEST(pair.ranks[1]->wait(recv, clock::now()) == errc::count_mismatch);
+  BOOST_TEST(pair.ranks[1]->failure().reason == "rank 0 saw a count mismatch");
+  // Everything later fails at once on both sides.
+  stream::request later;
+  pair.ranks[1]->post_recv(later, 0, 0, received);
+  BOOST_TEST(pair.ranks[1]->wait(later, clock::now()) == errc::count_mismatch);
+}
+
+BOOST_AUTO_TEST_CASE(a_stalled_message_outlives_its_sender_and_unmatchable_receives_fail) {
+  pair_of_engines pair(1 << 20);
+  const auto sent = pattern(1000, 7);
+  stream::request send, other, stalled;
+  pair.ranks[0]->post_send(send, 1, 5, header_for(250), sent);  // rank 1 posts tag 6 first
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(send); }));
+  pair.ranks.erase(pair.ranks.begin());  // rank 0 finished and left
+  std::vector<std::byte> buffer(8), received(sent.size());
+  pair.ranks[0]->post_recv(other, 0, 6, buffer);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(other); }));
+  BOOST_TEST(pair.ranks[0]->wait(other, clock::now()) == errc::peer_lost);
+  pair.ranks[0]->post_recv(stalled, 0, 5, received);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(stalled); }));
+  BOOST_TEST(!pair.ranks[0]->wait(stalled, clock::now()));
+  BOOST_TEST((received == sent));
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_that_closes_fails_what_waits_on_it_after_its_bytes_are_read) {
+  pair_of_engines pair;
+  const auto sent = pattern(5000, 8);
+  std::vector<std::byte> received(sent.size()), more(4);
+  stream::request send, recv, after;
+  pair.ranks[0]->post_send(send, 1, 0, header_for(1250), sent);
+  pair.run([&] { return pair.ranks[0]->test(send); });
+  pair.ranks.erase(pair.ranks.begin());  // rank 0 closes its transport
+  pair.ranks[0]->post_recv(recv, 0, 0, received);
+  pair.ranks[0]->post_recv(after, 0, 0, more);
+  BOOST_TEST_REQUIRE(pair.ranks[0]->test(after));
+  BOOST_TEST(!pair.ranks[0]->wait(recv, clock::now()), "what was sent before the close is delivered");
+  BOOST_TEST((received == sent));
+  BOOST_TEST(pair.ranks[0]->wait(after, clock::now()) == errc::peer_lost);
+}
+
+BOOST_AUTO_TEST_CASE(a_timed_out_receive_is_withdrawn_and_a_half_filled_one_breaks_the_stream) {
+  pair_of_engines pair(4096);
+  std::vector<std::byte> buffer(100000);
+  stream::request waiting;
+  pair.ranks[1]->post_recv(waiting, 0, 0, buffer);
+  BOOST_TEST(pair.ranks[1]->wait(waiting, clock::now() + std::chrono::milliseconds(5)) == errc::timeout);
+
+  const auto sent = pattern(buffer.size(), 1);
+  stream::request send, half;
+  pair.ranks[0]->post_send(send, 1, 0, header_for(25000), sent);
+  pair.ranks[1]->post_recv(half, 0, 0, buffer);
+  for (int i = 0; i < 5; ++i) {
+    pair.ranks[0]->test(send);
+    pair.ranks[1]->test(half);
+  }
+  BOOST_TEST_REQUIRE(half.transferred() > 0u);
+  BOOST_TEST_REQUIRE(half.transferred() < buffer.size());
+  BOOST_TEST(pair.ranks[1]->wait(half, clock::now()) == errc::timeout);
+  stream::request next;
+  pair.ranks[1]->post_recv(next, 0, 0, buffer);
+  BOOST_TEST(pair.ranks[1]->wait(next, clock::now()) == errc::timeout, "the broken stream fails what comes after");
+}
+
+BOOST_AUTO_TEST_CASE(destroying_a_posted_request_cancels_it) {
+  pair_of_engines pair(1024);
+  const auto sent = pattern(4000, 2);
+  {
+    std::vector<std::byte> gone(sent.size());
+    stream::request recv;
+    pair.ranks[1]->post_recv(recv, 0, 0, gone);
+  }  // withdrawn before anything arrived: the next receive gets the message
+  std::vector<std::byte> received(sent.size());
+  stream::request send, recv;
+  pair.ranks[0]->post_send(send, 1, 0, header_for(1000), sent);
+  pair.ranks[1]->post_recv(recv, 0, 0, received);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[1]->test(recv); }));
+  BOOST_TEST((received == sent));
+}
+
+BOOST_AUTO_TEST_CASE(bad_posts_are_rejected) {
+  pair_of_engines pair;
+  std::vector<std::byte> buffer(4);
+  stream::request r;
+  BOOST_CHECK_THROW(pair.ranks[0]->post_recv(r, 0, 0, buffer), qcoll::error);
+  BOOST_CHECK_THROW(pair.ranks[0]->post_recv(r, 2, 0, buffer), qcoll::error);
+  pair.ranks[0]->post_recv(r, 1, 0, buffer);
+  BOOST_CHECK_THROW(pair.ranks[0]->post_recv(r, 1, 0, buffer), qcoll::error);
+  stream::request never_posted;
+  BOOST_TEST(pair.ranks[0]->wait(never_posted, clock::now()) == errc::invalid_argument);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
