@@ -1,5 +1,5 @@
 # qcoll-run end to end: each test launches small shell ranks (launcher/rank.sh <behaviour>) and
-# checks the exit status, output, timing and leftovers (launcher/check.cmake says how).
+# checks the exit status, output, timing and leftovers (check_job.cmake says how).
 if(NOT TARGET qcoll-run OR NOT UNIX)
   return()
 endif()
@@ -11,7 +11,7 @@ function(qcoll_launcher_test name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "CHECK;COMMAND;ENVIRONMENT")
   list(TRANSFORM arg_CHECK PREPEND "-D")
   add_test(NAME launcher.${name}
-    COMMAND ${CMAKE_COMMAND} ${arg_CHECK} -P ${CMAKE_CURRENT_SOURCE_DIR}/launcher/check.cmake
+    COMMAND ${CMAKE_COMMAND} ${arg_CHECK} -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
             -- $<TARGET_FILE:qcoll-run> ${arg_COMMAND})
   set_tests_properties(launcher.${name} PROPERTIES TIMEOUT 30)
   if(arg_ENVIRONMENT)

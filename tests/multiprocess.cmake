@@ -8,19 +8,21 @@ add_executable(transport_worker multiprocess/worker.cpp)
 target_link_libraries(transport_worker PRIVATE qcoll::qcoll)
 qcoll_warnings(transport_worker)
 
-# qcoll_job_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… [EXIT s] [EXPECT regex count…]
-#                [LAUNCHER_OPTIONS …] [ENVIRONMENT var=value…] [EXTRA -Dvar=value…])
+# qcoll_job_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… [EXIT s] [LINES n:regex|…]
+#                [LAUNCHER_OPTIONS …] [ENVIRONMENT var=value…] [CHECK var=value…])
 function(qcoll_job_test name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "RANKS;TRANSPORT;EXIT" "ARGS;EXPECT;LAUNCHER_OPTIONS;ENVIRONMENT;EXTRA")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "RANKS;TRANSPORT;EXIT;LINES" "ARGS;LAUNCHER_OPTIONS;ENVIRONMENT;CHECK")
   if(NOT DEFINED arg_EXIT)
     set(arg_EXIT 0)
   endif()
-  set(command $<TARGET_FILE:qcoll-run> -n ${arg_RANKS} --transport ${arg_TRANSPORT} ${arg_LAUNCHER_OPTIONS}
-              $<TARGET_FILE:transport_worker> ${arg_ARGS})
+  list(TRANSFORM arg_CHECK PREPEND "-D")
   add_test(NAME job.${arg_TRANSPORT}.${name}
-    COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${command}" -DEXPECT_EXIT=${arg_EXIT} "-DEXPECT_LINES=${arg_EXPECT}"
-            ${arg_EXTRA} -P ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/check_job.cmake)
-  set_tests_properties(job.${arg_TRANSPORT}.${name} PROPERTIES TIMEOUT 120 ENVIRONMENT "QCOLL_TIMEOUT_MS=20000;${arg_ENVIRONMENT}")
+    COMMAND ${CMAKE_COMMAND} -DEXIT=${arg_EXIT} "-DCOUNT_LINES=${arg_LINES}" -DTIMEOUT=110 ${arg_CHECK}
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
+            -- $<TARGET_FILE:qcoll-run> -n ${arg_RANKS} --transport ${arg_TRANSPORT} ${arg_LAUNCHER_OPTIONS}
+               $<TARGET_FILE:transport_worker> ${arg_ARGS})
+  set_tests_properties(job.${arg_TRANSPORT}.${name} PROPERTIES TIMEOUT 120
+                       ENVIRONMENT "QCOLL_TIMEOUT_MS=20000;${arg_ENVIRONMENT}")
 endfunction()
 
 # 256 MiB messages in the release builds; sanitizer builds are 5–20× slower, so 16 MiB there.
@@ -33,55 +35,55 @@ endif()
 foreach(transport shm tcp)
   qcoll_job_test(collectives_2_ranks_0_to_${largest_message}_bytes RANKS 2 TRANSPORT ${transport}
     ARGS collectives ${largest_message}
-    EXPECT "all collectives correct .* up to ${largest_message} bytes" 2)
+    LINES "2:all collectives correct .* up to ${largest_message} bytes")
   qcoll_job_test(collectives_4_ranks RANKS 4 TRANSPORT ${transport} ARGS collectives 16777216
-    EXPECT "all collectives correct" 4)
+    LINES "4:all collectives correct")
   qcoll_job_test(collectives_3_ranks RANKS 3 TRANSPORT ${transport} ARGS collectives 1048576
-    EXPECT "all collectives correct" 3)
+    LINES "3:all collectives correct")
   qcoll_job_test(many_small_collectives RANKS 4 TRANSPORT ${transport} ARGS many_small
-    EXPECT "1000 small allreduces correct" 4)
+    LINES "4:1000 small allreduces correct")
   qcoll_job_test(mismatched_sizes RANKS 3 TRANSPORT ${transport} ARGS mismatch
-    EXPECT "count mismatch reported" 3)
+    LINES "3:count mismatch reported")
   # The killed rank makes the job fail (137); every survivor names it, well before the timeout.
   qcoll_job_test(kill_a_rank_mid_allreduce RANKS 4 TRANSPORT ${transport} ARGS kill EXIT 137
     LAUNCHER_OPTIONS --keep-going
-    EXPECT "survivor saw the loss of peer 3" 3 "rank 3 was killed by signal SIGKILL" 1)
+    LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
   # A rank that stops answering without closing anything: timeouts, no hang. qcoll-run's
   # own --timeout then removes the stopped rank (124).
   qcoll_job_test(frozen_rank_times_out RANKS 3 TRANSPORT ${transport} ARGS freeze EXIT 124
     LAUNCHER_OPTIONS --keep-going --timeout 5 --grace 1 ENVIRONMENT QCOLL_TIMEOUT_MS=2000
-    EXPECT "gave up on the frozen rank after" 2)
+    LINES "2:gave up on the frozen rank after")
   qcoll_job_test(wrong_secret_on_one_rank RANKS 2 TRANSPORT ${transport} ARGS wrong_secret
     ENVIRONMENT QCOLL_TIMEOUT_MS=3000
-    EXPECT "rank 1: join failed as expected" 1 "rank 0: join failed as expected \\(timed out\\)" 1)
+    LINES "1:rank 1: join failed as expected|1:rank 0: join failed as expected \\(timed out\\)")
 endforeach()
 qcoll_job_test(intruders_are_refused RANKS 2 TRANSPORT tcp ARGS intruders
-  EXPECT "impostor refused as expected" 1 "tcp transport refused a connection" 2 "all collectives correct" 2)
+  LINES "1:impostor refused as expected|2:tcp transport refused a connection|2:all collectives correct")
 # A crashed job left a segment under this job's name: the new job must not inherit it, and
 # nothing is left in /dev/shm afterwards.
 qcoll_job_test(stale_segment_is_replaced RANKS 2 TRANSPORT shm ARGS collectives 4096
   ENVIRONMENT QCOLL_JOB_ID=ctest-stale-segment
-  EXTRA -DSETUP_FILE=/dev/shm/qcoll-ctest-stale-segment "-DSETUP_TEXT=stale state of a crashed job"
-        -DEXPECT_GONE=/dev/shm/qcoll-ctest-stale-segment
-  EXPECT "all collectives correct" 2)
+  CHECK SETUP_FILE=/dev/shm/qcoll-ctest-stale-segment "SETUP_TEXT=stale state of a crashed job"
+        GONE=/dev/shm/qcoll-ctest-stale-segment
+  LINES "2:all collectives correct")
 
 # The example, unchanged, under every launcher it documents.
 if(QCOLL_BUILD_EXAMPLES)
-  set(example_checks -DEXPECT_EXIT=0 "-DEXPECT_LINES=rank [0-3] of 4: gradient\\[0\\] = 10 .*: correct\;4"
-                     -P ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/check_job.cmake)
+  set(example_checks -DEXIT=0 "-DCOUNT_LINES=4:rank [0-3] of 4: gradient\\[0\\] = 10 .*: correct"
+                     -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake --)
   foreach(transport shm tcp)
     add_test(NAME examples.multiprocess_allreduce.qcoll_run_${transport}
-      COMMAND ${CMAKE_COMMAND} "-DCOMMAND=$<TARGET_FILE:qcoll-run>;-n;4;--transport;${transport};$<TARGET_FILE:multiprocess_allreduce>"
-              ${example_checks})
+      COMMAND ${CMAKE_COMMAND} ${example_checks}
+              $<TARGET_FILE:qcoll-run> -n 4 --transport ${transport} $<TARGET_FILE:multiprocess_allreduce>)
   endforeach()
   add_test(NAME examples.multiprocess_allreduce.torchrun_variables
-    COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/torchrun_style.sh;4;29561;$<TARGET_FILE:multiprocess_allreduce>"
-            ${example_checks})
+    COMMAND ${CMAKE_COMMAND} ${example_checks}
+            ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/torchrun_style.sh 4 29561 $<TARGET_FILE:multiprocess_allreduce>)
   # `mpirun -np 4 prog` as a user types it; the environment allows root and 4 ranks on fewer cores.
   find_program(QCOLL_MPIRUN mpirun)
   if(QCOLL_MPIRUN)
     add_test(NAME examples.multiprocess_allreduce.mpirun
-      COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${QCOLL_MPIRUN};-np;4;$<TARGET_FILE:multiprocess_allreduce>" ${example_checks})
+      COMMAND ${CMAKE_COMMAND} ${example_checks} ${QCOLL_MPIRUN} -np 4 $<TARGET_FILE:multiprocess_allreduce>)
     set_tests_properties(examples.multiprocess_allreduce.mpirun PROPERTIES ENVIRONMENT
       "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
   else()

@@ -3,7 +3,7 @@
 behaviour=$1
 
 case $behaviour in
-env)  # the job's environment, in one line that check.cmake parses
+env)  # the job's environment, in one line that check_job.cmake parses
   echo "rank=$QCOLL_RANK size=$QCOLL_WORLD_SIZE local=$QCOLL_LOCAL_RANK" \
        "local_size=$QCOLL_LOCAL_WORLD_SIZE transport=$QCOLL_TRANSPORT store=$QCOLL_STORE" \
        "job=$QCOLL_JOB_ID secret=$QCOLL_SECRET passthrough=${QCOLL_TEST_PASSTHROUGH-unset}"

@@ -1,12 +1,17 @@
 # cmake [-D<check>=<value>...] -P check.cmake -- <command...>
 #
-# Runs the command (a qcoll-run job) and checks what it did; prints every mismatch and the
-# command's output, and fails when there is one.
+# Runs the command (a qcoll-run job, or any launcher's) and checks what it did; prints every
+# mismatch and the command's output, and fails when there is one. Used by the launcher's
+# tests (launcher.cmake) and the multi-process jobs (multiprocess.cmake).
 #   EXIT=<status>           the exit status it must end with (required)
 #   MIN_SECONDS, MAX_SECONDS  bounds on its wall time
 #   STDOUT_HAS, STDERR_HAS  text that must occur in its stdout / stderr ('|' separates several)
 #   STDOUT_LACKS, STDERR_LACKS  text that must not occur there ('|' separates several)
 #   STDOUT_EMPTY, STDERR_EMPTY  ON: nothing may be printed there
+#   COUNT_LINES=<n>:<regex>|…  exactly n lines of stdout and stderr together match each regex
+#   SETUP_FILE, SETUP_TEXT  a file written before the command runs (say, a stale segment)
+#   GONE=<path>             a path that must not exist after the command
+#   TIMEOUT=<seconds>       how long the command may run (default 60)
 #   VERIFY=<name>           also run verify_<name>() below, which reads further -D values
 
 cmake_minimum_required(VERSION 3.25)  # policies: IN_LIST in if()
@@ -245,8 +250,14 @@ if(NOT command OR NOT DEFINED EXIT)
   message(FATAL_ERROR "usage: cmake -DEXIT=<status> [-D<check>=<value>...] -P check.cmake -- <command...>")
 endif()
 
+if(DEFINED SETUP_FILE)
+  file(WRITE "${SETUP_FILE}" "${SETUP_TEXT}")
+endif()
+if(NOT DEFINED TIMEOUT)
+  set(TIMEOUT 60)
+endif()
 string(TIMESTAMP started "%s%f")
-execute_process(COMMAND ${command} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+execute_process(COMMAND ${command} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT ${TIMEOUT})
 string(TIMESTAMP ended "%s%f")
 math(EXPR elapsed_ms "(${ended} - ${started}) / 1000")
 
@@ -289,6 +300,27 @@ foreach(stream out err)
     fail("std${stream} is not empty")
   endif()
 endforeach()
+if(DEFINED COUNT_LINES)
+  split_lines("${out}\n${err}" all_lines)
+  string(REPLACE "|" ";" line_checks "${COUNT_LINES}")
+  foreach(line_check IN LISTS line_checks)
+    string(REGEX MATCH "^([0-9]+):(.*)$" _ "${line_check}")
+    set(wanted ${CMAKE_MATCH_1})
+    set(pattern "${CMAKE_MATCH_2}")
+    set(found 0)
+    foreach(line IN LISTS all_lines)
+      if(line MATCHES "${pattern}")
+        math(EXPR found "${found} + 1")
+      endif()
+    endforeach()
+    if(NOT found EQUAL wanted)
+      fail("${found} line(s) match '${pattern}', expected ${wanted}")
+    endif()
+  endforeach()
+endif()
+if(DEFINED GONE AND EXISTS "${GONE}")
+  fail("${GONE} still exists after the command")
+endif()
 if(DEFINED VERIFY)
   cmake_language(CALL verify_${VERIFY})
 endif()
