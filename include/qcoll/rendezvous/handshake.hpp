@@ -233,18 +233,19 @@ inline bool would_block(const boost::system::error_code& ec) noexcept {
   return ec == boost::asio::error::would_block || ec == boost::asio::error::try_again;
 }
 
-/// Reads exactly buffer.size() bytes (the socket must be non-blocking).
-inline io_outcome read_exact(boost::asio::ip::tcp::socket& socket, std::span<std::byte> buffer, deadline until) {
+/// Moves all of `bytes` with `step` (one read_some or write_some on the non-blocking
+/// socket), waiting for `ready` (POLLIN or POLLOUT) whenever the socket would block.
+template <class Bytes, class Step>
+io_outcome transfer_all(boost::asio::ip::tcp::socket& socket, Bytes bytes, short ready, deadline until, Step step) {
   io_outcome outcome;
-  while (outcome.transferred < buffer.size()) {
+  while (outcome.transferred < bytes.size()) {
     boost::system::error_code ec;
-    const std::size_t n = socket.read_some(
-        boost::asio::buffer(buffer.data() + outcome.transferred, buffer.size() - outcome.transferred), ec);
-    outcome.transferred += n;
+    outcome.transferred += step(boost::asio::buffer(bytes.data() + outcome.transferred,
+                                                    bytes.size() - outcome.transferred), ec);
     if (!ec) continue;
     if (ec == boost::asio::error::interrupted) continue;
     if (would_block(ec)) {
-      if (!wait_ready(socket.native_handle(), POLLIN, until)) {
+      if (!wait_ready(socket.native_handle(), ready, until)) {
         outcome.result = io_result::timed_out;
         return outcome;
       }
@@ -257,28 +258,16 @@ inline io_outcome read_exact(boost::asio::ip::tcp::socket& socket, std::span<std
   return outcome;
 }
 
+/// Reads exactly buffer.size() bytes (the socket must be non-blocking).
+inline io_outcome read_exact(boost::asio::ip::tcp::socket& socket, std::span<std::byte> buffer, deadline until) {
+  return transfer_all(socket, buffer, POLLIN, until,
+                      [&](auto chunk, boost::system::error_code& ec) { return socket.read_some(chunk, ec); });
+}
+
 /// Writes all of `data` (the socket must be non-blocking).
 inline io_outcome write_all(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> data, deadline until) {
-  io_outcome outcome;
-  while (outcome.transferred < data.size()) {
-    boost::system::error_code ec;
-    const std::size_t n = socket.write_some(
-        boost::asio::buffer(data.data() + outcome.transferred, data.size() - outcome.transferred), ec);
-    outcome.transferred += n;
-    if (!ec) continue;
-    if (ec == boost::asio::error::interrupted) continue;
-    if (would_block(ec)) {
-      if (!wait_ready(socket.native_handle(), POLLOUT, until)) {
-        outcome.result = io_result::timed_out;
-        return outcome;
-      }
-      continue;
-    }
-    outcome.result = is_closed(ec) ? io_result::closed : io_result::failed;
-    outcome.error = ec;
-    return outcome;
-  }
-  return outcome;
+  return transfer_all(socket, data, POLLOUT, until,
+                      [&](auto chunk, boost::system::error_code& ec) { return socket.write_some(chunk, ec); });
 }
 
 // ---------------------------------------------------------------------------------------
