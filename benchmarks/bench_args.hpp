@@ -1,20 +1,133 @@
 #pragma once
-// Command-line pieces the benchmarks share (nccl-tests style size arguments).
+// Command-line pieces the benchmarks share (nccl-tests style size arguments), and the
+// options of collective_bench, which are those of ../shared/peers/src/common.hpp so the
+// same arguments (run_all.sh's `-b 4K -e 64M -f 2 [BENCH_ARGS]`) mean the same thing.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace bench {
 
-/// "64K", "256M", "1G" or a plain byte count.
+/// "64K", "256M", "1G" or a plain byte count (binary suffixes, as the peers read them).
 inline std::size_t parse_bytes(std::string_view text) {
+  const std::string copy(text);
   char* end = nullptr;
-  const double value = std::strtod(std::string(text).c_str(), &end);
-  const char unit = end && *end ? *end : ' ';
-  const double scale = unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : unit == 'G' ? 1073741824.0 : 1.0;
+  const double value = std::strtod(copy.c_str(), &end);
+  if (end == copy.c_str()) throw std::invalid_argument("bad size '" + copy + "'");
+  const char unit = *end;
+  if (unit != '\0' && (end[1] != '\0' || std::string_view("kKmMgG").find(unit) == std::string_view::npos))
+    throw std::invalid_argument("bad size suffix in '" + copy + "' (K, M or G)");
+  const double scale = unit == 'K' || unit == 'k'   ? 1024.0
+                       : unit == 'M' || unit == 'm' ? 1048576.0
+                       : unit == 'G' || unit == 'g' ? 1073741824.0
+                                                    : 1.0;
   return static_cast<std::size_t>(value * scale);
+}
+
+enum class operation { allreduce, reduce_scatter, all_gather };
+
+/// collective_bench's options. The measurement ones have the peers' names and defaults.
+struct collective_options {
+  // Where the ranks come from: NRANKS threads over the in-process transport, or (--job)
+  // this process is one rank of a job whose launcher set the environment.
+  bool job = false;
+  std::size_t threads = 0;
+
+  operation op = operation::allreduce;
+  std::string op_name = "allreduce";  // -o
+  std::size_t min_bytes = 4096;                  // -b
+  std::size_t max_bytes = std::size_t{64} << 20;  // -e
+  std::size_t factor = 2;                        // -f
+  int max_iters = 50;                            // -n
+  int min_iters = 5;                             // -m
+  std::size_t budget_bytes = std::size_t{128} << 20;  // -B: iterations ≈ budget / size, clamped
+  int warmup = -1;                               // -w: -1 = clamp(iters / 5, 2, 10)
+  double time_cap_s = 2.0;                       // -T: seconds of timed iterations per size
+  bool check = true;                             // -c 0|1
+  std::string label;                             // -l: free text for the header
+  int link_column = -1;                          // -L 0|1: link% column; -1 = when QCOLL_NETLAB_RATE is set
+
+  // Transport knobs for experiments (job mode; 0 or negative = the library default).
+  long spin_us = -1;                 // --spin-us: engine_options::spin
+  std::size_t shm_pipe_bytes = 0;    // --shm-pipe: shm options::pipe_bytes
+  std::size_t tcp_buffer_bytes = 0;  // --tcp-buffer: tcp options::socket_buffer_bytes
+};
+
+inline constexpr std::string_view collective_usage =
+    "usage: collective_bench NRANKS [options]   NRANKS threads over the in-process transport\n"
+    "       collective_bench --job [options]    one rank of a job (qcoll-run, torchrun, mpirun, netlab)\n"
+    "options (as ../shared/peers):\n"
+    "  -o allreduce|reduce_scatter|all_gather   the collective (default allreduce)\n"
+    "  -b BYTES -e BYTES -f N   sizes from -b to -e, times N each (default 4K, 64M, 2; K/M/G suffixes)\n"
+    "  -n N -m N                at most / at least N timed iterations per size (default 50, 5)\n"
+    "  -B BYTES                 iterations = clamp(BYTES / size, -m, -n) (default 128M)\n"
+    "  -T SECONDS               cap the timed iterations of a size at about this long (default 2)\n"
+    "  -w N                     warm-up iterations (default clamp(iterations / 5, 2, 10))\n"
+    "  -c 0|1                   check every result (default 1)\n"
+    "  -l LABEL                 free text for the header\n"
+    "  -L 0|1                   link% column (default: when QCOLL_NETLAB_RATE is set)\n"
+    "job-mode transport knobs, for experiments:\n"
+    "  --spin-us US             how long a wait polls before it sleeps (library default 50)\n"
+    "  --shm-pipe BYTES         shm ring bytes per pair (power of two >= 64K; default 2M)\n"
+    "  --tcp-buffer BYTES       SO_SNDBUF/SO_RCVBUF (default 0: kernel autotuning)\n";
+
+inline collective_options parse_collective_options(int argc, char** argv) {
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  if (args.empty()) throw std::invalid_argument("missing NRANKS or --job");
+  collective_options o;
+  std::size_t i = 0;
+  if (args[0] == "--job") {
+    o.job = true;
+  } else {
+    char* end = nullptr;
+    const std::string first(args[0]);
+    o.threads = std::strtoull(first.c_str(), &end, 10);
+    if (end == first.c_str() || *end != '\0' || o.threads == 0)
+      throw std::invalid_argument("the first argument is NRANKS (≥ 1) or --job, not '" + first + "'");
+  }
+  for (i = 1; i < args.size(); ++i) {
+    const std::string_view flag = args[i];
+    if (i + 1 >= args.size()) throw std::invalid_argument("option " + std::string(flag) + " needs a value");
+    const std::string value(args[++i]);
+    const auto integer = [&] {
+      char* end = nullptr;
+      const long v = std::strtol(value.c_str(), &end, 10);
+      if (end == value.c_str() || *end != '\0')
+        throw std::invalid_argument(std::string(flag) + " needs an integer, not '" + value + "'");
+      return v;
+    };
+    if (flag == "-o") o.op_name = value;
+    else if (flag == "-b") o.min_bytes = parse_bytes(value);
+    else if (flag == "-e") o.max_bytes = parse_bytes(value);
+    else if (flag == "-f") o.factor = parse_bytes(value);
+    else if (flag == "-n") o.max_iters = static_cast<int>(integer());
+    else if (flag == "-m") o.min_iters = static_cast<int>(integer());
+    else if (flag == "-B") o.budget_bytes = parse_bytes(value);
+    else if (flag == "-w") o.warmup = static_cast<int>(integer());
+    else if (flag == "-T") o.time_cap_s = std::strtod(value.c_str(), nullptr);
+    else if (flag == "-c") o.check = integer() != 0;
+    else if (flag == "-l") o.label = value;
+    else if (flag == "-L") o.link_column = integer() != 0 ? 1 : 0;
+    else if (flag == "--spin-us") o.spin_us = integer();
+    else if (flag == "--shm-pipe") o.shm_pipe_bytes = parse_bytes(value);
+    else if (flag == "--tcp-buffer") o.tcp_buffer_bytes = parse_bytes(value);
+    else throw std::invalid_argument("unknown option '" + std::string(flag) + "'");
+  }
+  if (o.op_name == "allreduce") o.op = operation::allreduce;
+  else if (o.op_name == "reduce_scatter") o.op = operation::reduce_scatter;
+  else if (o.op_name == "all_gather") o.op = operation::all_gather;
+  else throw std::invalid_argument("-o is allreduce, reduce_scatter or all_gather, not '" + o.op_name + "'");
+  // The peers' corrections, so the same arguments give the same sweep.
+  if (o.factor < 2) throw std::invalid_argument("-f must be ≥ 2");
+  o.min_bytes = std::max<std::size_t>(o.min_bytes, 4);
+  o.min_iters = std::max(o.min_iters, 1);
+  o.max_iters = std::max(o.max_iters, o.min_iters);
+  return o;
 }
 
 }  // namespace bench

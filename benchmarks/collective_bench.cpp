@@ -1,153 +1,259 @@
-// Exact collectives over the in-process transport, in the nccl-tests table format of
-// ../shared/peers (same columns, data pattern and timing method), so runs can be put
-// side by side with Open MPI and Gloo:
+// qcoll's exact collectives in the nccl-tests table format of ../shared/peers (same
+// options, columns, data pattern and timing method), so a run can be put side by side
+// with Open MPI and Gloo:
 //
-//   collective_bench NRANKS [-o allreduce|reduce_scatter|all_gather] [-b 4K] [-e 64M] [-f 2]
-//                    [-n max_iters] [-m min_iters] [-w warmup] [-c 0|1]
+//   collective_bench NRANKS [options]   NRANKS threads of this process, in-process transport
+//   collective_bench --job [options]    one rank of a real job: joins from the environment
+//                                       (qcoll-run, torchrun, mpirun, benchmarks/netlab) over
+//                                       the shm or tcp transport the environment selects
 //
-// Per size: reset the buffer (not timed), barrier, time one call on every rank, check
-// (not timed). time = median over iterations of the slowest rank's time; tmin = the
-// smallest of those. algbw = size / time; busbw = algbw · 2(n−1)/n for allreduce and
-// algbw · (n−1)/n for reduce_scatter and all_gather, as nccl-tests defines them.
-// Rank r holds (r + 1) · ((i mod 1021) + 1), so every sum is an exact small integer.
+// Both modes run the same per-rank code (run_rank, over any communicator). Per size, as
+// the peers: allocate and fault in the buffers, barrier, warm-up iterations, then timed
+// ones. An iteration resets the buffer from a pristine copy (not timed), enters a
+// barrier, times one in-place call and checks every element (not timed). The slowest
+// rank's time of each iteration comes from an allreduce(max) over the communicator
+// after the loop (not timed); time = median of those, tmin = their minimum. Warm-up
+// times cap the iteration count at about -T seconds per size. Rank r holds
+// (r + 1)·((i mod 1021) + 1), so every sum is an exact small integer checked with ==.
+//
+// Only rank 0 prints. Exit status: 0, 1 if any element was wrong, 2 on errors.
 
 #include "bench_args.hpp"
+#include "bench_table.hpp"
 
-#include <qcoll/qcoll.hpp>
+#include <qcoll/communicator.hpp>
+#include <qcoll/rendezvous/join.hpp>
+#include <qcoll/transports/inproc.hpp>
+#include <qcoll/version.hpp>
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace {
 
-enum class operation { allreduce, reduce_scatter, all_gather };
+using bench::collective_options;
+using bench::operation;
 
-struct options {
-  qcoll::rank_t ranks = 2;
-  operation op = operation::allreduce;
-  std::string op_name = "allreduce";
-  std::size_t min_bytes = 4096, max_bytes = std::size_t{64} << 20;
-  double factor = 2;
-  int max_iters = 50, min_iters = 5, warmup = -1;
-  bool check = true;
-};
-
-options parse(int argc, char** argv) {
-  if (argc < 2) throw std::invalid_argument("usage: collective_bench NRANKS [-o op] [-b min] [-e max] [-f factor] ...");
-  options o;
-  o.ranks = std::strtoull(argv[1], nullptr, 10);
-  for (int i = 2; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i], value = argv[i + 1];
-    if (flag == "-o") o.op_name = value;
-    else if (flag == "-b") o.min_bytes = bench::parse_bytes(value);
-    else if (flag == "-e") o.max_bytes = bench::parse_bytes(value);
-    else if (flag == "-f") o.factor = std::strtod(argv[i + 1], nullptr);
-    else if (flag == "-n") o.max_iters = std::atoi(argv[i + 1]);
-    else if (flag == "-m") o.min_iters = std::atoi(argv[i + 1]);
-    else if (flag == "-w") o.warmup = std::atoi(argv[i + 1]);
-    else if (flag == "-c") o.check = std::atoi(argv[i + 1]) != 0;
-    else throw std::invalid_argument(fmt::format("unknown option {}", flag));
-  }
-  if (o.op_name == "reduce_scatter") o.op = operation::reduce_scatter;
-  else if (o.op_name == "all_gather") o.op = operation::all_gather;
-  else if (o.op_name != "allreduce") o.ranks = 0;  // reported below
-  if (o.ranks == 0 || o.factor <= 1)
-    throw std::invalid_argument("NRANKS must be ≥ 1, -f > 1, and -o one of allreduce, reduce_scatter, all_gather");
-  return o;
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-float pattern(std::size_t i, qcoll::rank_t rank) { return float((rank + 1) * ((i % 1021) + 1)); }
+float pattern(std::size_t i, qcoll::rank_t rank) {
+  return static_cast<float>((rank + 1) * static_cast<std::size_t>((i % 1021) + 1));
+}
 
-struct measurement {
-  std::vector<double> seconds;  // per timed iteration: the slowest rank's time
-  std::size_t wrong = 0;
+/// Page-aligned and faulted in before anything is timed, as the peers' buffers.
+struct aligned_floats {
+  explicit aligned_floats(std::size_t count) : count_(count) {
+    const std::size_t bytes = std::max<std::size_t>((count * sizeof(float) + 4095) / 4096 * 4096, 4096);
+    data_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
+    if (!data_) throw std::bad_alloc();
+    std::memset(data_.get(), 0, bytes);
+  }
+  std::span<float> span() const noexcept { return {data_.get(), count_}; }
+
+ private:
+  struct free_deleter {
+    void operator()(float* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<float[], free_deleter> data_;
+  std::size_t count_;
 };
 
-/// Runs `iterations` timed calls (after `warmup` untimed ones) of the chosen collective on every rank.
-measurement measure(const options& o, std::size_t count, int warmup, int iterations) {
-  const qcoll::rank_t n = o.ranks;
-  std::vector<std::vector<double>> seconds(n, std::vector<double>(iterations));
-  std::vector<std::size_t> wrong(n);
-  const auto errors = qcoll::transports::inproc::run_ranks(n, [&](qcoll::transports::inproc::transport endpoint) {
-    qcoll::communicator comm(std::move(endpoint));
-    const qcoll::rank_t r = comm.rank();
-    const qcoll::block_range mine = qcoll::block_of(count, n, r);
-    std::vector<float> pristine(count), data(count), block(mine.size);
-    // all_gather starts with only this rank's block right, so the check sees what arrived.
-    const auto in_mine = [&](std::size_t i) { return i >= mine.offset && i < mine.offset + mine.size; };
+/// What a job's environment says about a shaped link (benchmarks/netlab sets these).
+struct link_info {
+  double bits_per_s = 0;  // 0: not a shaped link
+  std::string delay;
+};
+
+link_info link_from_environment() {
+  link_info link;
+  if (const char* rate = std::getenv("QCOLL_NETLAB_RATE"); rate && *rate) link.bits_per_s = std::strtod(rate, nullptr);
+  if (const char* delay = std::getenv("QCOLL_NETLAB_DELAY"); delay) link.delay = delay;
+  return link;
+}
+
+struct run_context {
+  std::string transport;  // "inproc", "shm" or "tcp"
+  std::string knobs;      // non-default transport settings, for the header
+  link_info link;
+};
+
+void print_preamble(const collective_options& o, qcoll::rank_t n, const run_context& ctx, bool link_column) {
+  fmt::print("# collective_bench (qcoll {}.{}.{}): exact {}, {}\n", qcoll::version_major, qcoll::version_minor,
+             qcoll::version_patch, o.op_name,
+             o.job ? fmt::format("{} ranks as processes over the {} transport", n, ctx.transport)
+                   : fmt::format("{} ranks as threads of one process over the in-process transport", n));
+  fmt::print("# host: {}\n", bench::host_line());
+  fmt::print("# nranks: {}  op: sum  type: float32  in-place  transport: {}{}{}\n", n, ctx.transport,
+             o.label.empty() ? "" : "  label: ", o.label);
+  fmt::print("# time = median over iters of max-over-ranks per-iteration time (barrier before each iteration)\n");
+  if (!ctx.knobs.empty()) fmt::print("# transport settings: {}\n", ctx.knobs);
+  if (ctx.link.bits_per_s > 0)
+    fmt::print("# link: {:.0f} bit/s, delay {}{}\n", ctx.link.bits_per_s, ctx.link.delay.empty() ? "?" : ctx.link.delay,
+               link_column ? "  (link% = busbw / (rate / 8))" : "");
+  std::fflush(stdout);
+}
+
+/// The whole sweep on one rank: the single timing loop both modes share.
+/// Returns true when every element of every iteration was right (on every rank).
+template <class Communicator>
+bool run_rank(Communicator& comm, const collective_options& o, const run_context& ctx) {
+  const qcoll::rank_t n = comm.size(), me = comm.rank();
+  const bool link_column = o.link_column != 0 && ctx.link.bits_per_s > 0;
+  std::unique_ptr<bench::table> table;
+  if (me == 0) {
+    print_preamble(o, n, ctx, link_column);
+    table = std::make_unique<bench::table>(fmt::format("qcoll {} {}", o.op_name, ctx.transport), n, o.op,
+                                           link_column ? ctx.link.bits_per_s / 8.0 : 0.0);
+  }
+  bool all_right = true;
+  for (const std::size_t bytes : bench::sweep_sizes(o)) {
+    const std::size_t count = bytes / sizeof(float);
+    const qcoll::block_range mine = qcoll::block_of(count, n, me);
+    aligned_floats buffer(count), pristine_buffer(count);
+    const std::span<float> data = buffer.span(), pristine = pristine_buffer.span();
+    // all_gather starts with only this rank's block filled, so the check sees what arrived.
     for (std::size_t i = 0; i < count; ++i)
-      pristine[i] = o.op != operation::all_gather ? pattern(i, r) : in_mine(i) ? pattern(i, 0) : -1.0f;
-    const float ranks_sum = float(n * (n + 1) / 2);
-    for (int it = -warmup; it < iterations; ++it) {
-      std::copy(pristine.begin(), pristine.end(), data.begin());
+      pristine[i] = o.op != operation::all_gather || (i >= mine.offset && i < mine.offset + mine.size) ? pattern(i, me)
+                                                                                                      : -1.0f;
+    const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+
+    double wrong = 0;
+    const auto one_iteration = [&]() -> double {
+      std::memcpy(data.data(), pristine.data(), bytes);
       comm.barrier();
-      const auto start = std::chrono::steady_clock::now();
+      const double start = now_us();
       switch (o.op) {
-        case operation::allreduce: comm.allreduce(std::span<float>(data), qcoll::reduce_op::sum); break;
+        case operation::allreduce: comm.allreduce(data, qcoll::reduce_op::sum); break;
         case operation::reduce_scatter:
-          comm.reduce_scatter(std::span<const float>(data), std::span<float>(block), qcoll::reduce_op::sum);
+          comm.reduce_scatter(std::span<const float>(data), mine.of(data), qcoll::reduce_op::sum);
           break;
-        case operation::all_gather:
-          comm.all_gather(std::span<const float>(mine.of(std::span<float>(data))), std::span<float>(data));
-          break;
+        case operation::all_gather: comm.all_gather(std::span<const float>(mine.of(data)), data); break;
       }
-      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      if (it >= 0) seconds[r][it] = took.count();
-      if (!o.check) continue;
+      const double took = now_us() - start;
+      if (!o.check) return took;
+      std::size_t bad = 0;
       switch (o.op) {
         case operation::allreduce:
-          for (std::size_t i = 0; i < count; ++i) wrong[r] += data[i] != ranks_sum * pattern(i, 0);
+          for (std::size_t i = 0; i < count; ++i) bad += data[i] != ranks_sum * pattern(i, 0);
           break;
         case operation::reduce_scatter:
-          for (std::size_t i = 0; i < mine.size; ++i) wrong[r] += block[i] != ranks_sum * pattern(mine.offset + i, 0);
+          for (std::size_t i = mine.offset; i < mine.offset + mine.size; ++i) bad += data[i] != ranks_sum * pattern(i, 0);
           break;
         case operation::all_gather:
-          for (std::size_t i = 0; i < count; ++i) wrong[r] += data[i] != pattern(i, 0);
+          for (qcoll::rank_t owner = 0; owner < n; ++owner) {
+            const qcoll::block_range b = qcoll::block_of(count, n, owner);
+            for (std::size_t i = b.offset; i < b.offset + b.size; ++i) bad += data[i] != pattern(i, owner);
+          }
           break;
       }
-    }
+      wrong += static_cast<double>(bad);
+      return took;
+    };
+
+    const int most = bench::iterations_for(bytes, o);
+    std::vector<double> warmup(static_cast<std::size_t>(bench::warmup_for(most, o)));
+    comm.barrier();
+    for (double& t : warmup) t = one_iteration();
+    if (!warmup.empty()) comm.allreduce(std::span<double>(warmup), qcoll::reduce_op::max);
+    const int iterations = bench::capped_iterations(most, warmup, o);
+    // Times of the timed iterations, then the wrong count: one allreduce(max) gives
+    // every iteration's slowest rank and the worst rank's count.
+    std::vector<double> stats(static_cast<std::size_t>(iterations) + 1, 0.0);
+    for (int it = 0; it < iterations; ++it) stats[static_cast<std::size_t>(it)] = one_iteration();
+    stats.back() = wrong;
+    comm.allreduce(std::span<double>(stats), qcoll::reduce_op::max);
+    all_right = all_right && stats.back() == 0;
+    if (table) table->row(bytes, std::vector<double>(stats.begin(), stats.end() - 1), stats.back());
+  }
+  if (table) table->finish();
+  return all_right;
+}
+
+/// run_rank with the failure of one rank made every rank's: the communicator is aborted,
+/// so the others fail at once instead of waiting out their timeout.
+template <class Communicator>
+bool run_rank_or_abort(Communicator& comm, const collective_options& o, const run_context& ctx) {
+  try {
+    return run_rank(comm, o, ctx);
+  } catch (const std::exception& e) {
+    if (!comm.aborted()) comm.abort(e.what());
+    throw;
+  }
+}
+
+int run_threads(const collective_options& o) {
+  const auto n = static_cast<qcoll::rank_t>(o.threads);
+  const run_context ctx{"inproc", {}, {}};
+  std::vector<char> right(n, 0);
+  const auto errors = qcoll::transports::inproc::run_ranks(n, [&](auto transport) {
+    qcoll::communicator comm(std::move(transport));
+    right[comm.rank()] = run_rank_or_abort(comm, o, ctx);
   });
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
-  measurement m{std::vector<double>(iterations), *std::max_element(wrong.begin(), wrong.end())};
-  for (int it = 0; it < iterations; ++it)
-    for (qcoll::rank_t r = 0; r < n; ++r) m.seconds[it] = std::max(m.seconds[it], seconds[r][it]);
-  return m;
+  return std::all_of(right.begin(), right.end(), [](char r) { return r != 0; }) ? 0 : 1;
+}
+
+int run_job(const collective_options& o) {
+  const qcoll::rendezvous::job job = qcoll::rendezvous::job_from_environment();
+  qcoll::rendezvous::join_options join;
+  std::string knobs;
+  if (o.spin_us >= 0) {
+    join.shm.engine.spin = join.tcp.engine.spin = std::chrono::microseconds(o.spin_us);
+    knobs += fmt::format(" spin {} us", o.spin_us);
+  }
+  if (o.shm_pipe_bytes > 0) {
+    join.shm.pipe_bytes = o.shm_pipe_bytes;
+    knobs += fmt::format(" shm pipe {} B", o.shm_pipe_bytes);
+  }
+  if (o.tcp_buffer_bytes > 0) {
+    join.tcp.socket_buffer_bytes = o.tcp_buffer_bytes;
+    knobs += fmt::format(" tcp socket buffers {} B", o.tcp_buffer_bytes);
+  }
+  const run_context ctx{std::string(qcoll::rendezvous::to_string(qcoll::rendezvous::resolve_transport(job))),
+                        knobs.empty() ? knobs : knobs.substr(1), link_from_environment()};
+  if (o.link_column == 1 && ctx.link.bits_per_s <= 0)
+    throw std::invalid_argument("-L 1 needs QCOLL_NETLAB_RATE (the link rate in bit/s)");
+  const bool right = qcoll::rendezvous::join(
+      job,
+      [&](auto transport) {
+        qcoll::communicator comm(std::move(transport), qcoll::communicator_options{job.timeout});
+        return run_rank_or_abort(comm, o, ctx);
+      },
+      join);
+  return right ? 0 : 1;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
-  const qcoll::rank_t n = o.ranks;
-  const double bus_factor = o.op == operation::allreduce ? 2.0 * double(n - 1) / double(n) : double(n - 1) / double(n);
-  fmt::print("#\n# qcoll {} (exact, in-process transport, ring), nranks: {}\n", o.op_name, n);
-  fmt::print("# {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>8} {:>6} {:>12}\n", "size(B)", "count", "type", "time(us)",
-             "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters", "tmin(us)");
-  bool all_right = true;
-  for (double size = double(o.min_bytes); size <= double(o.max_bytes) * 1.0001; size *= o.factor) {
-    const std::size_t count = std::size_t(size) / sizeof(float);
-    const std::size_t bytes = count * sizeof(float);
-    const int iterations = int(std::clamp<std::size_t>((std::size_t{128} << 20) / std::max<std::size_t>(bytes, 1),
-                                                       std::size_t(o.min_iters), std::size_t(o.max_iters)));
-    const int warmup = o.warmup >= 0 ? o.warmup : std::clamp(iterations / 5, 2, 10);
-    measurement m = measure(o, count, warmup, iterations);
-    std::sort(m.seconds.begin(), m.seconds.end());
-    const double median = m.seconds[m.seconds.size() / 2];
-    const double algbw = double(bytes) / median / 1e9;
-    fmt::print("  {:>12} {:>12} {:>6} {:>12.2f} {:>12.3f} {:>12.3f} {:>8} {:>6} {:>12.2f}\n", bytes, count, "float",
-               median * 1e6, algbw, algbw * bus_factor, m.wrong, iterations, m.seconds.front() * 1e6);
-    std::fflush(stdout);
-    all_right &= m.wrong == 0;
+int main(int argc, char** argv) {
+  if (argc == 2 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    std::fwrite(bench::collective_usage.data(), 1, bench::collective_usage.size(), stdout);
+    return 0;
   }
-  return all_right ? 0 : 1;
-} catch (const std::exception& e) {
-  fmt::print(stderr, "collective_bench: {}\n", e.what());
-  return 2;
+  collective_options o;
+  try {
+    o = bench::parse_collective_options(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collective_bench: %s\n%.*s", e.what(), static_cast<int>(bench::collective_usage.size()),
+                 bench::collective_usage.data());
+    return 2;
+  }
+  try {
+    return o.job ? run_job(o) : run_threads(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collective_bench: %s\n", e.what());
+    return 2;
+  }
 }

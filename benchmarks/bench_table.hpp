@@ -1,0 +1,116 @@
+#pragma once
+// The nccl-tests style table of ../shared/peers (src/common.hpp): the same sweep, the
+// same iteration counts, the same statistics and the same columns and number formats,
+// so ../shared/peers/summarize.py reads our tables next to Open MPI's and Gloo's.
+//
+//   size(B)   message size in bytes (float32 elements · 4)
+//   time(us)  median over timed iterations of the per-iteration time, which is the
+//             slowest rank's time of that iteration
+//   algbw     size / time (GB/s, 1 GB = 1e9 B); busbw = algbw · the collective's factor
+//   #wrong    wrong elements summed over all checked iterations (max over ranks)
+//   tmin(us)  the smallest per-iteration time
+//   link%     (optional) busbw as a percentage of the link rate, for shaped networks
+
+#include "bench_args.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+namespace bench {
+
+/// -b, -b·f, -b·f², … ≤ -e, each rounded down to whole float32 elements.
+inline std::vector<std::size_t> sweep_sizes(const collective_options& o) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t s = o.min_bytes; s <= o.max_bytes; s *= o.factor) sizes.push_back(s / 4 * 4);
+  return sizes;
+}
+
+/// clamp(budget / size, -m, -n).
+inline int iterations_for(std::size_t bytes, const collective_options& o) {
+  const std::size_t n = o.budget_bytes / std::max<std::size_t>(bytes, 1);
+  return static_cast<int>(std::clamp<std::size_t>(n, std::size_t(o.min_iters), std::size_t(o.max_iters)));
+}
+
+inline int warmup_for(int iterations, const collective_options& o) {
+  return o.warmup >= 0 ? o.warmup : std::clamp(iterations / 5, 2, 10);
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+/// Caps the iterations so a size takes about -T seconds, judged from the median of the
+/// (max-over-ranks) warm-up times; never fewer than min(iterations, 3). Every rank gets
+/// the same reduced warm-up times, so every rank picks the same count.
+inline int capped_iterations(int iterations, const std::vector<double>& warmup_us, const collective_options& o) {
+  if (o.time_cap_s <= 0 || warmup_us.empty()) return iterations;
+  const double t = median(warmup_us);
+  if (t <= 0) return iterations;
+  const int by_time = static_cast<int>(o.time_cap_s * 1e6 / t);
+  return std::max(std::min(iterations, by_time), std::min(iterations, 3));
+}
+
+/// nccl-tests' bus bandwidth factor: 2(n−1)/n for allreduce, (n−1)/n for the others.
+inline double bus_factor(operation op, std::size_t nranks) {
+  const double n = static_cast<double>(nranks);
+  return op == operation::allreduce ? 2.0 * (n - 1) / n : (n - 1) / n;
+}
+
+inline std::string host_line() {
+  utsname u{};
+  ::uname(&u);
+  return fmt::format("{} {} {}, {} online cpus", u.nodename, u.sysname, u.release, ::sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+/// The table: header on construction, one row per size, the average at the end.
+class table {
+ public:
+  /// `link_bytes_per_s` > 0 adds the link% column.
+  table(std::string title, std::size_t nranks, operation op, double link_bytes_per_s)
+      : nranks_(nranks), op_(op), link_bytes_per_s_(link_bytes_per_s) {
+    // The title must be the last '#' line before the column names: summarize.py takes it from there.
+    std::printf("#\n# %s\n", title.c_str());
+    std::printf("# %12s %12s %6s %12s %12s %12s %8s %6s %12s%s\n", "size(B)", "count", "type", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters", "tmin(us)", link_bytes_per_s_ > 0 ? "    link%" : "");
+    std::fflush(stdout);
+  }
+
+  void row(std::size_t bytes, const std::vector<double>& times_us, double wrong) {
+    const double time_us = median(times_us);
+    const double min_us = times_us.empty() ? 0.0 : *std::min_element(times_us.begin(), times_us.end());
+    const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
+    const double busbw = algbw * bus_factor(op_, nranks_);
+    std::printf("  %12zu %12zu %6s %12.2f %12.3f %12.3f %8.0f %6d %12.2f", bytes, bytes / sizeof(float), "float",
+                time_us, algbw, busbw, wrong, static_cast<int>(times_us.size()), min_us);
+    if (link_bytes_per_s_ > 0) std::printf(" %8.1f", busbw * 1e9 / link_bytes_per_s_ * 100.0);
+    std::printf("\n");
+    std::fflush(stdout);
+    busbw_sum_ += busbw;
+    ++rows_;
+  }
+
+  void finish() {
+    if (rows_ > 0) std::printf("# Avg bus bandwidth: %.3f GB/s\n", busbw_sum_ / static_cast<double>(rows_));
+    std::fflush(stdout);
+  }
+
+ private:
+  std::size_t nranks_;
+  operation op_;
+  double link_bytes_per_s_;
+  double busbw_sum_ = 0;
+  int rows_ = 0;
+};
+
+}  // namespace bench
