@@ -48,6 +48,8 @@ class memory_channels final : public transports::stream::channels {
     return n;
   }
 
+  void notify(rank_t) noexcept override {}
+
   bool peer_gone(rank_t peer) override {
     return world_->pipes[peer][rank_].writer_closed || world_->pipes[peer][rank_].reader_closed;
   }

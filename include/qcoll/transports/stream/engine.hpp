@@ -28,9 +28,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,6 +53,9 @@ class channels {
   /// Copies up to into.size() bytes from `peer`; returns how many (0: none now). Sets
   /// `lost` once the peer closed or died and everything it wrote has been read.
   virtual std::size_t read_some(rank_t peer, std::span<std::byte> into, std::string& lost) = 0;
+  /// Bytes moved to or from `peer` since the last call: wake it if it sleeps. Called
+  /// once per pump rather than per copy, so a message costs one wakeup, not one per chunk.
+  virtual void notify(rank_t peer) noexcept = 0;
   /// True once the peer closed or died (bytes it wrote may still be unread).
   virtual bool peer_gone(rank_t peer) = 0;
   /// A counter that changes whenever a pipe may have moved; read it before looking.
@@ -64,6 +69,17 @@ class channels {
   /// Closes both directions to `peer`; the peer's reads end after what was written.
   virtual void close(rank_t peer) noexcept = 0;
 };
+
+/// The default poll time: long (2 ms) when every local rank can have a core of its own,
+/// so a step's reply is caught without a wakeup, as MPI does by polling; short (50 µs)
+/// when ranks outnumber cores, where polling would take the core a peer needs.
+/// QCOLL_SPIN_US overrides it.
+inline std::chrono::microseconds automatic_spin(rank_t local_ranks) {
+  if (const char* given = std::getenv("QCOLL_SPIN_US"); given && *given)
+    return std::chrono::microseconds(std::strtoll(given, nullptr, 10));
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores != 0 && local_ranks <= cores ? std::chrono::microseconds(2000) : std::chrono::microseconds(50);
+}
 
 class engine;
 
@@ -100,11 +116,18 @@ class request {
 
 struct engine_options {
   /// How long a wait polls before it sleeps: a reply within this time costs no
-  /// wakeup, which dominates small-message latency. 0 sleeps at once.
-  std::chrono::microseconds spin{50};
+  /// wakeup, which dominates small-message latency. 0 sleeps at once. Unset: chosen
+  /// by the transport's join from the job (see automatic_spin).
+  std::optional<std::chrono::microseconds> spin;
   /// How long an abort tries to deliver its reason to the peers before closing.
   std::chrono::milliseconds abort_flush{200};
 };
+
+/// `options` with the poll time filled in for a job of `local_ranks` ranks on this host.
+inline engine_options resolve(engine_options options, rank_t local_ranks) {
+  if (!options.spin) options.spin = automatic_spin(local_ranks);
+  return options;
+}
 
 class engine {
  public:
@@ -159,7 +182,7 @@ class engine {
   /// stream to that peer, since the rest of its bytes can no longer be placed.
   std::error_code wait(request& r, deadline until) {
     if (r.state_ == request::state::idle || r.engine_ != this) return make_error_code(errc::invalid_argument);
-    const deadline spin_until = clock::now() + options_.spin;
+    const deadline spin_until = clock::now() + options_.spin.value_or(std::chrono::microseconds(50));
     for (;;) {
       const std::uint64_t seen = pipes_->activity();
       progress();
@@ -217,7 +240,7 @@ class engine {
 
   struct outgoing {
     std::deque<request*> sends;  // FIFO; the front one is being written
-    std::array<std::byte, record_header_bytes + message_header_bytes> staged{};
+    std::vector<std::byte> staged;  // record headers, and the whole of a small message
     std::size_t staged_size = 0;
     std::size_t staged_done = 0;
     bool message_open = false;     // the front send's message record is staged or written
@@ -309,14 +332,37 @@ class engine {
     return n;
   }
 
-  void stage(outgoing& out, const record_header& record, const message_header* header) {
-    write_record_header(std::span(out.staged).first<record_header_bytes>(), record);
-    out.staged_size = record_header_bytes;
-    if (header) {
-      write_message_header(std::span(out.staged).subspan<record_header_bytes, message_header_bytes>(), *header);
-      out.staged_size += message_header_bytes;
+  /// Messages up to this size leave in one write (headers and payload copied together),
+  /// so a small message costs one system call on TCP instead of three.
+  static constexpr std::size_t small_message_bytes = 8192;
+
+  void stage_record(outgoing& out, const record_header& record) {
+    const std::size_t at = out.staged_size;
+    out.staged_size += record_header_bytes;
+    if (out.staged.size() < out.staged_size) out.staged.resize(out.staged_size);
+    write_record_header(std::span(out.staged).subspan(at).first<record_header_bytes>(), record);
+  }
+
+  /// The message record, its header and the first data record's header; a small
+  /// message's payload too (it is then the engine's, and the request is fully copied).
+  void stage_message(outgoing& out, request& head) {
+    out.staged_size = out.staged_done = 0;
+    out.staged.reserve(2 * record_header_bytes + message_header_bytes + small_message_bytes);
+    stage_record(out, {record_type::message, head.tag_, head.size_});
+    out.staged.resize(std::max(out.staged.size(), out.staged_size + message_header_bytes));
+    write_message_header(std::span(out.staged).subspan(out.staged_size).first<message_header_bytes>(), head.header_);
+    out.staged_size += message_header_bytes;
+    if (head.size_ == 0) return;
+    const std::size_t first_chunk = std::min(max_chunk_bytes, head.size_);
+    stage_record(out, {record_type::data, 0, first_chunk});
+    if (head.size_ <= small_message_bytes) {
+      out.staged.resize(std::max(out.staged.size(), out.staged_size + head.size_));
+      std::memcpy(out.staged.data() + out.staged_size, head.send_data_, head.size_);
+      out.staged_size += head.size_;
+      head.transferred_ = head.size_;
+    } else {
+      out.chunk_left = first_chunk;
     }
-    out.staged_done = 0;
   }
 
   /// Writes what fits toward `p`; true when any byte moved.
@@ -325,7 +371,8 @@ class engine {
     bool moved = false;
     while (!out.broken) {
       if (out.staged_done < out.staged_size) {
-        const std::size_t n = write(p, std::span(out.staged).subspan(out.staged_done, out.staged_size - out.staged_done));
+        const std::size_t n =
+            write(p, std::span(out.staged).subspan(out.staged_done, out.staged_size - out.staged_done));
         if (n == 0) break;
         out.staged_done += n;
         moved = true;
@@ -350,20 +397,22 @@ class engine {
       if (failure_.code || out.sends.empty()) break;
       request& head = *out.sends.front();
       if (!out.message_open) {
-        stage(out, {record_type::message, head.tag_, head.size_}, &head.header_);
+        stage_message(out, head);
         out.message_open = true;
         head.state_ = request::state::active;
         continue;
       }
       if (head.transferred_ < head.size_) {
         out.chunk_left = std::min<std::uint64_t>(max_chunk_bytes, head.size_ - head.transferred_);
-        stage(out, {record_type::data, 0, out.chunk_left}, nullptr);
+        out.staged_size = out.staged_done = 0;
+        stage_record(out, {record_type::data, 0, out.chunk_left});
         continue;
       }
       out.sends.pop_front();
       out.message_open = false;
       complete(head, {});
     }
+    if (moved) pipes_->notify(p);
     return moved;
   }
 
@@ -462,6 +511,7 @@ class engine {
       in.staged_have += n;
       if (in.staged_have == in.staged_need) on_staged(p);
     }
+    if (moved) pipes_->notify(p);
     return moved;
   }
 
