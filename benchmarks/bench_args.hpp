@@ -71,6 +71,7 @@ inline constexpr std::string_view collective_usage =
     "  -c 0|1                   check every result (default 1)\n"
     "  -l LABEL                 free text for the header\n"
     "  -L 0|1                   link% column (default: when QCOLL_NETLAB_RATE is set)\n"
+    "  BENCH_DUMP_TIMES=1 in the environment prints every timed iteration's time (us) to stderr\n"
     "job-mode transport knobs, for experiments:\n"
     "  --spin-us US             how long a wait polls before it sleeps (library default 50)\n"
     "  --shm-pipe BYTES         shm ring bytes per pair (power of two >= 64K; default 2M)\n"

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,11 @@ class table {
   }
 
   void row(std::size_t bytes, const std::vector<double>& times_us, double wrong) {
+    if (const char* dump = std::getenv("BENCH_DUMP_TIMES"); dump && *dump && *dump != '0') {  // as the peers
+      std::fprintf(stderr, "times %zu:", bytes);
+      for (const double t : times_us) std::fprintf(stderr, " %.0f", t);
+      std::fprintf(stderr, "\n");
+    }
     const double time_us = median(times_us);
     const double min_us = times_us.empty() ? 0.0 : *std::min_element(times_us.begin(), times_us.end());
     const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
