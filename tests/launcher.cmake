@@ -31,6 +31,12 @@ qcoll_launcher_test(env_given_job_id_and_secret
 qcoll_launcher_test(many_ranks CHECK EXIT=0 STDERR_EMPTY=ON VERIFY=env RANKS=64 TRANSPORT=shm
   COMMAND -n 64 ${launcher_rank} env)
 
+# Binding: --bind core pins each rank to one CPU; --bind none leaves the launcher's set.
+qcoll_launcher_test(bind_core CHECK EXIT=0 "COUNT_LINES=1:^\\[0\\] cpus=[0-9]+$"
+  COMMAND -n 1 --bind core ${launcher_rank} cpus)
+qcoll_launcher_test(bind_none CHECK EXIT=0 "COUNT_LINES=0:^\\[0\\] cpus=[0-9]+$|1:^\\[0\\] cpus=.*[-,]"
+  COMMAND -n 1 --bind none ${launcher_rank} cpus)
+
 # Failures: the first one's status, the other ranks stopped (or not, with --keep-going).
 qcoll_launcher_test(failing_rank_stops_others
   CHECK EXIT=3 MAX_SECONDS=10 STDOUT_EMPTY=ON "STDERR_HAS=qcoll-run: rank 1 exited with status 3"

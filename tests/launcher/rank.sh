@@ -3,6 +3,9 @@
 behaviour=$1
 
 case $behaviour in
+cpus)  # the CPUs this rank may run on
+  echo "cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)"
+  ;;
 env)  # the job's environment, in one line that check_job.cmake parses
   echo "rank=$QCOLL_RANK size=$QCOLL_WORLD_SIZE local=$QCOLL_LOCAL_RANK" \
        "local_size=$QCOLL_LOCAL_WORLD_SIZE transport=$QCOLL_TRANSPORT store=$QCOLL_STORE" \
