@@ -160,8 +160,10 @@ class tcp_channels final : public stream::channels {
   }
 
  private:
+  // The buffer holds a whole small message (8 KiB payload and its headers); kept small
+  // because a record header's read also pulls in payload that then costs a second copy.
   static constexpr std::size_t small_read_bytes = 16 << 10;
-  static constexpr std::size_t inbox_bytes = 64 << 10;
+  static constexpr std::size_t inbox_bytes = 16 << 10;
 
   struct inbox {
     std::vector<std::byte> bytes;
