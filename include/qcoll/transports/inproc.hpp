@@ -32,19 +32,12 @@ namespace detail {
 struct world_state;
 }
 
-/// A posted send or receive. Caller-owned; must not move while posted, and must
-/// not outlive the transport it was posted on. Destroying a posted request cancels it.
-class request {
+/// A posted send or receive; must not outlive the transport it was posted on.
+/// Destroying a posted request cancels it.
+class request : public request_base {
  public:
   request() = default;
-  request(const request&) = delete;
-  request& operator=(const request&) = delete;
   ~request();
-
-  /// For a receive: the header that arrived with the message.
-  const message_header& header() const noexcept { return header_; }
-  /// Bytes copied into or out of the buffer.
-  std::size_t transferred() const noexcept { return transferred_; }
 
  private:
   friend class transport;
@@ -58,11 +51,9 @@ class request {
   tag_t tag_ = 0;
   bool is_send_ = false;
   state state_ = state::idle;
-  message_header header_{};
   const std::byte* send_data_ = nullptr;
   std::byte* recv_data_ = nullptr;
   std::size_t size_ = 0;  // bytes to send, or capacity of the receive buffer
-  std::size_t transferred_ = 0;
   std::error_code result_{};
   request* prev_ = nullptr;  // intrusive list of the mailbox it is queued in
   request* next_ = nullptr;

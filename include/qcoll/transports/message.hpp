@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <system_error>
@@ -28,6 +29,26 @@ struct message_header {
   std::uint8_t reserved = 0;
 
   friend bool operator==(const message_header&, const message_header&) = default;
+};
+
+/// What every transport's request reports: the header that arrived with a received
+/// message and the bytes moved (for a receive of the wrong size: the size the sender
+/// announced). A request is caller-owned and must not move while posted, so it is not
+/// copyable; each transport derives its request from this.
+class request_base {
+ public:
+  request_base() = default;
+  request_base(const request_base&) = delete;
+  request_base& operator=(const request_base&) = delete;
+
+  const message_header& header() const noexcept { return header_; }
+  std::size_t transferred() const noexcept { return transferred_; }
+
+ protected:
+  ~request_base() = default;
+
+  message_header header_{};
+  std::size_t transferred_ = 0;
 };
 
 /// Why a transport can no longer deliver: the first abort's code and words.

@@ -83,19 +83,12 @@ inline std::chrono::microseconds automatic_spin(rank_t local_ranks) {
 
 class engine;
 
-/// A posted send or receive. Caller-owned; must not move while posted and must not
-/// outlive its transport. Destroying a posted request cancels it.
-class request {
+/// A posted send or receive; must not outlive its transport. Destroying a posted
+/// request cancels it.
+class request : public request_base {
  public:
   request() = default;
-  request(const request&) = delete;
-  request& operator=(const request&) = delete;
   ~request();
-
-  /// For a receive: the header that arrived with the message.
-  const message_header& header() const noexcept { return header_; }
-  /// Bytes moved so far (for a receive of the wrong size: the size the sender announced).
-  std::size_t transferred() const noexcept { return transferred_; }
 
  private:
   friend class engine;
@@ -106,11 +99,9 @@ class request {
   tag_t tag_ = 0;
   bool is_send_ = false;
   state state_ = state::idle;
-  message_header header_{};
   const std::byte* send_data_ = nullptr;
   std::byte* recv_data_ = nullptr;
   std::size_t size_ = 0;
-  std::size_t transferred_ = 0;
   std::error_code result_{};
 };
 
