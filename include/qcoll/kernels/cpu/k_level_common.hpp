@@ -8,12 +8,15 @@
 /// the same bits. quantizers/k_level.hpp states the semantics.
 
 #include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/cpu/codes.hpp>
 #include <qcoll/quantizers/options.hpp>
 #include <qcoll/quantizers/wire.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <type_traits>
 
 QCOLL_CPU_KERNELS_BEGIN
 namespace k_level_detail {
@@ -229,6 +232,23 @@ inline void decode_values(float min, float step, const std::uint32_t* codes, std
     const float value = level(min, step, static_cast<float>(codes[j]));
     y[j] = accumulate ? y[j] + value : value;
   }
+}
+
+/// Calls encode_group(std::bool_constant<stochastic>, x, residual or null, g, stream,
+/// record) for every group of a frame, with each group's random stream.
+template <class EncodeGroup>
+void encode_groups(const quantizers::k_level_options& options, std::span<const float> in, std::span<float> residual,
+                   quantizers::encode_position position, std::byte* records, EncodeGroup&& encode_group) noexcept {
+  stream_maker streams(options, position);
+  const bool stochastic = options.rounding == quantizers::rounding::stochastic;
+  for_each_group(layout(options), in.size(), records, [&](std::size_t first, std::size_t g, auto* record) {
+    const float* x = in.data() + first;
+    float* r = residual.empty() ? nullptr : residual.data() + first;
+    if (stochastic)
+      encode_group(std::true_type{}, x, r, g, streams.group(first, g), record);
+    else
+      encode_group(std::false_type{}, x, r, g, group_stream{}, record);
+  });
 }
 
 }  // namespace k_level_detail

@@ -1,17 +1,22 @@
 #pragma once
 /// @file
-/// The per-group decisions of the one_bit kernels that every backend shares as one
-/// piece of code: the reconstruction table from the bin sums, and the rare paths
-/// (non-finite values, sums that overflow float).
+/// The parts of the one_bit kernels that every backend shares as one piece of code:
+/// the reconstruction table from the bin sums, the rare paths (non-finite values, sums
+/// that overflow float), the scalar loops the SIMD kernels run on a group's last
+/// partial block (so it is the reference's own code), and the walk over a frame.
 
 #include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/cpu/codes.hpp>
+#include <qcoll/kernels/cpu/lanes.hpp>
 #include <qcoll/quantizers/options.hpp>
 #include <qcoll/quantizers/wire.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <span>
 
 QCOLL_CPU_KERNELS_BEGIN
 namespace one_bit_detail {
@@ -79,6 +84,64 @@ inline table finish(const quantizers::one_bit_options& options, const bin_statis
   }
   return {count0 ? stats.sum0 / static_cast<float>(count0) : 0.0f,
           stats.count1 ? stats.sum1 / static_cast<float>(stats.count1) : 0.0f};
+}
+
+/// A group holding NaN or Inf, found while computing the group-mean threshold.
+inline void store_nonfinite(std::byte* record, std::size_t g) noexcept {
+  store(record, nonfinite_table.zero);
+  store(record + sizeof(float), nonfinite_table.one);
+  std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
+}
+
+/// Sorts values [from, to) of a group into the bins: sets the bits of bin 1 (the
+/// threshold itself goes to bin 1), adds each value to its bin's lane sum, and tracks
+/// the minimum and maximum. The bits of [from, to) must be zero.
+inline void classify(const float* x, const float* residual, std::size_t from, std::size_t to, float threshold,
+                     std::byte* bits, lane_sums& sum0, lane_sums& sum1, bin_statistics& stats) noexcept {
+  for (std::size_t i = from; i < to; ++i) {
+    const float v = fed(x, residual, i);
+    if (v >= threshold) {
+      bits[i / 8] |= std::byte{1} << (i % 8);
+      sum1[i % summation_lanes] += v;
+      ++stats.count1;
+    } else {
+      sum0[i % summation_lanes] += v;
+    }
+    stats.low = v < stats.low ? v : stats.low;
+    stats.high = v > stats.high ? v : stats.high;
+  }
+}
+
+/// Folds the bins' lane sums, stores the group's table in its record and returns it;
+/// a non-finite group's bits are cleared.
+inline table store_table(const quantizers::one_bit_options& options, bin_statistics& stats, const lane_sums& sum0,
+                         const lane_sums& sum1, float threshold, const float* x, const float* residual, std::size_t g,
+                         std::byte* record) noexcept {
+  stats.sum0 = fold_lanes(sum0);
+  stats.sum1 = fold_lanes(sum1);
+  const table values = finish(options, stats, threshold, x, residual, g);
+  store(record, values.zero);
+  store(record + sizeof(float), values.one);
+  if (values.nonfinite) std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
+  return values;
+}
+
+/// The new error of values [from, to): what was fed minus what it decodes to.
+inline void update_residual(const float* x, float* residual, std::size_t from, std::size_t to, float threshold,
+                            const table& values) noexcept {
+  for (std::size_t i = from; i < to; ++i) {
+    const float v = x[i] + residual[i];
+    residual[i] = v - (v >= threshold ? values.one : values.zero);
+  }
+}
+
+/// Calls encode_group(x, residual or null, g, record) for every group of a frame.
+template <class EncodeGroup>
+void encode_groups(const quantizers::one_bit_options& options, std::span<const float> in, std::span<float> residual,
+                   std::byte* records, EncodeGroup&& encode_group) noexcept {
+  for_each_group(layout(options.group_size), in.size(), records, [&](std::size_t first, std::size_t g, auto* record) {
+    encode_group(in.data() + first, residual.empty() ? nullptr : residual.data() + first, g, record);
+  });
 }
 
 }  // namespace one_bit_detail

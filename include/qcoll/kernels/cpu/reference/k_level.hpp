@@ -50,16 +50,11 @@ inline void k_level_encode_group(const quantizers::k_level_options& options, con
 inline void k_level_encode(const quantizers::k_level_options& options, std::span<const float> in,
                            std::span<float> residual, quantizers::encode_position position,
                            std::byte* records) noexcept {
-  const auto records_layout = k_level_detail::layout(options);
-  k_level_detail::stream_maker streams(options, position);
-  const bool stochastic = options.rounding == quantizers::rounding::stochastic;
-  for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
-    float* r = residual.empty() ? nullptr : residual.data() + first;
-    if (stochastic)
-      k_level_encode_group<true>(options, in.data() + first, r, g, streams.group(first, g), records);
-    else
-      k_level_encode_group<false>(options, in.data() + first, r, g, {}, records);
-  });
+  k_level_detail::encode_groups(options, in, residual, position, records,
+                                [&](auto stochastic, const float* x, float* r, std::size_t g, auto stream,
+                                    std::byte* record) {
+                                  k_level_encode_group<decltype(stochastic)::value>(options, x, r, g, stream, record);
+                                });
 }
 
 /// out = decoded (accumulate false) or out += decoded (accumulate true).

@@ -26,12 +26,7 @@ inline void one_bit_encode_group(const quantizers::one_bit_options& options, con
     lane_sums lanes{};
     for (std::size_t i = 0; i < g; ++i) lanes[i % summation_lanes] += fed(x, residual, i);
     const float total = fold_lanes(lanes);
-    if (!is_finite(total) && has_nonfinite(x, residual, g)) {
-      store(record, nonfinite_table.zero);
-      store(record + sizeof(float), nonfinite_table.one);
-      std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
-      return;
-    }
+    if (!is_finite(total) && has_nonfinite(x, residual, g)) return store_nonfinite(record, g);
     threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual, g);
   }
 
@@ -41,41 +36,18 @@ inline void one_bit_encode_group(const quantizers::one_bit_options& options, con
   bin_statistics stats;
   stats.low = std::numeric_limits<float>::infinity();
   stats.high = -std::numeric_limits<float>::infinity();
-  for (std::size_t i = 0; i < g; ++i) {
-    const float v = fed(x, residual, i);
-    if (v >= threshold) {  // the threshold itself goes to bin 1
-      bits[i / 8] |= std::byte{1} << (i % 8);
-      sum1[i % summation_lanes] += v;
-      ++stats.count1;
-    } else {
-      sum0[i % summation_lanes] += v;
-    }
-    stats.low = v < stats.low ? v : stats.low;
-    stats.high = v > stats.high ? v : stats.high;
-  }
-  stats.sum0 = fold_lanes(sum0);
-  stats.sum1 = fold_lanes(sum1);
-  const table values = finish(options, stats, threshold, x, residual, g);
-  store(record, values.zero);
-  store(record + sizeof(float), values.one);
-  if (values.nonfinite) {
-    std::memset(bits, 0, layout(g).codes_bytes(g));
-    return;
-  }
-  if (residual)
-    for (std::size_t i = 0; i < g; ++i) {
-      const float v = x[i] + residual[i];
-      residual[i] = v - (v >= threshold ? values.one : values.zero);
-    }
+  classify(x, residual, 0, g, threshold, bits, sum0, sum1, stats);
+  const table values = store_table(options, stats, sum0, sum1, threshold, x, residual, g, record);
+  if (!values.nonfinite && residual) update_residual(x, residual, 0, g, threshold, values);
 }
 
 /// Encodes in.size() values into the records of a frame (header excluded).
 /// `residual` is empty (no error feedback) or as long as `in`.
 inline void one_bit_encode(const quantizers::one_bit_options& options, std::span<const float> in,
                            std::span<float> residual, std::byte* records) noexcept {
-  const auto records_layout = one_bit_detail::layout(options.group_size);
-  for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
-    one_bit_encode_group(options, in.data() + first, residual.empty() ? nullptr : residual.data() + first, g, records);
+  one_bit_detail::encode_groups(options, in, residual, records, [&](const float* x, float* r, std::size_t g,
+                                                                     std::byte* record) {
+    one_bit_encode_group(options, x, r, g, record);
   });
 }
 

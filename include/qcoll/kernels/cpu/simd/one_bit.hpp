@@ -55,12 +55,7 @@ struct one_bit_kernels {
       lane_sums lanes = spill(sums);
       for (std::size_t i = body; i < g; ++i) lanes[i % summation_lanes] += one_bit_detail::fed(x, residual, i);
       const float total = fold_lanes(lanes);
-      if (!is_finite(total) && has_nonfinite(x, residual, g)) {
-        store(record, nonfinite_table.zero);
-        store(record + sizeof(float), nonfinite_table.one);
-        std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
-        return;
-      }
+      if (!is_finite(total) && has_nonfinite(x, residual, g)) return store_nonfinite(record, g);
       threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual, g);
     }
 
@@ -101,46 +96,24 @@ struct one_bit_kernels {
     }
     if (body < g) {
       std::memset(bits + body / 8, 0, layout(g).codes_bytes(g) - body / 8);
-      for (std::size_t i = body; i < g; ++i) {
-        const float v = one_bit_detail::fed(x, residual, i);
-        if (v >= threshold) {
-          bits[i / 8] |= std::byte{1} << (i % 8);
-          lanes1[i % summation_lanes] += v;
-          ++stats.count1;
-        } else {
-          lanes0[i % summation_lanes] += v;
-        }
-        stats.low = v < stats.low ? v : stats.low;
-        stats.high = v > stats.high ? v : stats.high;
-      }
+      classify(x, residual, body, g, threshold, bits, lanes0, lanes1, stats);
     }
-    stats.sum0 = fold_lanes(lanes0);
-    stats.sum1 = fold_lanes(lanes1);
-    const table values = finish(options, stats, threshold, x, residual, g);
-    store(record, values.zero);
-    store(record + sizeof(float), values.one);
-    if (values.nonfinite) {
-      std::memset(bits, 0, layout(g).codes_bytes(g));
-      return;
-    }
-    if (!residual) return;
+    const table values = store_table(options, stats, lanes0, lanes1, threshold, x, residual, g, record);
+    if (values.nonfinite || !residual) return;
     const batch one_lanes(values.one), zero_lanes(values.zero);
     for (std::size_t i = 0; i < body; i += width) {
       const batch v = fed(x, residual, i);
       (v - xsimd::select(v >= threshold_lanes, one_lanes, zero_lanes)).store_unaligned(residual + i);
     }
-    for (std::size_t i = body; i < g; ++i) {
-      const float v = x[i] + residual[i];
-      residual[i] = v - (v >= threshold ? values.one : values.zero);
-    }
+    update_residual(x, residual, body, g, threshold, values);
   }
 
   static void encode(const quantizers::one_bit_options& options, std::span<const float> in, std::span<float> residual,
                      std::byte* records) noexcept {
-    const auto records_layout = one_bit_detail::layout(options.group_size);
-    for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
-      encode_group(options, in.data() + first, residual.empty() ? nullptr : residual.data() + first, g, records);
-    });
+    one_bit_detail::encode_groups(options, in, residual, records,
+                                  [&](const float* x, float* r, std::size_t g, std::byte* record) {
+                                    encode_group(options, x, r, g, record);
+                                  });
   }
 
   static void decode(const quantizers::one_bit_options& options, const std::byte* records, std::span<float> out,
