@@ -47,14 +47,7 @@ class request : public request_base {
 
   detail::world_state* world_ = nullptr;
   rank_t owner_ = 0;  // the rank that posted it
-  rank_t peer_ = 0;
-  tag_t tag_ = 0;
-  bool is_send_ = false;
   state state_ = state::idle;
-  const std::byte* send_data_ = nullptr;
-  std::byte* recv_data_ = nullptr;
-  std::size_t size_ = 0;  // bytes to send, or capacity of the receive buffer
-  std::error_code result_{};
   request* prev_ = nullptr;  // intrusive list of the mailbox it is queued in
   request* next_ = nullptr;
 };

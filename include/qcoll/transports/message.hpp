@@ -33,8 +33,9 @@ struct message_header {
 
 /// What every transport's request reports: the header that arrived with a received
 /// message and the bytes moved (for a receive of the wrong size: the size the sender
-/// announced). A request is caller-owned and must not move while posted, so it is not
-/// copyable; each transport derives its request from this.
+/// announced) — and what a transport records about any posted request. A request is
+/// caller-owned and must not move while posted, so it is not copyable; each transport
+/// derives its request from this and adds its own bookkeeping.
 class request_base {
  public:
   request_base() = default;
@@ -49,6 +50,13 @@ class request_base {
 
   message_header header_{};
   std::size_t transferred_ = 0;
+  rank_t peer_ = 0;
+  tag_t tag_ = 0;
+  bool is_send_ = false;
+  const std::byte* send_data_ = nullptr;
+  std::byte* recv_data_ = nullptr;
+  std::size_t size_ = 0;  // bytes to send, or capacity of the receive buffer
+  std::error_code result_{};
 };
 
 /// Why a transport can no longer deliver: the first abort's code and words.

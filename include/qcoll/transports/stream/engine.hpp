@@ -95,14 +95,7 @@ class request : public request_base {
   enum class state : unsigned char { idle, queued, active, done };
 
   engine* engine_ = nullptr;
-  rank_t peer_ = 0;
-  tag_t tag_ = 0;
-  bool is_send_ = false;
   state state_ = state::idle;
-  const std::byte* send_data_ = nullptr;
-  std::byte* recv_data_ = nullptr;
-  std::size_t size_ = 0;
-  std::error_code result_{};
 };
 
 struct engine_options {
