@@ -13,11 +13,17 @@
 ///
 /// @par Thread safety
 /// One thread per communicator at a time. Different communicators are independent.
+/// Calls started without waiting (start_allreduce) run on the communicator's one
+/// progress thread, in the order they were started; any other call first waits
+/// until they have run, so every rank still runs its collectives in program order.
 
+#include <qcoll/algorithms/compressed_allreduce.hpp>
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/ring.hpp>
+#include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/concepts.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/error.hpp>
 #include <qcoll/partition.hpp>
 #include <qcoll/topologies/ring.hpp>
@@ -62,6 +68,11 @@ class communicator {
     validate();
   }
 
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  /// Lets calls started without waiting finish first (they use the transport).
+  ~communicator() { progress_.wait_idle(); }
+
   rank_t rank() const noexcept { return transport_.rank(); }
   rank_t size() const noexcept { return transport_.size(); }
   const Topology& topology() const noexcept { return topology_; }
@@ -72,7 +83,9 @@ class communicator {
   bool aborted() const { return static_cast<bool>(transport_.failure().code); }
 
   /// Fails every rank's pending and future collectives with errc::aborted.
+  /// Calls in flight on the progress thread are waited for first.
   void abort(std::string_view reason) {
+    quiesce();
     transport_.abort(make_error_code(errc::aborted),
                      fmt::format("rank {} aborted the communicator: {}", rank(), reason));
   }
@@ -184,6 +197,57 @@ class communicator {
                                                   std::span<float>());
   }
 
+  /// out = in₀ + in₁ + … (or their average) through `plan`'s quantizer: the
+  /// two-phase striped exchange with error feedback (docs/compressed-allreduce.md).
+  /// The result is bitwise identical on every rank. `in` and `out` have plan.count()
+  /// values and are the same range or disjoint. A failed call leaves the plan's
+  /// residuals as they were; `in` too, unless it is `out`.
+  /// @par Complexity
+  /// Direct route (fully connected): 2(n − 1) rounds; a rank sends
+  /// plan.bytes_sent_per_call() ≈ 2(n − 1)/n · encoded_size(count) bytes.
+  /// Ring route: n − 1 steps per phase, phase 1 forwarding frames without
+  /// re-quantizing (≈ (n + 2)(n − 1)/(2n) · encoded_size(count) bytes).
+  /// @par Errors
+  /// As the exact collectives, and invalid_argument for an op other than sum or avg
+  /// or a plan made for another rank, size, topology or count; protocol_error for a
+  /// frame this rank's quantizer cannot decode (ranks with different quantizers).
+  /// Calling it on a plan in flight throws invalid_argument without aborting.
+  template <quantizer Q>
+  void allreduce(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
+                 std::span<typename Q::value_type> out, reduce_op op) {
+    plan.require_idle("allreduce");
+    run_compressed(plan, in, out, op);
+  }
+  template <quantizer Q>
+  void allreduce(compressed_allreduce_plan<Q>& plan, std::span<typename Q::value_type> data, reduce_op op) {
+    allreduce(plan, std::span<const typename Q::value_type>(data), data, op);
+  }
+
+  /// Starts the same call on the communicator's progress thread and returns at once;
+  /// plan.test() and plan.wait() finish it. `in` and `out` must stay valid and
+  /// untouched until then. Several plans may be in flight; they run one after
+  /// another in start order, which must be the same on every rank.
+  /// @par Errors
+  /// invalid_argument at once for a plan already in flight; everything else is
+  /// reported by plan.wait().
+  template <quantizer Q>
+  void start_allreduce(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
+                       std::span<typename Q::value_type> out, reduce_op op) {
+    plan.require_idle("start_allreduce");
+    plan.started_in_ = in;
+    plan.started_out_ = out;
+    plan.started_op_ = op;
+    progress_.get().submit(static_cast<detail::pending_operation&>(plan), &run_started<Q>, this);
+  }
+  template <quantizer Q>
+  void start_allreduce(compressed_allreduce_plan<Q>& plan, std::span<typename Q::value_type> data, reduce_op op) {
+    start_allreduce(plan, std::span<const typename Q::value_type>(data), data, op);
+  }
+
+  /// Blocks until every call started without waiting has run (their outcomes stay
+  /// with their plans).
+  void wait_all() { quiesce(); }
+
   // The std::error_code forms: the same calls, reporting instead of throwing.
   template <element T>
   void allreduce(std::span<const T> in, std::span<T> out, reduce_op op, std::error_code& ec) noexcept {
@@ -208,6 +272,16 @@ class communicator {
   void barrier(std::error_code& ec) noexcept {
     ec = capture([&] { barrier(); });
   }
+  template <quantizer Q>
+  void allreduce(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
+                 std::span<typename Q::value_type> out, reduce_op op, std::error_code& ec) noexcept {
+    ec = capture([&] { allreduce(plan, in, out, op); });
+  }
+  template <quantizer Q>
+  void allreduce(compressed_allreduce_plan<Q>& plan, std::span<typename Q::value_type> data, reduce_op op,
+                 std::error_code& ec) noexcept {
+    ec = capture([&] { allreduce(plan, data, op); });
+  }
 
  private:
   void validate() const {
@@ -219,8 +293,10 @@ class communicator {
   }
 
   /// Starts a collective: numbers it and refuses to run on an aborted communicator.
+  /// Called from the caller's thread, it first lets started calls finish.
   algorithms::primitives<Transport> begin(collective kind, dtype type, reduce_op op, std::size_t count,
                                           rank_t root) {
+    if (!progress_.is_current_thread()) quiesce();
     const transports::message_header header{sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, 0};
     // A rank that arrives after the abort gets the cause's code, like those that were waiting.
     if (const transports::failure failed = transport_.failure(); failed.code)
@@ -244,6 +320,61 @@ class communicator {
     return {static_cast<T*>(start), elements};
   }
 
+  void quiesce() { progress_.wait_idle(); }
+
+  template <quantizer Q>
+  static std::error_code run_started(void* self, detail::pending_operation& op, std::string& message) noexcept {
+    auto& plan = static_cast<compressed_allreduce_plan<Q>&>(op);
+    try {
+      static_cast<communicator*>(self)->run_compressed(plan, plan.started_in_, plan.started_out_, plan.started_op_);
+      return {};
+    } catch (const std::system_error& e) {
+      message = e.what();
+      return e.code();
+    } catch (const std::exception& e) {
+      message = e.what();
+      return make_error_code(errc::invalid_argument);
+    }
+  }
+
+  template <quantizer Q>
+  void run_compressed(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
+                      std::span<typename Q::value_type> out, reduce_op op) {
+    using T = typename Q::value_type;
+    auto step = begin(collective::compressed_allreduce, dtype_of<T>::value, op, in.size(), 0);
+    if (in.size() != out.size())
+      step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
+    if (!detail::same_range(in, out) && detail::overlaps(in, out))
+      step.fail(errc::invalid_argument, "input and output overlap without being the same range");
+    if (op != reduce_op::sum && op != reduce_op::avg)
+      step.fail(errc::invalid_argument, "a compressed allreduce sums or averages; {} is not supported", to_string(op));
+    const auto& state = plan.state_;
+    if (state.rank != rank() || state.size != size())
+      step.fail(errc::invalid_argument, "the plan was made for rank {} of {}", state.rank, state.size);
+    if (in.size() != plan.count())
+      step.fail(errc::invalid_argument, "the plan was made for {} elements", plan.count());
+    const std::span<const rank_t> order = topology_.ring_order();
+    if (!std::equal(order.begin(), order.end(), state.ring_order.begin(), state.ring_order.end()) ||
+        (state.route == stripe_route::direct) != compressed_allreduce_plan<Q>::fully_linked(topology_))
+      step.fail(errc::invalid_argument, "the plan was made for another topology");
+
+    if (request_capacity_ < state.requests_needed) {
+      requests_ = std::make_unique<request[]>(state.requests_needed);
+      request_capacity_ = state.requests_needed;
+    }
+    const std::span<request> requests(requests_.get(), state.requests_needed);
+    try {
+      algorithms::compressed_exchange<Transport, Q>(step, plan.state_, requests, in, out, op).run();
+    } catch (const std::system_error& e) {
+      // Make sure every rank hears of it, then take back what is still posted: the
+      // buffers belong to the plan and the requests to the next call.
+      if (!transport_.failure().code) transport_.abort(e.code(), e.what());
+      for (request& r : requests) transport_.wait(r, clock::now());
+      throw;
+    }
+    plan.commit();
+  }
+
   template <class Call>
   static std::error_code capture(Call&& call) noexcept {
     try {
@@ -258,11 +389,43 @@ class communicator {
     }
   }
 
+  using request = typename Transport::request;
+
+  /// The progress thread, started by the first start_allreduce. Moving a
+  /// communicator first lets its started calls finish (they point at it).
+  class progress_slot {
+   public:
+    progress_slot() = default;
+    progress_slot(progress_slot&& other) noexcept : thread_((other.wait_idle(), std::move(other.thread_))) {}
+    progress_slot& operator=(progress_slot&& other) noexcept {
+      wait_idle();
+      other.wait_idle();
+      thread_ = std::move(other.thread_);
+      return *this;
+    }
+    detail::progress_thread& get() {
+      if (!thread_) thread_ = std::make_unique<detail::progress_thread>();
+      return *thread_;
+    }
+    void wait_idle() noexcept {
+      if (thread_) thread_->wait_idle();
+    }
+    bool is_current_thread() const noexcept { return thread_ && thread_->is_current_thread(); }
+
+   private:
+    std::unique_ptr<detail::progress_thread> thread_;
+  };
+
+  // Declared first: it is moved (after draining) before the transport is.
+  progress_slot progress_;
   Transport transport_;
   Topology topology_;
   communicator_options options_;
   std::uint64_t sequence_ = 0;
   std::vector<std::byte> scratch_[2];
+  // Requests of the compressed collectives, grown once to the largest plan's need.
+  std::unique_ptr<request[]> requests_;
+  std::size_t request_capacity_ = 0;
 };
 
 }  // namespace qcoll

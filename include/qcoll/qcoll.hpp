@@ -9,6 +9,7 @@
 #include <qcoll/concepts.hpp>
 #include <qcoll/partition.hpp>
 #include <qcoll/communicator.hpp>
+#include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>

@@ -42,6 +42,7 @@ enum class collective : std::uint8_t {
   all_gather = 3,
   broadcast = 4,
   barrier = 5,
+  compressed_allreduce = 6,  ///< allreduce through a quantizer (compressed_allreduce_plan)
 };
 
 constexpr std::string_view to_string(dtype type) noexcept {
@@ -71,6 +72,7 @@ constexpr std::string_view to_string(collective kind) noexcept {
     case collective::all_gather: return "all_gather";
     case collective::broadcast: return "broadcast";
     case collective::barrier: return "barrier";
+    case collective::compressed_allreduce: return "compressed_allreduce";
   }
   return "collective?";
 }

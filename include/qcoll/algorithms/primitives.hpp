@@ -66,19 +66,43 @@ class primitives {
     kernels::cpu::reduce<T>(op, incoming, own, result);
   }
 
+  // The split forms, for algorithms that keep many messages in flight (pipelined
+  // chunks): post now, complete later. A request's buffer must stay put until then.
+
+  template <class T>
+  void post_send(request& r, rank_t to, transports::tag_t tag, std::span<const T> data) {
+    transport_.post_send(r, to, tag, header_, std::as_bytes(data));
+  }
+  template <class T>
+  void post_recv(request& r, rank_t from, transports::tag_t tag, std::span<T> data) {
+    transport_.post_recv(r, from, tag, std::as_writable_bytes(data));
+  }
+  /// Moves pending messages along without blocking; true once `r` completed.
+  bool poll(request& r) { return transport_.test(r); }
+  /// Waits for a posted send (the wait bounded by the timeout); fails the call on error.
+  void complete_send(request& r, rank_t to, std::size_t bytes) { finish_send(r, to, bytes); }
+  /// Waits for a posted receive and checks that it carries this call's header.
+  void complete_recv(request& r, rank_t from, std::size_t bytes) { finish_recv(r, from, bytes); }
+
+  rank_t rank() const noexcept { return transport_.rank(); }
+  const transports::message_header& header() const noexcept { return header_; }
+
   /// Aborts the communicator (so every rank learns of it) and throws.
   template <class... Args>
   [[noreturn]] void fail(errc code, fmt::format_string<Args...> format, Args&&... args) {
     fail_with(make_error_code(code), fmt::format(format, std::forward<Args>(args)...));
   }
 
- private:
+  /// The same for a failure found outside the primitives (say, an exception from a
+  /// kernel): the transport is aborted unless something already aborted it.
   [[noreturn]] void fail_with(std::error_code code, const std::string& detail) {
     const std::string message = fmt::format("qcoll {} on rank {} of {}: {}", transports::describe(header_),
                                             transport_.rank(), transport_.size(), detail);
     transport_.abort(code, message);
     throw error(code, message);
   }
+
+ private:
 
   void finish_send(request& r, rank_t to, std::size_t bytes) {
     if (const std::error_code code = transport_.wait(r, clock::now() + timeout_))

@@ -76,7 +76,8 @@ inline std::string describe(const message_header& h) {
       return fmt::format("broadcast(count={}, {}, root={}) #{}", h.count, to_string(h.type), h.root,
                          h.sequence);
     case collective::allreduce:
-    case collective::reduce_scatter: break;
+    case collective::reduce_scatter:
+    case collective::compressed_allreduce: break;
   }
   return fmt::format("{}(count={}, {}, {}) #{}", to_string(h.kind), h.count, to_string(h.type),
                      to_string(h.op), h.sequence);
