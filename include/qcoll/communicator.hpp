@@ -26,6 +26,7 @@
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/error.hpp>
 #include <qcoll/partition.hpp>
+#include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/message.hpp>
 #include <qcoll/types.hpp>
@@ -49,7 +50,10 @@ struct communicator_options {
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
 };
 
-template <transport Transport, ring_topology Topology = topologies::ring>
+/// The default topology links every pair of ranks, as the in-process, shm and TCP
+/// transports do: exact collectives run their ring in rank order over it, and
+/// compressed ones send each stripe straight to its owner.
+template <transport Transport, ring_topology Topology = topologies::fully_connected>
 class communicator {
  public:
   using transport_type = Transport;
