@@ -286,6 +286,16 @@ class communicator {
                  std::error_code& ec) noexcept {
     ec = capture([&] { allreduce(plan, data, op); });
   }
+  template <quantizer Q>
+  void start_allreduce(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
+                       std::span<typename Q::value_type> out, reduce_op op, std::error_code& ec) noexcept {
+    ec = capture([&] { start_allreduce(plan, in, out, op); });
+  }
+  template <quantizer Q>
+  void start_allreduce(compressed_allreduce_plan<Q>& plan, std::span<typename Q::value_type> data, reduce_op op,
+                       std::error_code& ec) noexcept {
+    ec = capture([&] { start_allreduce(plan, data, op); });
+  }
 
  private:
   void validate() const {
@@ -367,6 +377,7 @@ class communicator {
       request_capacity_ = state.requests_needed;
     }
     const std::span<request> requests(requests_.get(), state.requests_needed);
+    plan.begin_call();
     try {
       algorithms::compressed_exchange<Transport, Q>(step, plan.state_, requests, in, out, op).run();
     } catch (const std::system_error& e) {

@@ -50,7 +50,8 @@ struct compressed_allreduce_options {
 /// server residual holds the error of re-encoding the sums of the stripe this rank
 /// owns. Both start at zero and persist from call to call. A call that fails leaves
 /// both exactly as they were (and the stochastic-rounding sequence too), so it can
-/// be repeated on a new communicator without losing gradient mass.
+/// be repeated on a new communicator without losing gradient mass; a rank whose
+/// call succeeded while another's failed can roll_back_last_call() to join the retry.
 ///
 /// @par Thread safety
 /// A plan is used by one thread at a time, and by one call at a time: starting a
@@ -120,6 +121,26 @@ class compressed_allreduce_plan : private detail::pending_operation {
     require_idle("reset_residuals");
     for (auto* residuals : {&state_.worker_residual, &state_.server_residual})
       for (auto& r : *residuals) std::fill(r.begin(), r.end(), value_type{});
+    can_roll_back_ = false;
+  }
+
+  /// Puts the residuals back as they were before the last successful call, once.
+  /// A failure can reach ranks at different points: a rank that already had every
+  /// frame it needed completes while another fails. To repeat the step everywhere,
+  /// the ranks whose call succeeded roll it back (the failed ones kept their
+  /// residuals), then all call again on a new communicator.
+  /// @par Errors
+  /// qcoll::error (invalid_argument) when there is no call to roll back (none
+  /// yet, already rolled back, or reset since) or the plan is in flight.
+  void roll_back_last_call() {
+    require_idle("roll_back_last_call");
+    if (!can_roll_back_)
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "compressed_allreduce_plan::roll_back_last_call: no successful call to roll back");
+    // The previous residuals are intact in the staging buffers until the next call.
+    state_.committed = 1 - state_.committed;
+    --state_.calls;
+    can_roll_back_ = false;
   }
 
   /// Payload bytes this rank sends in one call (docs/compressed-allreduce.md), with
@@ -189,9 +210,13 @@ class compressed_allreduce_plan : private detail::pending_operation {
   void commit() noexcept {
     state_.committed = 1 - state_.committed;
     ++state_.calls;
+    can_roll_back_ = true;
   }
+  /// A call started: the staging buffers are about to be overwritten.
+  void begin_call() noexcept { can_roll_back_ = false; }
 
   algorithms::compressed_allreduce_state<Q> state_;
+  bool can_roll_back_ = false;
   // The call a start_allreduce queued (read by the progress thread).
   std::span<const value_type> started_in_;
   std::span<value_type> started_out_;

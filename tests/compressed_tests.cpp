@@ -1,0 +1,899 @@
+// The compressed allreduce over the in-process transport: identity reproduces the
+// exact sums; every lossy quantizer matches a sequential model of the documented
+// algorithm bit for bit, on every rank, on both routes, for world sizes 1–8 and
+// counts that divide by neither the world size nor the group size; error feedback
+// keeps the running sum on track; the bytes sent are the documented formula; a
+// failed call leaves the residuals as they were; calls can be started and waited
+// for; a call allocates nothing.
+
+#define BOOST_TEST_MODULE qcoll compressed allreduce
+#include <boost/test/unit_test.hpp>
+
+#include <qcoll/qcoll.hpp>
+
+#include "support/allocation_counter.hpp"
+#include "support/counting_transport.hpp"
+#include "support/reference.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <new>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace qcoll;
+
+namespace {
+
+enum class route_kind { direct, ring, shuffled_ring };
+constexpr route_kind all_routes[] = {route_kind::direct, route_kind::ring, route_kind::shuffled_ring};
+
+const char* name_of(route_kind r) {
+  return r == route_kind::direct ? "direct" : r == route_kind::ring ? "ring" : "shuffled ring";
+}
+
+std::vector<rank_t> ring_order(route_kind route, std::size_t n) {
+  std::vector<rank_t> order(n);
+  std::iota(order.begin(), order.end(), rank_t{0});
+  if (route == route_kind::shuffled_ring) std::shuffle(order.begin(), order.end(), std::mt19937(unsigned(n) * 31u));
+  return order;
+}
+
+/// What one rank saw over a sequence of calls.
+template <class T>
+struct rank_record {
+  std::vector<std::vector<T>> outputs;  // per call
+  std::vector<T> worker_residual;       // after the last call
+  std::vector<T> server_residual;
+  std::vector<std::size_t> counted_bytes;  // by the transport, per call
+  std::vector<std::size_t> plan_bytes;     // plan.last_call().bytes_sent, per call
+  std::size_t formula_bytes = 0;
+  block_range stripe{};
+  stripe_route route = stripe_route::direct;  // a ring of 3 or fewer is fully connected: direct
+};
+
+struct run_settings {
+  route_kind route = route_kind::direct;
+  reduce_op op = reduce_op::sum;
+  std::size_t chunk_values = compressed_allreduce_options{}.chunk_values;
+  bool in_place = true;
+  bool started = false;  // start_allreduce + wait instead of the blocking call
+};
+
+/// Runs inputs[call][rank] through one plan per rank; make_quantizer(rank) gives each
+/// rank's quantizer (stochastic ones differ by seed). Throws the first rank's error.
+template <class Q, class MakeQuantizer>
+std::vector<rank_record<typename Q::value_type>> run_calls(
+    const std::vector<std::vector<std::vector<typename Q::value_type>>>& inputs, MakeQuantizer make_quantizer,
+    run_settings settings) {
+  using T = typename Q::value_type;
+  const std::size_t n = inputs.at(0).size();
+  const std::size_t count = inputs[0][0].size();
+  std::vector<rank_record<T>> records(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    auto body = [&](auto& comm) {
+      const rank_t r = comm.rank();
+      compressed_allreduce_plan<Q> plan(comm, count, make_quantizer(r), {.chunk_values = settings.chunk_values});
+      rank_record<T>& record = records[r];
+      record.formula_bytes = plan.bytes_sent_per_call();
+      record.stripe = plan.stripe(r);
+      record.route = plan.route();
+      for (const auto& call : inputs) {
+        std::vector<T> data = call[r];
+        std::vector<T> out(settings.in_place ? 0 : count);
+        const std::span<T> result = settings.in_place ? std::span<T>(data) : std::span<T>(out);
+        const std::size_t before = comm.transport().bytes_sent();
+        if (settings.started) {
+          comm.start_allreduce(plan, std::span<const T>(data), result, settings.op);
+          plan.wait();
+        } else {
+          comm.allreduce(plan, std::span<const T>(data), result, settings.op);
+        }
+        record.counted_bytes.push_back(comm.transport().bytes_sent() - before);
+        record.plan_bytes.push_back(plan.last_call().bytes_sent);
+        record.outputs.emplace_back(result.begin(), result.end());
+      }
+      record.worker_residual.assign(plan.worker_residual().begin(), plan.worker_residual().end());
+      record.server_residual.assign(plan.server_residual().begin(), plan.server_residual().end());
+    };
+    test::counting_transport counted(std::move(endpoint));
+    if (settings.route == route_kind::direct) {
+      communicator<test::counting_transport, topologies::fully_connected> comm(std::move(counted));
+      body(comm);
+    } else {
+      communicator<test::counting_transport, topologies::ring> comm(std::move(counted),
+                                                                    topologies::ring(ring_order(settings.route, n)));
+      body(comm);
+    }
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return records;
+}
+
+/// The documented algorithm, written sequentially and independently of the library:
+/// stripe j is block j of the groups; every chunk of chunk_values (whole groups) is a
+/// frame; the owner's sum starts with its own decoded contribution and adds those
+/// of the ranks 1, 2, … places before it in `order` (rank order on the direct route,
+/// the topology's ring on the ring route); avg divides; the owner re-encodes with
+/// its server residual; everybody gets the decoded bits.
+template <class Q>
+struct sequential_model {
+  using T = typename Q::value_type;
+  std::vector<Q> quantizers;  // per rank
+  std::size_t count;
+  std::size_t chunk_values;
+  std::vector<std::vector<T>> worker;  // per rank
+  std::vector<std::vector<T>> server;  // per owner, over its stripe
+  std::vector<block_range> stripes;
+  std::vector<rank_t> order;
+  std::uint64_t calls = 0;
+
+  sequential_model(std::vector<Q> q, std::size_t count_, std::size_t requested_chunk, std::vector<rank_t> order_)
+      : quantizers(std::move(q)), count(count_), order(std::move(order_)) {
+    const std::size_t n = quantizers.size();
+    const std::size_t g = quantizers[0].group_size() == 0 ? 1 : quantizers[0].group_size();
+    chunk_values = std::max<std::size_t>(1, (requested_chunk + g - 1) / g) * g;
+    const std::size_t groups = (count + g - 1) / g;
+    for (std::size_t j = 0; j < n; ++j) {
+      const block_range b = block_of(groups, n, j);
+      const std::size_t begin = std::min(count, b.offset * g), end = std::min(count, (b.offset + b.size) * g);
+      stripes.push_back({begin, end - begin});
+    }
+    const bool residual = Q::keeps_residual;
+    worker.assign(n, std::vector<T>(residual ? count : 0));
+    for (std::size_t j = 0; j < n; ++j) server.emplace_back(residual ? stripes[j].size : 0);
+  }
+
+  std::vector<T> call(const std::vector<std::vector<T>>& in, reduce_op op) {
+    const std::size_t n = quantizers.size();
+    std::vector<T> out(count);
+    for (std::size_t j = 0; j < n; ++j) {
+      for (std::size_t begin = 0; begin < stripes[j].size; begin += chunk_values) {
+        const block_range values{stripes[j].offset + begin, std::min(chunk_values, stripes[j].size - begin)};
+        std::vector<std::vector<std::byte>> frames(n);
+        for (std::size_t r = 0; r < n; ++r) {
+          frames[r].resize(quantizers[r].encoded_size(values.size));
+          std::span<T> residual = Q::keeps_residual ? values.of(std::span(worker[r])) : std::span<T>();
+          quantizers[r].encode(values.of(std::span(in[r])), residual, frames[r], {2 * calls, values.offset});
+        }
+        std::vector<T> sum(values.size);
+        check(quantizers[j].decode(frames[j], sum));
+        const std::size_t position = std::find(order.begin(), order.end(), j) - order.begin();
+        for (std::size_t k = 1; k < n; ++k)
+          check(quantizers[j].decode_accumulate(frames[order[(position + n - k) % n]], sum));
+        if (op == reduce_op::avg)
+          for (T& v : sum) v /= static_cast<T>(n);
+        std::vector<std::byte> aggregate(quantizers[j].encoded_size(values.size));
+        std::span<T> residual =
+            Q::keeps_residual ? std::span(server[j]).subspan(begin, values.size) : std::span<T>();
+        quantizers[j].encode(sum, residual, aggregate, {2 * calls + 1, values.offset});
+        check(quantizers[j].decode(aggregate, values.of(std::span(out))));
+      }
+    }
+    ++calls;
+    return out;
+  }
+
+  static void check(std::error_code e) {
+    if (e) throw std::runtime_error("model: " + e.message());
+  }
+};
+
+template <class T>
+std::vector<std::vector<std::vector<T>>> random_calls(std::size_t calls, std::size_t n, std::size_t count,
+                                                      std::uint64_t seed) {
+  std::vector<std::vector<std::vector<T>>> inputs(calls);
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<T> normal(0, 1);
+  for (auto& call : inputs)
+    for (std::size_t r = 0; r < n; ++r) {
+      std::vector<T> v(count);
+      for (T& x : v) x = normal(gen) * T(0.01);
+      call.push_back(std::move(v));
+    }
+  return inputs;
+}
+
+bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+/// Checks every rank against the model, bit for bit, call by call; and the bytes.
+template <class Q, class MakeQuantizer>
+void check_against_model(std::size_t n, std::size_t count, std::size_t calls, MakeQuantizer make_quantizer,
+                         run_settings settings) {
+  BOOST_TEST_CONTEXT(Q::name << " n=" << n << " count=" << count << " route=" << name_of(settings.route)
+                             << " op=" << to_string(settings.op) << " chunk=" << settings.chunk_values
+                             << " in_place=" << settings.in_place << " started=" << settings.started) {
+    const auto inputs = random_calls<float>(calls, n, count, n * 7919 + count);
+    const auto records = run_calls<Q>(inputs, make_quantizer, settings);
+    std::vector<Q> quantizers;
+    for (std::size_t r = 0; r < n; ++r) quantizers.push_back(make_quantizer(r));
+    const bool direct = records[0].route == stripe_route::direct;
+    sequential_model<Q> model(quantizers, count, settings.chunk_values,
+                              ring_order(direct ? route_kind::direct : settings.route, n));
+    for (std::size_t c = 0; c < calls; ++c) {
+      const std::vector<float> expected = model.call(inputs[c], settings.op);
+      for (std::size_t r = 0; r < n; ++r) {
+        BOOST_TEST_INFO("call " << c << " rank " << r);
+        BOOST_TEST(bitwise_equal(records[r].outputs[c], expected));
+        BOOST_TEST(records[r].counted_bytes[c] == records[r].formula_bytes);
+        BOOST_TEST(records[r].plan_bytes[c] == records[r].formula_bytes);
+      }
+    }
+    for (std::size_t r = 0; r < n; ++r) {
+      BOOST_TEST(bitwise_equal(records[r].worker_residual, model.worker[r]));
+      BOOST_TEST(bitwise_equal(records[r].server_residual, model.server[r]));
+    }
+  }
+}
+
+quantizers::one_bit one_bit_with(std::size_t group) { return quantizers::one_bit({.group_size = group}); }
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(compressed_exact)
+
+// Integer-valued inputs sum exactly in any order, so identity must give the exact
+// result on every route, for every world size and chunking.
+BOOST_AUTO_TEST_CASE(identity_reproduces_the_exact_allreduce) {
+  for (std::size_t n = 1; n <= 8; ++n)
+    for (std::size_t count : {0, 1, 2, 3, 7, 100, 1001, 4097})
+      for (route_kind route : all_routes)
+        for (reduce_op op : {reduce_op::sum, reduce_op::avg}) {
+          BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " route=" << name_of(route) << " op=" << to_string(op)) {
+            std::vector<std::vector<std::vector<float>>> inputs(2, std::vector<std::vector<float>>(n));
+            for (std::size_t c = 0; c < 2; ++c)
+              for (std::size_t r = 0; r < n; ++r)
+                for (std::size_t i = 0; i < count; ++i)
+                  inputs[c][r].push_back(static_cast<float>(int((i * 31 + r * 7 + c) % 61) - 30));
+            const auto records = run_calls<quantizers::identity<float>>(
+                inputs, [](rank_t) { return quantizers::identity<float>{}; },
+                {.route = route, .op = op, .chunk_values = 13, .in_place = count % 2 == 0});
+            for (std::size_t c = 0; c < 2; ++c) {
+              // The same numbers the exact allreduce gives: its sum is exact too.
+              const auto expected = test::reference_reduce(inputs[c], ring_order(route_kind::direct, n), op);
+              for (std::size_t r = 0; r < n; ++r) BOOST_TEST(bitwise_equal(records[r].outputs[c], expected));
+            }
+          }
+        }
+}
+
+BOOST_AUTO_TEST_CASE(identity_in_double) {
+  const std::size_t n = 3, count = 1000;
+  std::vector<std::vector<std::vector<double>>> inputs(1, std::vector<std::vector<double>>(n));
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < count; ++i) inputs[0][r].push_back(static_cast<double>(i) * 0.5 + double(r));
+  const auto records = run_calls<quantizers::identity<double>>(
+      inputs, [](rank_t) { return quantizers::identity<double>{}; }, {.chunk_values = 64});
+  for (std::size_t i = 0; i < count; ++i) BOOST_TEST(records[2].outputs[0][i] == 1.5 * double(i) + 3.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(compressed_lossy)
+
+// World sizes 1–8; counts that divide by neither the world size nor the group; more
+// ranks than groups (empty stripes); several calls so the residuals matter.
+BOOST_AUTO_TEST_CASE(one_bit_matches_the_model_on_every_rank) {
+  for (std::size_t n = 1; n <= 8; ++n)
+    for (std::size_t count : {0, 5, 64, 200, 1001, 3333})
+      check_against_model<quantizers::one_bit>(n, count, 3, [](rank_t) { return one_bit_with(64); },
+                                               {.route = all_routes[(n + count) % 3], .chunk_values = 128});
+}
+
+BOOST_AUTO_TEST_CASE(one_bit_variants_routes_ops_and_forms) {
+  const quantizers::one_bit_options variants[] = {
+      {.group_size = 2048},
+      {.group_size = 16, .threshold = quantizers::threshold::group_mean},
+      {.group_size = 24, .reconstruction = quantizers::reconstruction::min_max}};
+  for (const auto& options : variants)
+    for (route_kind route : all_routes)
+      for (reduce_op op : {reduce_op::sum, reduce_op::avg})
+        check_against_model<quantizers::one_bit>(5, 10007, 2, [&](rank_t) { return quantizers::one_bit(options); },
+                                                 {.route = route, .op = op, .chunk_values = 1000,
+                                                  .in_place = op == reduce_op::sum, .started = route == route_kind::ring});
+}
+
+BOOST_AUTO_TEST_CASE(k_level_nearest_and_stochastic) {
+  for (std::size_t n : {2, 3, 4, 7})
+    for (unsigned bits : {2u, 4u, 8u}) {
+      auto nearest = [&](rank_t) {
+        auto o = quantizers::k_level_options::with_bits(bits);
+        o.group_size = 32;
+        return quantizers::k_level(o);
+      };
+      check_against_model<quantizers::k_level>(n, 1000 + n, 2, nearest,
+                                               {.route = all_routes[bits % 3], .chunk_values = 100});
+      auto stochastic = [&](rank_t r) {
+        auto o = quantizers::k_level_options::with_bits(bits);
+        o.group_size = 32;
+        o.rounding = quantizers::rounding::stochastic;
+        o.seed = 1000 + r;  // a different seed on each rank, as documented
+        return quantizers::k_level(o);
+      };
+      check_against_model<quantizers::k_level>(n, 999 + n, 2, stochastic,
+                                               {.route = all_routes[(bits + 1) % 3], .op = reduce_op::avg, .chunk_values = 64});
+    }
+}
+
+BOOST_AUTO_TEST_CASE(bfp_blocks_and_whole_chunks) {
+  for (std::size_t n : {2, 3, 6, 8}) {
+    check_against_model<quantizers::bfp>(n, 777 + n, 2, [](rank_t) { return quantizers::bfp({.mantissa_bits = 8}); },
+                                         {.route = all_routes[n % 3], .chunk_values = 96});
+    // One exponent per frame: with whole_tensor every chunk is a tensor of its own.
+    check_against_model<quantizers::bfp>(
+        n, 501, 2, [](rank_t) { return quantizers::bfp({.mantissa_bits = 4, .block_size = quantizers::bfp_options::whole_tensor}); },
+        {.route = all_routes[(n + 1) % 3], .op = reduce_op::avg, .chunk_values = 50});
+  }
+}
+
+// Groups are never cut, so for per-group quantizers the bits cannot depend on the
+// chunk size, nor on the route when the ring is in rank order: every rank decodes
+// the same frames in the same order. (A ring in another order sums in that order.)
+BOOST_AUTO_TEST_CASE(results_do_not_depend_on_chunks_or_route) {
+  const std::size_t n = 4, count = 50000;
+  const auto inputs = random_calls<float>(2, n, count, 99);
+  auto q = [](rank_t) { return quantizers::one_bit{}; };
+  const auto reference = run_calls<quantizers::one_bit>(inputs, q, {.chunk_values = std::size_t{1} << 30});
+  for (std::size_t chunk : {2048, 4096, 20000})
+    for (route_kind route : {route_kind::direct, route_kind::ring}) {
+      BOOST_TEST_CONTEXT("chunk=" << chunk << " route=" << name_of(route)) {
+        const auto records = run_calls<quantizers::one_bit>(inputs, q, {.route = route, .chunk_values = chunk});
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t c = 0; c < 2; ++c) BOOST_TEST(bitwise_equal(records[r].outputs[c], reference[0].outputs[c]));
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(compression_ratio_of_one_bit) {
+  // At G = 2048 a rank sends ≈ 2(n − 1)/n of the count at ~1.03 bits per value.
+  const std::size_t n = 4, count = std::size_t{1} << 20;
+  const auto inputs = random_calls<float>(1, n, count, 5);
+  const auto records = run_calls<quantizers::one_bit>(inputs, [](rank_t) { return quantizers::one_bit{}; }, {});
+  const double exact_bytes = 2.0 * (n - 1) / n * count * sizeof(float);
+  for (std::size_t r = 0; r < n; ++r) {
+    const double ratio = exact_bytes / static_cast<double>(records[r].counted_bytes[0]);
+    BOOST_TEST(ratio > 30.5);
+    BOOST_TEST(ratio < 31.1);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(error_feedback)
+
+// With both residuals the running sum telescopes: Σ_t out_t = Σ_t Σ_r x_r,t − Σ_r e_r
+// − e_server (each owner's server residual over its stripe). So the running sum's
+// error is the residuals' size, which stays bounded, whatever the number of steps.
+/// Runs `steps` calls of gradients with a persistent direction plus noise (as in
+/// training) and returns, per step, the largest |Σ_t out_t − Σ_t exact_t|; checks the
+/// telescoped identity with both residuals on the way.
+template <class Q>
+std::vector<double> running_sum_error(const Q& quantizer, std::size_t steps) {
+  const std::size_t n = 4, count = 4096;
+  std::mt19937_64 gen(7);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> mean(count);
+  for (float& m : mean) m = normal(gen) * 0.01f;
+  std::vector<std::vector<std::vector<float>>> inputs(steps, std::vector<std::vector<float>>(n, std::vector<float>(count)));
+  for (auto& step : inputs)
+    for (auto& rank : step)
+      for (std::size_t i = 0; i < count; ++i) rank[i] = mean[i] + normal(gen) * 0.01f;
+
+  const auto records = run_calls<Q>(inputs, [&](rank_t) { return quantizer; }, {});
+  std::vector<double> exact_sum(count, 0.0), compressed_sum(count, 0.0), error_at(steps);
+  double largest_exact = 0;
+  for (std::size_t t = 0; t < steps; ++t) {
+    double worst = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      for (std::size_t r = 0; r < n; ++r) exact_sum[i] += inputs[t][r][i];
+      compressed_sum[i] += records[0].outputs[t][i];
+      worst = std::max(worst, std::abs(compressed_sum[i] - exact_sum[i]));
+      largest_exact = std::max(largest_exact, std::abs(exact_sum[i]));
+    }
+    error_at[t] = worst;
+  }
+  double identity_gap = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double residuals = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      residuals += records[r].worker_residual[i];
+      const block_range s = records[r].stripe;
+      if (i >= s.offset && i < s.offset + s.size) residuals += records[r].server_residual[i - s.offset];
+    }
+    identity_gap = std::max(identity_gap, std::abs(compressed_sum[i] + residuals - exact_sum[i]));
+  }
+  BOOST_TEST(identity_gap < 1e-4 * largest_exact);
+  return error_at;
+}
+
+// With both residuals the running sum telescopes: Σ_t out_t = Σ_t Σ_r x_r,t − Σ_r e_r
+// − e_server (each owner's server residual over its stripe), so the running sum's
+// error is the residuals' size, which is bounded. For 1-bit the bound grows with
+// the group size (an element far from its bin's mean needs a residual of up to
+// ~G times the gap before its bin mean catches up), so it is reached sooner with
+// small groups; at G = 64 within ~150 steps.
+BOOST_AUTO_TEST_CASE(running_sum_error_does_not_grow) {
+  const std::size_t steps = 600;
+  const auto one_bit = running_sum_error(quantizers::one_bit({.group_size = 64}), steps);
+  const auto k_level = running_sum_error(quantizers::k_level({.levels = 4, .group_size = 64}), steps);
+  for (const auto* error_at : {&one_bit, &k_level}) {
+    const double settled = *std::max_element(error_at->begin() + 200, error_at->begin() + 300);
+    const double last = *std::max_element(error_at->end() - 100, error_at->end());
+    BOOST_TEST(last <= 1.2 * settled);
+  }
+  // While the exact sums grew to ~60, the 1-bit running sum stays within ~4 of them
+  // (the bound, reached early) and the 2-bit one much closer.
+  BOOST_TEST(one_bit.back() < 6.0);
+  BOOST_TEST(k_level.back() < 0.5);
+
+  // Without error feedback the same quantizer drifts: its running error grows with
+  // the steps (the bias of quantizing a persistent mean the same way every time).
+  const quantizers::one_bit q({.group_size = 64});
+  std::mt19937_64 gen(7);
+  std::normal_distribution<float> normal(0, 1);
+  const std::size_t count = 4096;
+  std::vector<float> mean(count), x(count), decoded(count);
+  for (float& m : mean) m = normal(gen) * 0.01f;
+  std::vector<std::byte> frame(q.encoded_size(count));
+  std::vector<double> drift(count, 0.0);
+  for (std::size_t t = 0; t < steps; ++t)
+    for (std::size_t r = 0; r < 4; ++r) {
+      for (std::size_t i = 0; i < count; ++i) x[i] = mean[i] + normal(gen) * 0.01f;
+      q.encode(std::span<const float>(x), {}, frame);
+      BOOST_REQUIRE(!q.decode(frame, decoded));
+      for (std::size_t i = 0; i < count; ++i) drift[i] += double(decoded[i]) - double(x[i]);
+    }
+  double drift_error = 0;
+  for (double d : drift) drift_error = std::max(drift_error, std::abs(d));
+  BOOST_TEST(drift_error > 5 * one_bit.back());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(compressed_bytes)
+
+// The formula written out again here from the quantizer's encoded sizes, so the
+// plan's own arithmetic is checked too. E(j) = bytes of stripe j's frames.
+BOOST_AUTO_TEST_CASE(bytes_sent_equal_the_documented_formula) {
+  for (std::size_t n : {2, 3, 5, 8})
+    for (std::size_t count : {1, 4095, 100000})
+      for (route_kind route : all_routes) {
+        BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " route=" << name_of(route)) {
+          BOOST_TEST_INFO("a ring of n ≤ 3 is fully connected, so it goes direct");
+          const quantizers::one_bit q({.group_size = 256});
+          const std::size_t chunk = 1024;
+          const auto inputs = random_calls<float>(1, n, count, 3);
+          const auto records = run_calls<quantizers::one_bit>(inputs, [&](rank_t) { return q; },
+                                                               {.route = route, .chunk_values = chunk});
+          std::vector<std::size_t> stripe_bytes(n);
+          const std::size_t groups = (count + 255) / 256;
+          for (std::size_t j = 0; j < n; ++j) {
+            const block_range b = block_of(groups, n, j);
+            const std::size_t begin = std::min(count, b.offset * 256), end = std::min(count, (b.offset + b.size) * 256);
+            for (std::size_t v = begin; v < end; v += chunk) stripe_bytes[j] += q.encoded_size(std::min(chunk, end - v));
+          }
+          const std::size_t all = std::accumulate(stripe_bytes.begin(), stripe_bytes.end(), std::size_t{0});
+          const std::vector<rank_t> order = ring_order(route, n);
+          for (std::size_t p = 0; p < n; ++p) {
+            const rank_t r = order[p];
+            std::size_t expected = 0;
+            if (records[r].route == stripe_route::direct) {
+              expected = all - stripe_bytes[r] + (n - 1) * stripe_bytes[r];
+            } else {
+              for (std::size_t k = 1; k < n; ++k) expected += (n - k) * stripe_bytes[order[(p + k) % n]];
+              expected += all - stripe_bytes[order[(p + 1) % n]];
+            }
+            BOOST_TEST(records[r].counted_bytes[0] == expected);
+            BOOST_TEST(records[r].formula_bytes == expected);
+          }
+        }
+      }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(compressed_failures)
+
+using plan_type = compressed_allreduce_plan<quantizers::one_bit>;
+
+/// Plans made on the main thread, so they outlive the worlds the calls run in.
+template <class Topology>
+std::vector<std::unique_ptr<plan_type>> make_plans(std::size_t n, std::size_t count, const Topology& topology) {
+  std::vector<std::unique_ptr<plan_type>> plans;
+  for (rank_t r = 0; r < n; ++r)
+    plans.push_back(std::make_unique<plan_type>(r, topology, count, quantizers::one_bit({.group_size = 128}),
+                                                compressed_allreduce_options{.chunk_values = 256}));
+  return plans;
+}
+
+/// What a world of n ranks did with one call each: outputs and error codes.
+struct world_outcome {
+  std::vector<std::vector<float>> outputs;
+  std::vector<std::error_code> codes;
+  std::vector<std::size_t> sends;
+};
+
+/// One call on every rank with plans[r]; rank `victim`'s transport fails its
+/// `fail_at`-th send of the call (none when victim ≥ n).
+template <class Topology>
+world_outcome call_once(std::vector<std::unique_ptr<plan_type>>& plans, const Topology& topology,
+                        const std::vector<std::vector<float>>& inputs, rank_t victim = ~rank_t{0},
+                        std::size_t fail_at = 0) {
+  const std::size_t n = plans.size();
+  world_outcome outcome{std::vector<std::vector<float>>(n), std::vector<std::error_code>(n),
+                        std::vector<std::size_t>(n)};
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    const rank_t r = endpoint.rank();
+    communicator<test::counting_transport, Topology> comm(test::counting_transport(std::move(endpoint)), topology,
+                                                          {.timeout = std::chrono::seconds(10)});
+    if (r == victim) comm.transport().fail_after_sends(fail_at);
+    outcome.outputs[r].resize(inputs[r].size());
+    comm.allreduce(*plans[r], std::span(inputs[r]), std::span(outcome.outputs[r]), reduce_op::sum, outcome.codes[r]);
+    outcome.sends[r] = comm.transport().sends();
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return outcome;
+}
+
+std::vector<float> worker_of(const plan_type& p) { return {p.worker_residual().begin(), p.worker_residual().end()}; }
+std::vector<float> server_of(const plan_type& p) { return {p.server_residual().begin(), p.server_residual().end()}; }
+
+// A link fails at a chosen send of the second call, on either route: every rank
+// fails with peer_lost, every plan's residuals are exactly as after the first call,
+// and repeating the call on a new world gives the bits of a run that never failed.
+template <class Topology>
+void check_failure_atomicity(const Topology& topology) {
+  const std::size_t n = topology.size(), count = 3000;
+  const auto inputs = random_calls<float>(2, n, count, 17);
+
+  auto clean = make_plans(n, count, topology);
+  call_once(clean, topology, inputs[0]);
+  const world_outcome reference = call_once(clean, topology, inputs[1]);
+
+  for (rank_t victim : {rank_t{0}, static_cast<rank_t>(n - 1)}) {
+    const std::size_t sends = reference.sends[victim];
+    for (std::size_t fail_at : {std::size_t{0}, sends / 2, sends - 1}) {
+      BOOST_TEST_CONTEXT("victim " << victim << " fails send " << fail_at << " of " << sends) {
+        auto plans = make_plans(n, count, topology);
+        call_once(plans, topology, inputs[0]);
+        std::vector<std::vector<float>> worker, server;
+        for (auto& p : plans) {
+          worker.push_back(worker_of(*p));
+          server.push_back(server_of(*p));
+        }
+        const world_outcome failed = call_once(plans, topology, inputs[1], victim, fail_at);
+        BOOST_TEST(failed.codes[victim] == errc::peer_lost);
+        for (rank_t r = 0; r < n; ++r) {
+          BOOST_TEST_INFO("rank " << r << ": " << failed.codes[r].message());
+          if (failed.codes[r]) {
+            BOOST_TEST(failed.codes[r] == errc::peer_lost);
+          } else {
+            // It had every frame it needed before the link failed: a correct result,
+            // committed residuals, which it rolls back to join the retry.
+            BOOST_TEST(bitwise_equal(failed.outputs[r], reference.outputs[r]));
+            BOOST_TEST(bitwise_equal(plans[r]->worker_residual(), worker_of(*clean[r])));
+            plans[r]->roll_back_last_call();
+          }
+          BOOST_TEST(bitwise_equal(plans[r]->worker_residual(), worker[r]));
+          BOOST_TEST(bitwise_equal(plans[r]->server_residual(), server[r]));
+        }
+        const world_outcome retried = call_once(plans, topology, inputs[1]);
+        for (rank_t r = 0; r < n; ++r) {
+          BOOST_TEST_INFO("rank " << r);
+          BOOST_TEST(!retried.codes[r]);
+          BOOST_TEST(bitwise_equal(retried.outputs[r], reference.outputs[r]));
+          BOOST_TEST(bitwise_equal(plans[r]->worker_residual(), worker_of(*clean[r])));
+          BOOST_TEST(bitwise_equal(plans[r]->server_residual(), server_of(*clean[r])));
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_call_leaves_the_residuals_as_they_were_direct) {
+  check_failure_atomicity(topologies::fully_connected(4));
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_call_leaves_the_residuals_as_they_were_ring) {
+  check_failure_atomicity(topologies::ring(std::vector<rank_t>{2, 0, 3, 1, 4}));
+}
+
+// A rank that never makes the call: the others fail within the timeout, residuals intact.
+BOOST_AUTO_TEST_CASE(a_missing_rank_times_out_and_changes_nothing) {
+  const std::size_t n = 3, count = 5000;
+  std::vector<std::error_code> codes(n);
+  std::vector<bool> unchanged(n, false);
+  const auto started = clock::now();
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint), {.timeout = std::chrono::milliseconds(300)});
+    compressed_allreduce_plan plan(comm, count, quantizers::one_bit{});
+    std::vector<float> data(count, 1.0f + float(comm.rank()));
+    comm.allreduce(plan, std::span(data), reduce_op::sum);
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // absent from the second call
+      return;
+    }
+    const std::vector<float> worker = worker_of(plan);
+    comm.allreduce(plan, std::span(data), reduce_op::sum, codes[comm.rank()]);
+    unchanged[comm.rank()] = bitwise_equal(plan.worker_residual(), worker);
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  BOOST_TEST((clock::now() - started < std::chrono::seconds(5)));
+  for (rank_t r = 0; r < 2; ++r) {
+    BOOST_TEST((codes[r] == condition::transport_failure));
+    BOOST_TEST(unchanged[r]);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(compressed_non_blocking)
+
+// Three buckets started back to back (one per layer, say), with exact collectives
+// issued in between: every result equals the blocking calls', bit for bit.
+BOOST_AUTO_TEST_CASE(several_plans_in_flight_give_the_blocking_results) {
+  const std::size_t n = 4;
+  const std::size_t counts[] = {70000, 3, 20000};
+  std::vector<std::vector<std::vector<float>>> started(n), blocking(n);
+  std::vector<float> exact_sums(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    auto fresh = [&] {
+      std::vector<std::unique_ptr<compressed_allreduce_plan<quantizers::one_bit>>> plans;
+      for (std::size_t count : counts)
+        plans.push_back(std::make_unique<compressed_allreduce_plan<quantizers::one_bit>>(comm, count));
+      return plans;
+    };
+    auto inputs = [&](std::size_t b) { return random_calls<float>(1, n, counts[b], 40 + b)[0][r]; };
+    auto plans = fresh();
+    std::vector<std::vector<float>> buffers;
+    for (std::size_t b = 0; b < 3; ++b) buffers.push_back(inputs(b));
+    for (std::size_t b = 0; b < 3; ++b) comm.start_allreduce(*plans[b], std::span(buffers[b]), reduce_op::avg);
+    // An exact collective waits for the started ones: program order on every rank.
+    float one = 1.0f;
+    comm.allreduce(std::span(&one, 1), reduce_op::sum);
+    exact_sums[r] = one;
+    for (auto& p : plans) p->wait();
+    started[r] = buffers;
+
+    auto again = fresh();
+    for (std::size_t b = 0; b < 3; ++b) {
+      buffers[b] = inputs(b);
+      comm.allreduce(*again[b], std::span(buffers[b]), reduce_op::avg);
+    }
+    blocking[r] = buffers;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(exact_sums[r] == float(n));
+    for (std::size_t b = 0; b < 3; ++b) {
+      BOOST_TEST(bitwise_equal(started[r][b], blocking[r][b]));
+      BOOST_TEST(bitwise_equal(started[r][b], started[0][b]));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(starting_a_plan_in_flight_is_refused_and_errors_come_from_wait) {
+  const std::size_t n = 2;
+  std::vector<std::error_code> waited(n);
+  std::vector<std::string> messages(n);
+  std::error_code refused;
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint), {.timeout = std::chrono::seconds(5)});
+    const rank_t r = comm.rank();
+    // The ranks disagree about the count: the plan's wait reports it, on both ranks.
+    const std::size_t count = r == 0 ? 4096 : 4097;
+    compressed_allreduce_plan plan(comm, count, quantizers::one_bit{});
+    std::vector<float> data(count, 1.0f);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // keeps rank 0's call in flight
+    comm.start_allreduce(plan, std::span(data), reduce_op::sum);
+    if (r == 0) comm.start_allreduce(plan, std::span(data), reduce_op::sum, refused);
+    plan.wait(waited[r]);
+    try {
+      plan.wait();
+    } catch (const error& e) {
+      messages[r] = e.what();
+    }
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  BOOST_TEST(refused == errc::invalid_argument);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST_INFO("rank " << r << ": " << messages[r]);
+    BOOST_TEST(waited[r] == errc::count_mismatch);
+    BOOST_TEST(messages[r].find("compressed_allreduce") != std::string::npos);
+  }
+}
+
+// Destroying a communicator lets what it started finish; the plans hold the results.
+BOOST_AUTO_TEST_CASE(a_communicator_drains_before_it_goes) {
+  const std::size_t n = 3, count = 100000;
+  std::vector<std::vector<float>> results(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    compressed_allreduce_plan<quantizers::identity<float>> plan(endpoint.rank(), topologies::fully_connected(n), count,
+                                                                {});
+    std::vector<float> data(count, float(endpoint.rank() + 1));
+    {
+      communicator comm(std::move(endpoint));
+      comm.start_allreduce(plan, std::span(data), reduce_op::sum);
+    }
+    BOOST_REQUIRE(plan.test());
+    plan.wait();
+    results[plan.rank()] = data;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < n; ++r) BOOST_TEST(std::count(results[r].begin(), results[r].end(), 6.0f) == long(count));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(compressed_bad_input)
+
+/// Every rank runs fn(comm, rank); returns each rank's error code and message.
+template <class Fn>
+std::vector<std::pair<std::error_code, std::string>> each_rank(std::size_t n, Fn fn) {
+  std::vector<std::pair<std::error_code, std::string>> outcome(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    const rank_t r = endpoint.rank();
+    communicator comm(std::move(endpoint), {.timeout = std::chrono::seconds(5)});
+    try {
+      fn(comm, r);
+    } catch (const error& e) {
+      outcome[r] = {e.code(), e.what()};
+    }
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return outcome;
+}
+
+BOOST_AUTO_TEST_CASE(unsupported_op_fails_on_every_rank) {
+  const auto outcome = each_rank(3, [](auto& comm, rank_t) {
+    compressed_allreduce_plan plan(comm, 100, quantizers::one_bit{});
+    std::vector<float> data(100);
+    comm.allreduce(plan, std::span(data), reduce_op::max);
+  });
+  for (const auto& [code, message] : outcome) {
+    BOOST_TEST(code == errc::invalid_argument);
+    BOOST_TEST(message.find("max is not supported") != std::string::npos);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(wrong_sizes_and_foreign_plans) {
+  auto outcome = each_rank(2, [](auto& comm, rank_t r) {
+    compressed_allreduce_plan plan(comm, 100, quantizers::one_bit{});
+    std::vector<float> data(r == 0 ? 99 : 100);
+    comm.allreduce(plan, std::span(data), reduce_op::sum);
+  });
+  BOOST_TEST(outcome[0].second.find("made for 100 elements") != std::string::npos);
+  for (const auto& [code, message] : outcome) BOOST_TEST(code == errc::invalid_argument);  // rank 1 by the abort
+
+  outcome = each_rank(2, [](auto& comm, rank_t r) {
+    compressed_allreduce_plan<quantizers::one_bit> plan(1 - r, topologies::fully_connected(2), 100, quantizers::one_bit{});
+    std::vector<float> data(100);
+    comm.allreduce(plan, std::span(data), reduce_op::sum);
+  });
+  for (const auto& [code, message] : outcome) {
+    BOOST_TEST(code == errc::invalid_argument);
+  }
+  outcome = each_rank(4, [](auto& comm, rank_t r) {
+    compressed_allreduce_plan<quantizers::one_bit> plan(r, topologies::ring(4), 100, quantizers::one_bit{});
+    std::vector<float> data(100);
+    comm.allreduce(plan, std::span(data), reduce_op::sum);  // a ring plan on a fully connected communicator
+  });
+  for (const auto& [code, message] : outcome) BOOST_TEST(code == errc::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(ranks_that_disagree_are_told_so) {
+  // Different counts.
+  auto outcome = each_rank(3, [](auto& comm, rank_t r) {
+    const std::size_t count = r == 1 ? 5000 : 5001;
+    compressed_allreduce_plan plan(comm, count, quantizers::one_bit{});
+    std::vector<float> data(count);
+    comm.allreduce(plan, std::span(data), reduce_op::sum);
+  });
+  for (const auto& [code, message] : outcome) BOOST_TEST(code == errc::count_mismatch);
+
+  // One rank calls the exact allreduce, the others the compressed one.
+  outcome = each_rank(3, [](auto& comm, rank_t r) {
+    std::vector<float> data(3000);
+    if (r == 0) return comm.allreduce(std::span(data), reduce_op::sum);
+    compressed_allreduce_plan plan(comm, data.size(), quantizers::one_bit{});
+    comm.allreduce(plan, std::span(data), reduce_op::sum);
+  });
+  for (const auto& [code, message] : outcome) {
+    BOOST_TEST_INFO(message);
+    BOOST_TEST(code == errc::operation_mismatch);
+  }
+
+  // Different quantizers: the frames do not decode, and the receiver says whose.
+  outcome = each_rank(2, [](auto& comm, rank_t r) {
+    std::vector<float> data(4096, 1.0f);
+    if (r == 0) {
+      compressed_allreduce_plan plan(comm, data.size(), quantizers::one_bit{});
+      comm.allreduce(plan, std::span(data), reduce_op::sum);
+    } else {
+      compressed_allreduce_plan plan(comm, data.size(), quantizers::k_level({.levels = 2}));
+      comm.allreduce(plan, std::span(data), reduce_op::sum);
+    }
+  });
+  for (const auto& [code, message] : outcome) {
+    BOOST_TEST_INFO(message);
+    BOOST_TEST(code == errc::protocol_error);
+    BOOST_TEST(message.find("does not decode") != std::string::npos);
+  }
+}
+
+// A group holding NaN decodes to NaN on every rank (and keeps its residual); the
+// other groups are unaffected, and nothing reads out of bounds.
+BOOST_AUTO_TEST_CASE(non_finite_values_stay_in_their_group) {
+  const std::size_t n = 3, count = 3 * 2048 + 5;
+  std::vector<std::vector<std::vector<float>>> inputs = random_calls<float>(1, n, count, 8);
+  inputs[0][1][2048 + 7] = std::numeric_limits<float>::quiet_NaN();
+  inputs[0][2][count - 1] = std::numeric_limits<float>::infinity();
+  const auto records = run_calls<quantizers::one_bit>(inputs, [](rank_t) { return quantizers::one_bit{}; }, {});
+  for (rank_t r = 0; r < n; ++r) {
+    const auto& out = records[r].outputs[0];
+    BOOST_TEST(bitwise_equal(out, records[0].outputs[0]));
+    BOOST_TEST(std::all_of(out.begin(), out.begin() + 2048, [](float v) { return std::isfinite(v); }));
+    BOOST_TEST(std::all_of(out.begin() + 2048, out.begin() + 4096, [](float v) { return std::isnan(v); }));
+    BOOST_TEST(std::all_of(out.begin() + 4096, out.begin() + 6144, [](float v) { return std::isfinite(v); }));
+    BOOST_TEST(std::isnan(out.back()));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(compressed_allocations)
+
+// After the first call (which sizes the communicator's request pool), a call —
+// blocking or started — allocates nothing anywhere in the process.
+BOOST_AUTO_TEST_CASE(a_call_allocates_nothing) {
+  const std::size_t n = 3, count = 100003;
+  std::vector<std::size_t> blocking(n), started(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    compressed_allreduce_plan plan(comm, count, quantizers::k_level({.levels = 16}));
+    std::vector<float> data(count, 0.5f + float(r));
+    comm.allreduce(plan, std::span(data), reduce_op::avg);
+    comm.start_allreduce(plan, std::span(data), reduce_op::avg);  // starts the progress thread
+    plan.wait();
+    comm.barrier();
+    const std::size_t before = test::allocations_so_far();
+    comm.allreduce(plan, std::span(data), reduce_op::avg);
+    comm.barrier();
+    blocking[r] = test::allocations_so_far() - before;
+    comm.barrier();
+    const std::size_t before_started = test::allocations_so_far();
+    comm.start_allreduce(plan, std::span(data), reduce_op::avg);
+    plan.wait();
+    comm.barrier();
+    started[r] = test::allocations_so_far() - before_started;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(blocking[r] == 0u);
+    BOOST_TEST(started[r] == 0u);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
