@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <span>
 #include <system_error>
@@ -336,6 +337,12 @@ class communicator {
 
   void quiesce() { progress_.wait_idle(); }
 
+  /// The compressed allreduce's route over this topology, found once.
+  stripe_route route() {
+    if (!route_) route_ = algorithms::route_for(topology_);
+    return *route_;
+  }
+
   template <quantizer Q>
   static std::error_code run_started(void* self, detail::pending_operation& op, std::string& message) noexcept {
     auto& plan = static_cast<compressed_allreduce_plan<Q>&>(op);
@@ -369,7 +376,7 @@ class communicator {
       step.fail(errc::invalid_argument, "the plan was made for {} elements", plan.count());
     const std::span<const rank_t> order = topology_.ring_order();
     if (!std::equal(order.begin(), order.end(), state.ring_order.begin(), state.ring_order.end()) ||
-        (state.route == stripe_route::direct) != compressed_allreduce_plan<Q>::fully_linked(topology_))
+        state.route != route())
       step.fail(errc::invalid_argument, "the plan was made for another topology");
 
     if (request_capacity_ < state.requests_needed) {
@@ -441,6 +448,7 @@ class communicator {
   // Requests of the compressed collectives, grown once to the largest plan's need.
   std::unique_ptr<request[]> requests_;
   std::size_t request_capacity_ = 0;
+  std::optional<stripe_route> route_;  // found by the first compressed call
 };
 
 }  // namespace qcoll

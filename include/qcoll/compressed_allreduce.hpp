@@ -84,7 +84,7 @@ class compressed_allreduce_plan : private detail::pending_operation {
     state_.quantizer = std::move(quantizer);
     state_.rank = rank;
     state_.size = topology.size();
-    state_.route = fully_linked(topology) ? stripe_route::direct : stripe_route::ring;
+    state_.route = algorithms::route_for(topology);
     const std::span<const rank_t> order = topology.ring_order();
     state_.ring_order.assign(order.begin(), order.end());
     for (std::size_t p = 0; p < order.size(); ++p)
@@ -185,14 +185,6 @@ class compressed_allreduce_plan : private detail::pending_operation {
  private:
   template <transport Transport, ring_topology Topology>
   friend class communicator;
-
-  template <class Topology>
-  static bool fully_linked(const Topology& topology) {
-    for (rank_t a = 0; a < topology.size(); ++a)
-      for (rank_t b = 0; b < topology.size(); ++b)
-        if (a != b && !topology.linked(a, b)) return false;
-    return true;
-  }
 
   rank_t checked_rank(rank_t r) const {
     if (r >= state_.size)

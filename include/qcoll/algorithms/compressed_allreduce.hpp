@@ -48,6 +48,15 @@ enum class stripe_route : std::uint8_t {
 
 namespace qcoll::algorithms {
 
+/// The route a topology gives: direct when every pair of ranks is linked. O(n²).
+template <ring_topology Topology>
+stripe_route route_for(const Topology& topology) {
+  for (rank_t a = 0; a < topology.size(); ++a)
+    for (rank_t b = 0; b < topology.size(); ++b)
+      if (a != b && !topology.linked(a, b)) return stripe_route::ring;
+  return stripe_route::direct;
+}
+
 /// Where stripes, chunks and their frames lie. Stripe j is block j of the buffer's
 /// groups (block_of over whole groups), so no group straddles two stripes; chunks
 /// cut a stripe every `chunk_values` values (a multiple of the group size).
