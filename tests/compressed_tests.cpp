@@ -653,28 +653,27 @@ BOOST_AUTO_TEST_CASE(several_plans_in_flight_give_the_blocking_results) {
   auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
     communicator comm(std::move(endpoint));
     const rank_t r = comm.rank();
-    auto fresh = [&] {
-      std::vector<std::unique_ptr<compressed_allreduce_plan<quantizers::one_bit>>> plans;
-      for (std::size_t count : counts)
-        plans.push_back(std::make_unique<compressed_allreduce_plan<quantizers::one_bit>>(comm, count));
+    auto fresh = [&] {  // one plan per bucket, in a vector: plans move while idle
+      std::vector<compressed_allreduce_plan<quantizers::one_bit>> plans;
+      for (std::size_t count : counts) plans.emplace_back(comm, count);
       return plans;
     };
     auto inputs = [&](std::size_t b) { return random_calls<float>(1, n, counts[b], 40 + b)[0][r]; };
     auto plans = fresh();
     std::vector<std::vector<float>> buffers;
     for (std::size_t b = 0; b < 3; ++b) buffers.push_back(inputs(b));
-    for (std::size_t b = 0; b < 3; ++b) comm.start_allreduce(*plans[b], std::span(buffers[b]), reduce_op::avg);
+    for (std::size_t b = 0; b < 3; ++b) comm.start_allreduce(plans[b], std::span(buffers[b]), reduce_op::avg);
     // An exact collective waits for the started ones: program order on every rank.
     float one = 1.0f;
     comm.allreduce(std::span(&one, 1), reduce_op::sum);
     exact_sums[r] = one;
-    for (auto& p : plans) p->wait();
+    for (auto& p : plans) p.wait();
     started[r] = buffers;
 
     auto again = fresh();
     for (std::size_t b = 0; b < 3; ++b) {
       buffers[b] = inputs(b);
-      comm.allreduce(*again[b], std::span(buffers[b]), reduce_op::avg);
+      comm.allreduce(again[b], std::span(buffers[b]), reduce_op::avg);
     }
     blocking[r] = buffers;
   });
@@ -693,7 +692,7 @@ BOOST_AUTO_TEST_CASE(starting_a_plan_in_flight_is_refused_and_errors_come_from_w
   const std::size_t n = 2;
   std::vector<std::error_code> waited(n);
   std::vector<std::string> messages(n);
-  std::error_code refused;
+  std::error_code refused, move_refused;
   auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
     communicator comm(std::move(endpoint), {.timeout = std::chrono::seconds(5)});
     const rank_t r = comm.rank();
@@ -703,7 +702,14 @@ BOOST_AUTO_TEST_CASE(starting_a_plan_in_flight_is_refused_and_errors_come_from_w
     std::vector<float> data(count, 1.0f);
     if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // keeps rank 0's call in flight
     comm.start_allreduce(plan, std::span(data), reduce_op::sum);
-    if (r == 0) comm.start_allreduce(plan, std::span(data), reduce_op::sum, refused);
+    if (r == 0) {
+      comm.start_allreduce(plan, std::span(data), reduce_op::sum, refused);
+      try {
+        auto moved = std::move(plan);  // in flight: the progress thread is using it
+      } catch (const error& e) {
+        move_refused = e.code();
+      }
+    }
     plan.wait(waited[r]);
     try {
       plan.wait();
@@ -714,6 +720,7 @@ BOOST_AUTO_TEST_CASE(starting_a_plan_in_flight_is_refused_and_errors_come_from_w
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   BOOST_TEST(refused == errc::invalid_argument);
+  BOOST_TEST(move_refused == errc::invalid_argument);
   for (rank_t r = 0; r < n; ++r) {
     BOOST_TEST_INFO("rank " << r << ": " << messages[r]);
     BOOST_TEST(waited[r] == errc::count_mismatch);

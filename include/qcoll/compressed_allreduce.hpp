@@ -95,6 +95,18 @@ class compressed_allreduce_plan : private detail::pending_operation {
   compressed_allreduce_plan(const compressed_allreduce_plan&) = delete;
   compressed_allreduce_plan& operator=(const compressed_allreduce_plan&) = delete;
 
+  /// Plans move (so one per layer fits in a std::vector) while no call is in flight.
+  /// @throws qcoll::error (invalid_argument) when one is.
+  compressed_allreduce_plan(compressed_allreduce_plan&& other)
+      : state_((other.require_idle("move"), std::move(other.state_))), can_roll_back_(other.can_roll_back_) {}
+  compressed_allreduce_plan& operator=(compressed_allreduce_plan&& other) {
+    require_idle("move");
+    other.require_idle("move");
+    state_ = std::move(other.state_);
+    can_roll_back_ = other.can_roll_back_;
+    return *this;
+  }
+
   /// Waits for a call still in flight (its buffers and this state are in use).
   ~compressed_allreduce_plan() {
     std::string ignored;
