@@ -174,7 +174,7 @@ class compressed_allreduce_plan : private detail::pending_operation {
     return total + l.total_frame_bytes() - l.stripe_frame_bytes(state_.ring_rank(1));
   }
 
-  /// What the last completed call moved, as counted while it ran.
+  /// What the last call moved, as counted while it ran (a failed one: until it failed).
   const compressed_allreduce_statistics& last_call() const noexcept { return state_.last_call; }
 
   // ---- the handle of a call started with communicator::start_allreduce ----
