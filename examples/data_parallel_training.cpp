@@ -29,7 +29,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <numbers>
 #include <span>
 #include <stdexcept>
@@ -422,7 +421,7 @@ class one_bit_exchange {
  private:
   Communicator& comm_;
   mlp& model_;
-  std::deque<plan> plans_;  // plans neither copy nor move
+  std::vector<plan> plans_;  // one per layer
 };
 
 struct epoch_result {
