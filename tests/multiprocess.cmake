@@ -26,11 +26,31 @@ function(qcoll_job_test name)
 endfunction()
 
 # 256 MiB messages in the release builds; sanitizer builds are 5–20× slower, so 16 MiB there.
+# Compressed allreduces: the largest count is 4 MiB of floats (1 MiB under sanitizers),
+# odd, and no group size divides it; the one a rank is killed in is 32 MiB (8 MiB), a
+# call long enough that the kill, halfway into it, finds frames in flight.
 if(CMAKE_CXX_FLAGS MATCHES "-fsanitize")
   set(largest_message 16777216)
+  set(compressed_values 262147)
+  set(compressed_kill_values 2097152)
 else()
   set(largest_message 268435456)
+  set(compressed_values 1048579)
+  set(compressed_kill_values 8388608)
 endif()
+
+# Sets out_var to COUNT_LINES checks for one line "rank <r>: <text>" from each rank r of
+# first…last, with that rank's prefix.
+function(qcoll_line_from_each_rank out_var first last text)
+  set(checks "")
+  foreach(rank RANGE ${first} ${last})
+    if(NOT checks STREQUAL "")
+      string(APPEND checks "|")
+    endif()
+    string(APPEND checks "1:^\\[${rank}\\] rank ${rank}: ${text}")
+  endforeach()
+  set(${out_var} "${checks}" PARENT_SCOPE)
+endfunction()
 
 foreach(transport shm tcp)
   qcoll_job_test(collectives_2_ranks_0_to_${largest_message}_bytes RANKS 2 TRANSPORT ${transport}
@@ -56,6 +76,27 @@ foreach(transport shm tcp)
   qcoll_job_test(wrong_secret_on_one_rank RANKS 2 TRANSPORT ${transport} ARGS wrong_secret
     ENVIRONMENT QCOLL_TIMEOUT_MS=3000
     LINES "1:rank 1: join failed as expected|1:rank 0: join failed as expected \\(timed out\\)")
+  # Compressed allreduce with every quantizer over the direct and the forwarded route,
+  # counts 0, 1, 2049, 100003 and compressed_values, three calls per plan: identity sums
+  # exactly, the others agree bitwise on every rank and on both routes.
+  foreach(ranks 2 3 4)
+    math(EXPR last "${ranks} - 1")
+    qcoll_line_from_each_rank(verdicts 0 ${last} "compressed ok")
+    qcoll_job_test(compressed_allreduce_${ranks}_ranks RANKS ${ranks} TRANSPORT ${transport}
+      ARGS compressed ${compressed_values} LINES "${verdicts}")
+  endforeach()
+  # A rank killed in the middle of a compressed allreduce, blocking or started: every
+  # survivor's call fails naming it and leaves the plan's residuals as they were.
+  qcoll_line_from_each_rank(verdicts 0 2 "residuals unchanged after the loss of peer 3")
+  foreach(call blocking started)
+    set(scenario compressed_kill)
+    if(call STREQUAL "started")
+      set(scenario compressed_kill_started)
+    endif()
+    qcoll_job_test(kill_a_rank_mid_${call}_compressed_allreduce RANKS 4 TRANSPORT ${transport}
+      ARGS ${scenario} ${compressed_kill_values} EXIT 137 LAUNCHER_OPTIONS --keep-going
+      LINES "${verdicts}|1:rank 3 was killed by signal SIGKILL")
+  endforeach()
 endforeach()
 qcoll_job_test(intruders_are_refused RANKS 2 TRANSPORT tcp ARGS intruders
   LINES "1:impostor refused as expected|2:tcp transport refused a connection|2:all collectives correct")

@@ -4,19 +4,32 @@
 // (tests/multiprocess/check_job.cmake).
 
 #include <qcoll/communicator.hpp>
+#include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/quantizers/bfp.hpp>
+#include <qcoll/quantizers/identity.hpp>
+#include <qcoll/quantizers/k_level.hpp>
+#include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/rendezvous/join.hpp>
+#include <qcoll/topologies/ring.hpp>
+#include <qcoll/transports/stream/engine.hpp>
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -162,14 +175,331 @@ void freeze_a_rank(Comm& comm) {
   fail("100 allreduces completed although a rank was frozen");
 }
 
+// ---- compressed allreduce ----
+
+/// The job's transport (shm or tcp: both are stream endpoints) by reference, as one
+/// type. The compressed scenarios run their communicators over it, so that the
+/// algorithms are compiled once per quantizer for both transports and both routes
+/// (the compile time of this file matters under sanitizers). Each communicator
+/// numbers its own calls; every rank makes each call through the same one, and
+/// never uses two at once.
+class endpoint_ref {
+ public:
+  using request = transports::stream::endpoint::request;
+  explicit endpoint_ref(transports::stream::endpoint& inner) : inner_(&inner) {}
+  rank_t rank() const noexcept { return inner_->rank(); }
+  rank_t size() const noexcept { return inner_->size(); }
+  void post_send(request& r, rank_t peer, transports::tag_t tag, const transports::message_header& header,
+                 std::span<const std::byte> data) {
+    inner_->post_send(r, peer, tag, header, data);
+  }
+  void post_recv(request& r, rank_t peer, transports::tag_t tag, std::span<std::byte> buffer) {
+    inner_->post_recv(r, peer, tag, buffer);
+  }
+  bool test(request& r) { return inner_->test(r); }
+  std::error_code wait(request& r, deadline until) { return inner_->wait(r, until); }
+  void abort(std::error_code code, std::string_view reason) { inner_->abort(code, reason); }
+  transports::failure failure() const { return inner_->failure(); }
+
+ private:
+  transports::stream::endpoint* inner_;
+};
+static_assert(transport<endpoint_ref>);
+
+/// A topologies::ring in rank order, or (one_way) only its links from each rank to
+/// the next. A three-rank topologies::ring links every pair, so its plans go direct;
+/// the one-way ring makes the forwarded route run with three ranks too. One type for
+/// both: every topology type instantiates the algorithms again (compile time).
+class test_ring {
+ public:
+  static constexpr std::size_t max_fan_out = topologies::ring::max_fan_out;
+  test_ring(rank_t size, bool one_way) : ring_(size), one_way_(one_way) {}
+  rank_t size() const noexcept { return ring_.size(); }
+  bool linked(rank_t a, rank_t b) const {
+    return one_way_ ? a != b && a < size() && b == (a + 1) % size() : ring_.linked(a, b);
+  }
+  std::span<const rank_t> ring_order() const noexcept { return ring_.ring_order(); }
+
+ private:
+  topologies::ring ring_;
+  bool one_way_;
+};
+static_assert(ring_topology<test_ring>);
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15u;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9u;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebu;
+  return x ^ (x >> 31);
+}
+
+/// Identity's inputs: (r + 1)·b with b an integer in [−510, 510], so every sum and
+/// average of them is exact, whatever the order.
+float integer_input(rank_t r, unsigned call, std::size_t i) {
+  return static_cast<float>(static_cast<long>(r + 1) * (static_cast<long>((i * 37 + call * 11) % 1021) - 510));
+}
+/// The lossy quantizers' inputs: gradient-like noise, different on every rank and call.
+float noise_input(rank_t r, unsigned call, std::size_t i) {
+  const std::uint64_t bits = mix((std::uint64_t{r} << 56) ^ (std::uint64_t{call} << 48) ^ i);
+  const float unit = static_cast<float>(bits >> 40) / static_cast<float>(1u << 23) - 1.0f;  // [−1, 1)
+  return unit * static_cast<float>(1 + i % 5);
+}
+
+std::uint64_t fnv1a(std::span<const float> values) {
+  std::uint64_t hash = 0xcbf29ce484222325u;
+  for (const std::byte b : std::as_bytes(values)) hash = (hash ^ std::to_integer<std::uint64_t>(b)) * 0x100000001b3u;
+  return hash;
+}
+
+/// The first index where two ranges differ bitwise; a.size() when they do not.
+std::size_t first_difference(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return i;
+  return a.size();
+}
+bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && first_difference(a, b) == a.size();
+}
+
+/// How closely a lossy result must point the way of the exact one (cosine similarity).
+/// Error feedback carries each call's error into the next, so one result may be far
+/// off. The inputs are fixed, and the least cosines these quantizers reach on them
+/// (2–4 ranks; QCOLL_TEST_SHOW_COSINES=1 prints them) are 0.9998, 0.92 and 0.44: the
+/// bounds catch a result that agrees on every rank and route but is wrong (zero, say,
+/// or misplaced), not a loss of precision.
+template <class Q>
+constexpr double least_cosine() {
+  if constexpr (std::is_same_v<Q, quantizers::bfp>) return 0.99;
+  else if constexpr (std::is_same_v<Q, quantizers::k_level>) return 0.75;
+  else return 0.2;  // one_bit
+}
+
+/// The same calls through the direct route (comm, fully connected) and the forwarded
+/// one (ring_comm) with the same inputs and chunking: their results and residuals
+/// must be bitwise identical, since the frames and the order of the sums are.
+template <class Comm, class RingComm>
+class compressed_checks {
+ public:
+  compressed_checks(Comm& comm, RingComm& ring_comm) : comm_(comm), ring_comm_(ring_comm) {}
+
+  /// Three calls of `op` on one pair of plans: in place (blocking), started and
+  /// waited for (out of place), then blocking out of place; residuals persist.
+  template <class Q>
+  void run(const Q& quantizer, std::size_t count, std::size_t chunk_values, reduce_op op) {
+    constexpr bool exact = std::is_same_v<Q, quantizers::identity<float>>;
+    const rank_t n = comm_.size(), me = comm_.rank();
+    const compressed_allreduce_options options{.chunk_values = chunk_values};
+    compressed_allreduce_plan direct(comm_, count, quantizer, options);
+    compressed_allreduce_plan ring(ring_comm_, count, quantizer, options);
+    const auto name = [&](unsigned call) {
+      return fmt::format("{} {} of {} values (chunks of {}), call {}", Q::name, to_string(op), count, chunk_values,
+                         call);
+    };
+    if (direct.route() != stripe_route::direct) fail(fmt::format("{}: the plan is not direct", name(0)));
+    if ((ring.route() == stripe_route::ring) != (n > 2))
+      fail(fmt::format("{}: the ring communicator's plan does not take the ring route", name(0)));
+    ring_route_seen_ = ring_route_seen_ || ring.route() == stripe_route::ring;
+
+    std::vector<float> in(count), direct_out(count), ring_out(count);
+    std::vector<double> expected(count);
+    for (unsigned call = 0; call < 3; ++call) {
+      for (std::size_t i = 0; i < count; ++i) in[i] = exact ? integer_input(me, call, i) : noise_input(me, call, i);
+      const auto exchange = [&](auto& communicator, auto& plan, std::vector<float>& out) {
+        if (call == 0) {
+          out = in;
+          communicator.allreduce(plan, std::span<float>(out), op);
+        } else if (call == 1) {
+          communicator.start_allreduce(plan, std::span<const float>(in), std::span<float>(out), op);
+          if (plan.route() == stripe_route::direct) compute_expected(exact, call, op, expected);  // meanwhile
+          plan.wait();
+        } else {
+          communicator.allreduce(plan, std::span<const float>(in), std::span<float>(out), op);
+        }
+        if (plan.last_call().bytes_sent != plan.bytes_sent_per_call())
+          fail(fmt::format("{}, {} route: sent {} bytes, but bytes_sent_per_call() is {}", name(call),
+                           plan.route() == stripe_route::direct ? "direct" : "ring", plan.last_call().bytes_sent,
+                           plan.bytes_sent_per_call()));
+      };
+      exchange(comm_, direct, direct_out);
+      exchange(ring_comm_, ring, ring_out);
+      if (call != 1) compute_expected(exact, call, op, expected);
+
+      if (const std::size_t at = first_difference(direct_out, ring_out); at != count)
+        fail(fmt::format("{}: the routes differ at element {}: direct {}, ring {}", name(call), at, direct_out[at],
+                         ring_out[at]));
+      if (!bitwise_equal(direct.worker_residual(), ring.worker_residual()) ||
+          !bitwise_equal(direct.server_residual(), ring.server_residual()))
+        fail(fmt::format("{}: the routes left different residuals", name(call)));
+      check_against_exact<Q>(name(call), direct_out, expected);
+      const std::uint64_t hash = fnv1a(direct_out);
+      hashes_.push_back(static_cast<double>(hash >> 32));  // exact in a double
+      hashes_.push_back(static_cast<double>(hash & 0xffffffffu));
+      names_.push_back(name(call));
+    }
+    ++cases_;
+  }
+
+  /// Every rank got bitwise the same results: the least and greatest of each hash
+  /// over the ranks are this rank's own (exact allreduces over the direct communicator).
+  void check_identical_on_all_ranks() {
+    std::vector<double> least = hashes_, greatest = hashes_;
+    comm_.allreduce(std::span<double>(least), reduce_op::min);
+    comm_.allreduce(std::span<double>(greatest), reduce_op::max);
+    for (std::size_t k = 0; k < hashes_.size(); ++k)
+      if (least[k] != hashes_[k] || greatest[k] != hashes_[k])
+        fail(fmt::format("{}: the ranks' results differ", names_[k / 2]));
+  }
+
+  std::size_t cases() const noexcept { return cases_; }
+  std::size_t calls() const noexcept { return names_.size(); }
+  bool ring_route_seen() const noexcept { return ring_route_seen_; }
+
+ private:
+  void compute_expected(bool integers, unsigned call, reduce_op op, std::vector<double>& expected) const {
+    const rank_t n = comm_.size();
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      double sum = 0;
+      for (rank_t r = 0; r < n; ++r) sum += integers ? integer_input(r, call, i) : noise_input(r, call, i);
+      expected[i] = op == reduce_op::avg ? sum / n : sum;
+    }
+  }
+
+  template <class Q>
+  static void check_against_exact(const std::string& name, std::span<const float> out,
+                                  std::span<const double> expected) {
+    if constexpr (std::is_same_v<Q, quantizers::identity<float>>) {
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (static_cast<double>(out[i]) != expected[i])
+          fail(fmt::format("{}: element {} is {}, not {}", name, i, out[i], expected[i]));
+    } else {
+      double dot = 0, out_norm = 0, exact_norm = 0;
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        if (!std::isfinite(out[i])) fail(fmt::format("{}: element {} is {}", name, i, out[i]));
+        dot += out[i] * expected[i];
+        out_norm += static_cast<double>(out[i]) * out[i];
+        exact_norm += expected[i] * expected[i];
+      }
+      if (out.size() < 2) return;  // one value: its direction says nothing
+      const double cosine = dot / std::sqrt(out_norm * exact_norm);
+      if (std::getenv("QCOLL_TEST_SHOW_COSINES")) fmt::print(stderr, "{}: cosine {:.4f}\n", name, cosine);
+      if (!(cosine >= least_cosine<Q>()))
+        fail(fmt::format("{}: the result's cosine similarity to the exact one is {:.3f}, less than {}", name, cosine,
+                         least_cosine<Q>()));
+    }
+  }
+
+  Comm& comm_;
+  RingComm& ring_comm_;
+  std::vector<double> hashes_;      // each call's result hash, as two 32-bit halves
+  std::vector<std::string> names_;  // each call's description
+  std::size_t cases_ = 0;
+  bool ring_route_seen_ = false;
+};
+
+/// Every quantizer over both routes, for counts that no world or group size divides,
+/// up to `largest` values: identity sums exactly; the lossy ones agree bitwise on
+/// every rank and on both routes; every call sends what bytes_sent_per_call() says.
+void compressed(endpoint_ref transport, communicator_options options, std::size_t largest) {
+  communicator comm(transport, options);
+  communicator ring_comm(transport, test_ring(comm.size(), comm.size() == 3), options);
+  compressed_checks checks(comm, ring_comm);
+  // Small chunks for the middle counts: many frames per stripe, pipelined.
+  const struct {
+    std::size_t count, chunk_values;
+    reduce_op op;
+  } sizes[] = {{0, 1024, reduce_op::sum},
+               {1, 1024, reduce_op::avg},
+               {2049, 1024, reduce_op::avg},
+               {100003, 8192, reduce_op::sum},
+               {largest, compressed_allreduce_options{}.chunk_values, reduce_op::avg}};
+  auto k_level = quantizers::k_level_options::with_bits(4);
+  k_level.rounding = quantizers::rounding::stochastic;
+  k_level.seed = 1 + comm.rank();
+  for (const auto& [count, chunk_values, op] : sizes) {
+    checks.run(quantizers::identity<float>{}, count, chunk_values, op);
+    checks.run(quantizers::one_bit{}, count, chunk_values, op);
+    checks.run(quantizers::k_level(k_level), count, chunk_values, op);
+    checks.run(quantizers::bfp{}, count, chunk_values, op);  // 8-bit mantissas
+  }
+  checks.check_identical_on_all_ranks();
+  fmt::print("rank {}: compressed ok ({} cases, {} calls, routes direct and {}, up to {} values)\n", comm.rank(),
+             checks.cases(), checks.calls(), checks.ring_route_seen() ? "ring" : "direct (two ranks)", largest);
+}
+
+/// The last rank kills itself in the middle of a large one_bit compressed allreduce,
+/// as in kill_a_rank: in its third call, half as long into it as its second one took
+/// (a fixed delay may miss the call; the first call, which touches every page of the
+/// plan, is slower). Every survivor's call
+/// fails naming it, well before the timeout, and leaves the plan's residuals bitwise
+/// as they were before the call. Every call blocks, or (`started_calls`) is started
+/// and waited for.
+void kill_during_compressed(endpoint_ref transport, communicator_options options, std::size_t count,
+                            bool started_calls) {
+  communicator comm(transport, options);
+  const rank_t victim = comm.size() - 1;
+  compressed_allreduce_plan plan(comm, count, quantizers::one_bit{});
+  std::vector<float> in(count), out(count);
+  for (std::size_t i = 0; i < count; ++i) in[i] = noise_input(comm.rank(), 0, i);
+  std::vector<float> worker_before, server_before;
+  auto call_began = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration second_call{};
+  int round = 0;
+  try {
+    for (; round < 50; ++round) {
+      worker_before.assign(plan.worker_residual().begin(), plan.worker_residual().end());
+      server_before.assign(plan.server_residual().begin(), plan.server_residual().end());
+      // Detached: a std::jthread here draws a false -Wmaybe-uninitialized from GCC 12
+      // under ASan (in std::stop_source).
+      if (round == 2 && comm.rank() == victim) {
+        std::thread([delay = std::max<std::chrono::steady_clock::duration>(second_call / 2, 1ms)] {
+          std::this_thread::sleep_for(delay);
+          std::raise(SIGKILL);
+        }).detach();
+      }
+      call_began = std::chrono::steady_clock::now();
+      if (started_calls) {
+        comm.start_allreduce(plan, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+        plan.wait();
+      } else {
+        comm.allreduce(plan, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+      }
+      if (round == 1) second_call = std::chrono::steady_clock::now() - call_began;
+      // Else the comparison after the failure would prove nothing.
+      if (bitwise_equal(plan.worker_residual(), worker_before)) fail("a call left the worker residual as it was");
+    }
+  } catch (const qcoll::error& e) {
+    using std::chrono::milliseconds;
+    const auto ms = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - call_began);
+    const std::string what = e.what();
+    if (e.code() != condition::transport_failure) fail(fmt::format("expected a transport failure, got: {}", what));
+    if (what.find(fmt::format("peer {}", victim)) == std::string::npos)
+      fail(fmt::format("the error does not name peer {}: {}", victim, what));
+    if (ms >= comm.options().timeout) fail(fmt::format("the loss was reported only after {}", ms));
+    if (round == 0) fail(fmt::format("the first call failed, before any residual was kept: {}", what));
+    if (std::all_of(worker_before.begin(), worker_before.end(), [](float v) { return v == 0; }))
+      fail("the worker residual was zero before the failed call");
+    if (!bitwise_equal(plan.worker_residual(), worker_before) || !bitwise_equal(plan.server_residual(), server_before))
+      fail(fmt::format("the failed call {} changed the plan's residuals", round));
+    fmt::print("rank {}: residuals unchanged after the loss of peer {} ({}) in {} call {}, {} ms into it: {}\n",
+               comm.rank(), victim, e.code().message(), started_calls ? "started" : "blocking", round, ms.count(),
+               what);
+    return;
+  }
+  fail("50 compressed allreduces completed although a rank was killed");
+}
+
 template <class Transport>
-int run(std::string_view scenario, Transport transport, std::chrono::milliseconds timeout, std::size_t max_bytes) {
+int run(std::string_view scenario, Transport transport, std::chrono::milliseconds timeout, std::size_t amount) {
   communicator comm(std::move(transport), communicator_options{timeout});
-  if (scenario == "collectives") check_all_collectives(comm, max_bytes);
+  if (scenario == "collectives") check_all_collectives(comm, amount);
   else if (scenario == "many_small") many_small(comm);
   else if (scenario == "mismatch") mismatched_sizes(comm);
   else if (scenario == "kill") kill_a_rank(comm);
   else if (scenario == "freeze") freeze_a_rank(comm);
+  else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);
+  else if (scenario == "compressed_kill" || scenario == "compressed_kill_started")
+    kill_during_compressed(endpoint_ref(comm.transport()), comm.options(), amount, scenario.ends_with("started"));
   else fail(fmt::format("unknown scenario '{}'", scenario));
   return 0;
 }
@@ -205,7 +535,9 @@ void knock_with_bad_credentials(const rendezvous::job& job) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  if (argc < 2) fail("usage: worker collectives|many_small|mismatch|kill|freeze|intruders|wrong_secret [max bytes]");
+  if (argc < 2)
+    fail("usage: worker collectives|many_small|mismatch|kill|freeze|intruders|wrong_secret [max bytes]\n"
+         "       worker compressed|compressed_kill|compressed_kill_started [values]");
   const std::string_view scenario = argv[1];
   const std::size_t max_bytes = argc > 2 ? std::stoull(argv[2]) : std::size_t{1} << 20;
   rendezvous::job job = rendezvous::job_from_environment();
