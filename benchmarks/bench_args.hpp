@@ -31,6 +31,64 @@ inline std::size_t parse_bytes(std::string_view text) {
 
 enum class operation { allreduce, reduce_scatter, all_gather };
 
+/// A compressed allreduce variant named by --compressed (collective_bench.cpp makes
+/// the quantizer): identity, one_bit[/G], k_levelB[/G] (B code bits, 2^B levels),
+/// bfpM[/BLOCK] (M mantissa bits including the sign). G and BLOCK default to the
+/// quantizers' own defaults (2048 values per group, 32 values per bfp block).
+struct compressed_variant {
+  enum class scheme { identity, one_bit, k_level, bfp };
+  scheme kind = scheme::identity;
+  unsigned bits = 0;      // k_level: code bits; bfp: mantissa bits
+  std::size_t group = 0;  // values per group or block; 0: the quantizer's default
+  std::string name;       // as written on the command line, for the table
+
+  /// Only identity is lossless: its results are checked element by element.
+  bool lossy() const noexcept { return kind != scheme::identity; }
+};
+
+inline compressed_variant parse_compressed_variant(std::string_view text) {
+  compressed_variant v;
+  v.name = std::string(text);
+  const auto number = [&](std::string_view digits, const char* what) -> std::size_t {
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
+      throw std::invalid_argument("--compressed: bad " + std::string(what) + " in '" + v.name + "'");
+    return static_cast<std::size_t>(std::strtoull(std::string(digits).c_str(), nullptr, 10));
+  };
+  std::string_view head = text;
+  if (const std::size_t slash = text.find('/'); slash != std::string_view::npos) {
+    head = text.substr(0, slash);
+    v.group = number(text.substr(slash + 1), "group size");
+    if (v.group == 0) throw std::invalid_argument("--compressed: the group size in '" + v.name + "' must be positive");
+  }
+  const auto with_bits = [&](std::string_view prefix, compressed_variant::scheme kind) {
+    if (head.substr(0, prefix.size()) != prefix) return false;
+    v.kind = kind;
+    v.bits = static_cast<unsigned>(number(head.substr(prefix.size()), "bit count"));
+    return true;
+  };
+  if (head == "identity" && v.group == 0) v.kind = compressed_variant::scheme::identity;
+  else if (head == "one_bit") v.kind = compressed_variant::scheme::one_bit;
+  else if (!with_bits("k_level", compressed_variant::scheme::k_level) && !with_bits("bfp", compressed_variant::scheme::bfp))
+    throw std::invalid_argument("--compressed takes identity, one_bit[/G], k_levelB[/G] or bfpM[/BLOCK], not '" +
+                                v.name + "'");
+  if (v.kind == compressed_variant::scheme::k_level && (v.bits < 1 || v.bits > 8))
+    throw std::invalid_argument("--compressed: k_level takes 1 to 8 bits (2 to 256 levels), not '" + v.name + "'");
+  return v;
+}
+
+/// Splits "a,b,c" (empty items are refused).
+inline std::vector<std::string> split_list(const std::string& text, const char* flag) {
+  std::vector<std::string> items;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', begin);
+    items.push_back(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    if (items.back().empty()) throw std::invalid_argument(std::string(flag) + ": empty item in '" + text + "'");
+    if (comma == std::string::npos) return items;
+    begin = comma + 1;
+  }
+}
+
 /// collective_bench's options. The measurement ones have the peers' names and defaults.
 struct collective_options {
   // Where the ranks come from: NRANKS threads over the in-process transport, or (--job)
@@ -56,6 +114,12 @@ struct collective_options {
   long spin_us = -1;                 // --spin-us: engine_options::spin
   std::size_t shm_pipe_bytes = 0;    // --shm-pipe: shm options::pipe_bytes
   std::size_t tcp_buffer_bytes = 0;  // --tcp-buffer: tcp options::socket_buffer_bytes
+
+  // Compressed allreduce (-o allreduce only): every size runs the exact allreduce and
+  // then each variant at each chunk size, in one table.
+  std::vector<compressed_variant> compressed;  // --compressed: empty = the exact table only
+  std::vector<std::size_t> chunk_values;       // --chunk: values per chunk, whole_stripe, or empty = library default
+  static constexpr std::size_t whole_stripe = 0;
 };
 
 inline constexpr std::string_view collective_usage =
@@ -72,6 +136,12 @@ inline constexpr std::string_view collective_usage =
     "  -l LABEL                 free text for the header\n"
     "  -L 0|1                   link% column (default: when QCOLL_NETLAB_RATE is set)\n"
     "  BENCH_DUMP_TIMES=1 in the environment prints every timed iteration's time (us) to stderr\n"
+    "compressed allreduce (with -o allreduce; one table: per size the exact allreduce, then each variant):\n"
+    "  --compressed LIST        variants: identity, one_bit[/G], k_levelB[/G], bfpM[/BLOCK], comma-separated\n"
+    "                           (e.g. identity,one_bit,k_level4,bfp8; G = values per group, default 2048)\n"
+    "  --chunk LIST             compressed_allreduce_options::chunk_values, in values (K/M suffixes, 1K = 1024),\n"
+    "                           or 'whole' (one chunk per stripe); a list runs every variant at each (default:\n"
+    "                           the library's default)\n"
     "job-mode transport knobs, for experiments:\n"
     "  --spin-us US             how long a wait polls before it sleeps (library default 50)\n"
     "  --shm-pipe BYTES         shm ring bytes per pair (power of two >= 64K; default 2M)\n"
@@ -117,12 +187,24 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     else if (flag == "--spin-us") o.spin_us = integer();
     else if (flag == "--shm-pipe") o.shm_pipe_bytes = parse_bytes(value);
     else if (flag == "--tcp-buffer") o.tcp_buffer_bytes = parse_bytes(value);
+    else if (flag == "--compressed")
+      for (const std::string& item : split_list(value, "--compressed"))
+        o.compressed.push_back(parse_compressed_variant(item));
+    else if (flag == "--chunk")
+      for (const std::string& item : split_list(value, "--chunk")) {
+        const std::size_t values = item == "whole" ? collective_options::whole_stripe : parse_bytes(item);
+        if (item != "whole" && values == 0) throw std::invalid_argument("--chunk: '" + item + "' values per chunk");
+        o.chunk_values.push_back(values);
+      }
     else throw std::invalid_argument("unknown option '" + std::string(flag) + "'");
   }
   if (o.op_name == "allreduce") o.op = operation::allreduce;
   else if (o.op_name == "reduce_scatter") o.op = operation::reduce_scatter;
   else if (o.op_name == "all_gather") o.op = operation::all_gather;
   else throw std::invalid_argument("-o is allreduce, reduce_scatter or all_gather, not '" + o.op_name + "'");
+  if (!o.compressed.empty() && o.op != operation::allreduce)
+    throw std::invalid_argument("--compressed needs -o allreduce");
+  if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   // The peers' corrections, so the same arguments give the same sweep.
   if (o.factor < 2) throw std::invalid_argument("-f must be ≥ 2");
   o.min_bytes = std::max<std::size_t>(o.min_bytes, 4);

@@ -10,6 +10,9 @@
 //   #wrong    wrong elements summed over all checked iterations (max over ranks)
 //   tmin(us)  the smallest per-iteration time
 //   link%     (optional) busbw as a percentage of the link rate, for shaped networks
+//
+// compressed_table (collective_bench --compressed) adds, per size, a row per compressed
+// variant after the exact allreduce's row; its columns are in benchmarks/README.md.
 
 #include "bench_args.hpp"
 
@@ -74,6 +77,15 @@ inline std::string host_line() {
   return fmt::format("{} {} {}, {} online cpus", u.nodename, u.sysname, u.release, ::sysconf(_SC_NPROCESSORS_ONLN));
 }
 
+/// BENCH_DUMP_TIMES=1: every timed iteration's time to stderr, as the peers print them.
+inline void dump_times(std::size_t bytes, const std::string& variant, const std::vector<double>& times_us) {
+  if (const char* dump = std::getenv("BENCH_DUMP_TIMES"); dump && *dump && *dump != '0') {
+    std::fprintf(stderr, "times %zu%s%s:", bytes, variant.empty() ? "" : " ", variant.c_str());
+    for (const double t : times_us) std::fprintf(stderr, " %.0f", t);
+    std::fprintf(stderr, "\n");
+  }
+}
+
 /// The table: header on construction, one row per size, the average at the end.
 class table {
  public:
@@ -88,11 +100,7 @@ class table {
   }
 
   void row(std::size_t bytes, const std::vector<double>& times_us, double wrong) {
-    if (const char* dump = std::getenv("BENCH_DUMP_TIMES"); dump && *dump && *dump != '0') {  // as the peers
-      std::fprintf(stderr, "times %zu:", bytes);
-      for (const double t : times_us) std::fprintf(stderr, " %.0f", t);
-      std::fprintf(stderr, "\n");
-    }
+    dump_times(bytes, "", times_us);
     const double time_us = median(times_us);
     const double min_us = times_us.empty() ? 0.0 : *std::min_element(times_us.begin(), times_us.end());
     const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
@@ -117,6 +125,87 @@ class table {
   double link_bytes_per_s_;
   double busbw_sum_ = 0;
   int rows_ = 0;
+};
+
+/// collective_bench --compressed: per size, the exact allreduce's row first, then one
+/// row per compressed variant, each compared with that exact row (same run, same size).
+///   variant   "exact", or the --compressed name (one_bit, k_level4, bfp8, …)
+///   chunk     the plan's chunk_values() after rounding to whole groups ("-" for exact)
+///   algbw     uncompressed size / time: for a compressed variant, the effective algbw
+///   busbw     algbw · 2(n−1)/n (effective, for a compressed variant)
+///   wire(B)   payload bytes rank 0 sent in one call: plan.last_call().bytes_sent, or
+///             2(n−1)/n · size for the exact ring
+///   wire/ex   wire(B) / the exact allreduce's 2(n−1)/n · size
+///   bw/ex     algbw / the exact allreduce's algbw in the row above it
+///   #wrong    exact and identity: wrong elements summed over iterations; lossy
+///             variants: iterations whose result differed between ranks, plus
+///             non-finite result elements
+///   relerr    max over iterations of max|result − exact sum| / max|exact sum|
+class compressed_table {
+ public:
+  struct row_data {
+    std::string variant;
+    std::string chunk;
+    std::vector<double> times_us;
+    double wire_bytes = 0;
+    double wrong = 0;
+    double relerr = -1;  // negative: not checked (-c 0)
+  };
+
+  compressed_table(std::string title, std::size_t nranks, double link_bytes_per_s)
+      : nranks_(nranks), link_bytes_per_s_(link_bytes_per_s) {
+    std::printf("#\n# %s\n", title.c_str());
+    std::printf("# %12s %12s %6s %12s %7s %12s %12s %12s %12s %8s %7s %8s %9s %6s %12s%s\n", "size(B)", "count", "type",
+                "variant", "chunk", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wire(B)", "wire/ex", "bw/ex", "#wrong",
+                "relerr", "iters", "tmin(us)", link_bytes_per_s_ > 0 ? "    link%" : "");
+    std::fflush(stdout);
+  }
+
+  /// The exact allreduce's row of a size; the compressed rows after it compare with it.
+  void exact_row(std::size_t bytes, row_data r) {
+    exact_wire_ = bus_factor(operation::allreduce, nranks_) * static_cast<double>(bytes);
+    r.wire_bytes = exact_wire_;
+    exact_algbw_ = 0;
+    exact_algbw_ = print(bytes, r);
+    exact_busbw_sum_ += exact_algbw_ * bus_factor(operation::allreduce, nranks_);
+    ++exact_rows_;
+  }
+
+  void compressed_row(std::size_t bytes, const row_data& r) { print(bytes, r); }
+
+  void finish() {
+    if (exact_rows_ > 0)
+      std::printf("# Avg bus bandwidth: %.3f GB/s (exact rows)\n", exact_busbw_sum_ / static_cast<double>(exact_rows_));
+    std::fflush(stdout);
+  }
+
+ private:
+  /// Prints a row; returns its algbw.
+  double print(std::size_t bytes, const row_data& r) {
+    dump_times(bytes, r.variant, r.times_us);
+    const double time_us = median(r.times_us);
+    const double min_us = r.times_us.empty() ? 0.0 : *std::min_element(r.times_us.begin(), r.times_us.end());
+    const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
+    const double busbw = algbw * bus_factor(operation::allreduce, nranks_);
+    const std::string wire_ratio = exact_wire_ > 0 ? fmt::format("{:.4f}", r.wire_bytes / exact_wire_) : "-";
+    const std::string bw_ratio = exact_algbw_ > 0 ? fmt::format("{:.2f}", algbw / exact_algbw_) : "1.00";
+    const std::string relerr = r.relerr < 0 ? "-" : fmt::format("{:.2e}", r.relerr);
+    std::printf("  %12zu %12zu %6s %12s %7s %12.2f %12.3f %12.3f %12.0f %8s %7s %8.0f %9s %6d %12.2f", bytes,
+                bytes / sizeof(float), "float", r.variant.c_str(), r.chunk.c_str(), time_us, algbw, busbw,
+                r.wire_bytes, wire_ratio.c_str(), bw_ratio.c_str(), r.wrong, relerr.c_str(),
+                static_cast<int>(r.times_us.size()), min_us);
+    if (link_bytes_per_s_ > 0) std::printf(" %8.1f", busbw * 1e9 / link_bytes_per_s_ * 100.0);
+    std::printf("\n");
+    std::fflush(stdout);
+    return algbw;
+  }
+
+  std::size_t nranks_;
+  double link_bytes_per_s_;
+  double exact_wire_ = 0;
+  double exact_algbw_ = 0;
+  double exact_busbw_sum_ = 0;
+  int exact_rows_ = 0;
 };
 
 }  // namespace bench

@@ -16,26 +16,48 @@
 // times cap the iteration count at about -T seconds per size. Rank r holds
 // (r + 1)·((i mod 1021) + 1), so every sum is an exact small integer checked with ==.
 //
+// --compressed LIST adds compressed allreduce variants (qcoll::compressed_allreduce_plan
+// over a quantizer) to an allreduce sweep: per size, the exact allreduce runs first and
+// then every variant (at every --chunk), by the same loop, into one table whose rows
+// compare each variant with that exact row (bench::compressed_table). A variant's plan
+// is made once per size, outside the loop, and reused by every iteration, warm-ups
+// included, so its error-feedback residuals carry over from call to call as in
+// training. Lossy variants cannot be checked with ==: each rank hashes its result, and
+// the check is that every rank holds the same bits; relerr says how far they are from
+// the exact sum.
+//
 // Only rank 0 prints. Exit status: 0, 1 if any element was wrong, 2 on errors.
 
 #include "bench_args.hpp"
 #include "bench_table.hpp"
 
 #include <qcoll/communicator.hpp>
+#include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/quantizers/bfp.hpp>
+#include <qcoll/quantizers/identity.hpp>
+#include <qcoll/quantizers/k_level.hpp>
+#include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/rendezvous/join.hpp>
 #include <qcoll/transports/inproc.hpp>
 #include <qcoll/version.hpp>
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <bit>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -82,15 +104,58 @@ link_info link_from_environment() {
   return link;
 }
 
+/// A --compressed variant, with its quantizer made (and validated) before any rank runs.
+using any_quantizer = std::variant<qcoll::quantizers::identity<float>, qcoll::quantizers::one_bit,
+                                   qcoll::quantizers::k_level, qcoll::quantizers::bfp>;
+
+struct variant_spec {
+  bench::compressed_variant variant;
+  any_quantizer quantizer;
+  std::string description;  // for the header
+};
+
+variant_spec make_variant(const bench::compressed_variant& v) {
+  using scheme = bench::compressed_variant::scheme;
+  namespace q = qcoll::quantizers;
+  switch (v.kind) {
+    case scheme::identity: return {v, q::identity<float>{}, "identity (float32 as it is)"};
+    case scheme::one_bit: {
+      q::one_bit_options options;
+      if (v.group) options.group_size = v.group;
+      return {v, q::one_bit(options), fmt::format("one_bit, {} values per group", options.group_size)};
+    }
+    case scheme::k_level: {
+      q::k_level_options options = q::k_level_options::with_bits(v.bits);
+      if (v.group) options.group_size = v.group;
+      return {v, q::k_level(options),
+              fmt::format("k_level, {} levels ({} bits), {} values per group", options.levels, v.bits, options.group_size)};
+    }
+    case scheme::bfp: {
+      q::bfp_options options;
+      options.mantissa_bits = v.bits;
+      if (v.group) options.block_size = v.group;
+      return {v, q::bfp(options),
+              fmt::format("bfp, {}-bit mantissas, {} values per block", options.mantissa_bits, options.block_size)};
+    }
+  }
+  throw std::invalid_argument("unknown variant");
+}
+
 struct run_context {
   std::string transport;  // "inproc", "shm" or "tcp"
   std::string knobs;      // non-default transport settings, for the header
   link_info link;
+  std::vector<variant_spec> variants;  // --compressed
 };
 
 void print_preamble(const collective_options& o, qcoll::rank_t n, const run_context& ctx, bool link_column) {
-  fmt::print("# collective_bench (qcoll {}.{}.{}): exact {}, {}\n", qcoll::version_major, qcoll::version_minor,
-             qcoll::version_patch, o.op_name,
+  std::string what = "exact " + o.op_name;
+  if (!ctx.variants.empty()) {
+    what += " and compressed";
+    for (const variant_spec& v : ctx.variants) what += (&v == &ctx.variants.front() ? " " : ",") + v.variant.name;
+  }
+  fmt::print("# collective_bench (qcoll {}.{}.{}): {}, {}\n", qcoll::version_major, qcoll::version_minor,
+             qcoll::version_patch, what,
              o.job ? fmt::format("{} ranks as processes over the {} transport", n, ctx.transport)
                    : fmt::format("{} ranks as threads of one process over the in-process transport", n));
   fmt::print("# host: {}\n", bench::host_line());
@@ -98,10 +163,186 @@ void print_preamble(const collective_options& o, qcoll::rank_t n, const run_cont
              o.label.empty() ? "" : "  label: ", o.label);
   fmt::print("# time = median over iters of max-over-ranks per-iteration time (barrier before each iteration)\n");
   if (!ctx.knobs.empty()) fmt::print("# transport settings: {}\n", ctx.knobs);
+  for (const variant_spec& v : ctx.variants) fmt::print("# variant {}: {}\n", v.variant.name, v.description);
+  if (!ctx.variants.empty()) {
+    fmt::print("# compressed: one plan per size and variant, made before the loop and reused; its residuals\n"
+               "#   carry over from call to call (warm-ups included); every rank starts from the same data each iteration\n");
+    fmt::print("# wire(B) = payload bytes rank 0 sent per call (plan.last_call()); exact: 2(n-1)/n*size\n");
+    fmt::print("# algbw = uncompressed size / time; bw/ex = algbw / the exact row's algbw (same run, same size)\n");
+    fmt::print("# #wrong: exact, identity: wrong elements; lossy: iterations whose result differed between ranks\n"
+               "#   (hash of the result) + non-finite elements; relerr = max over iterations of\n"
+               "#   max|result - exact sum| / max|exact sum|\n");
+  }
   if (ctx.link.bits_per_s > 0)
     fmt::print("# link: {:.0f} bit/s, delay {}{}\n", ctx.link.bits_per_s, ctx.link.delay.empty() ? "?" : ctx.link.delay,
                link_column ? "  (link% = busbw / (rate / 8))" : "");
   std::fflush(stdout);
+}
+
+struct measured {
+  std::vector<double> times_us;  // every timed iteration's slowest-rank time
+  std::vector<double> summary;   // the caller's summary, max over ranks
+};
+
+/// The single timing loop: warm-ups, then timed iterations, of `one_iteration` (which
+/// resets, enters a barrier, times one call and checks). After it, one allreduce(max)
+/// gives every iteration's slowest rank and the maximum over ranks of `summary()`
+/// (the checks' findings, as doubles).
+template <class Communicator, class Iteration, class Summary>
+measured timed_iterations(Communicator& comm, const collective_options& o, std::size_t bytes,
+                          Iteration& one_iteration, Summary&& summary) {
+  const int most = bench::iterations_for(bytes, o);
+  std::vector<double> warmup(static_cast<std::size_t>(bench::warmup_for(most, o)));
+  comm.barrier();
+  for (double& t : warmup) t = one_iteration();
+  if (!warmup.empty()) comm.allreduce(std::span<double>(warmup), qcoll::reduce_op::max);
+  const auto iterations = static_cast<std::size_t>(bench::capped_iterations(most, warmup, o));
+  std::vector<double> stats(iterations, 0.0);
+  for (double& t : stats) t = one_iteration();
+  const std::vector<double> tail = summary();
+  stats.insert(stats.end(), tail.begin(), tail.end());
+  comm.allreduce(std::span<double>(stats), qcoll::reduce_op::max);
+  return {std::vector<double>(stats.begin(), stats.begin() + static_cast<std::ptrdiff_t>(iterations)),
+          std::vector<double>(stats.begin() + static_cast<std::ptrdiff_t>(iterations), stats.end())};
+}
+
+/// What one check of an allreduce result against the exact sum found.
+struct result_check {
+  std::size_t wrong = 0;       // elements != the exact sum
+  std::size_t non_finite = 0;  // NaN or infinite elements
+  double relerr = 0;           // max |result − exact| / max |exact|
+  std::uint64_t hash = 0;      // of the result's bits, to compare across ranks
+};
+
+result_check check_allreduce(std::span<const float> data, qcoll::rank_t n) {
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  result_check c;
+  double max_error = 0, max_exact = 0;
+  std::uint64_t hash = 0xcbf29ce484222325u;  // FNV-1a over 32-bit words
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const float exact = ranks_sum * pattern(i, 0);
+    c.wrong += data[i] != exact;
+    c.non_finite += !std::isfinite(data[i]);
+    max_error = std::max(max_error, std::abs(static_cast<double>(data[i]) - exact));
+    max_exact = std::max(max_exact, std::abs(static_cast<double>(exact)));
+    hash = (hash ^ std::bit_cast<std::uint32_t>(data[i])) * 0x100000001b3u;
+  }
+  c.relerr = max_exact > 0 ? max_error / max_exact : 0.0;
+  c.hash = hash;
+  return c;
+}
+
+/// The findings of every check of one table row, reduced over ranks by one allreduce(max):
+/// counts, the worst relerr, and each iteration's hash as 32-bit halves (exact in a
+/// double) and their negations, so the maximum gives both the largest and the smallest
+/// hash of each iteration.
+struct check_tally {
+  double wrong = 0, non_finite = 0, relerr = 0;
+  std::vector<std::uint64_t> hashes;
+
+  void add(const result_check& c) {
+    wrong += static_cast<double>(c.wrong);
+    non_finite += static_cast<double>(c.non_finite);
+    relerr = std::max(relerr, c.relerr);
+    hashes.push_back(c.hash);
+  }
+  std::vector<double> summary() const {
+    std::vector<double> s{wrong, non_finite, relerr};
+    for (const std::uint64_t h : hashes)
+      for (const std::uint64_t half : {h >> 32, h & 0xffffffffu}) {
+        s.push_back(static_cast<double>(half));
+        s.push_back(-static_cast<double>(half));
+      }
+    return s;
+  }
+  /// Iterations whose hash was not the same on every rank, from a reduced summary().
+  static double differing_iterations(const std::vector<double>& reduced) {
+    double differing = 0;
+    for (std::size_t i = 3; i + 3 < reduced.size(); i += 4)
+      differing += reduced[i] != -reduced[i + 1] || reduced[i + 2] != -reduced[i + 3];
+    return differing;
+  }
+};
+
+/// "256K", "1M" or the plain number of values.
+std::string values_text(std::size_t values) {
+  if (values >= (std::size_t{1} << 20) && values % (std::size_t{1} << 20) == 0)
+    return fmt::format("{}M", values >> 20);
+  if (values >= 1024 && values % 1024 == 0) return fmt::format("{}K", values >> 10);
+  return std::to_string(values);
+}
+
+/// The --compressed sweep on one rank: per size, the exact allreduce, then every
+/// variant at every chunk size, each by timed_iterations.
+template <class Communicator>
+bool run_rank_compressed(Communicator& comm, const collective_options& o, const run_context& ctx) {
+  const qcoll::rank_t n = comm.size(), me = comm.rank();
+  const bool link_column = o.link_column != 0 && ctx.link.bits_per_s > 0;
+  std::unique_ptr<bench::compressed_table> table;
+  if (me == 0) {
+    print_preamble(o, n, ctx, link_column);
+    table = std::make_unique<bench::compressed_table>(fmt::format("qcoll {} compressed {}", o.op_name, ctx.transport),
+                                                      n, link_column ? ctx.link.bits_per_s / 8.0 : 0.0);
+  }
+  const std::vector<std::size_t> chunks =
+      o.chunk_values.empty() ? std::vector<std::size_t>{qcoll::compressed_allreduce_options{}.chunk_values}
+                             : o.chunk_values;
+  bool all_right = true;
+  for (const std::size_t bytes : bench::sweep_sizes(o)) {
+    const std::size_t count = bytes / sizeof(float);
+    aligned_floats buffer(count), pristine_buffer(count);
+    const std::span<float> data = buffer.span(), pristine = pristine_buffer.span();
+    for (std::size_t i = 0; i < count; ++i) pristine[i] = pattern(i, me);
+
+    // One row: `call` is the allreduce (in place on `data`); exact results (exact,
+    // identity) are checked element by element, lossy ones across ranks.
+    const auto measure = [&](auto&& call, bool lossy) {
+      check_tally tally;
+      const auto one_iteration = [&]() -> double {
+        std::memcpy(data.data(), pristine.data(), bytes);
+        comm.barrier();
+        const double start = now_us();
+        call();
+        const double took = now_us() - start;
+        if (o.check) tally.add(check_allreduce(data, n));
+        return took;
+      };
+      const measured m = timed_iterations(comm, o, bytes, one_iteration, [&] { return tally.summary(); });
+      bench::compressed_table::row_data row;
+      row.times_us = m.times_us;
+      row.wrong = lossy ? check_tally::differing_iterations(m.summary) + m.summary[1] : m.summary[0];
+      row.relerr = o.check ? m.summary[2] : -1.0;
+      all_right = all_right && row.wrong == 0;
+      return row;
+    };
+
+    bench::compressed_table::row_data exact = measure([&] { comm.allreduce(data, qcoll::reduce_op::sum); }, false);
+    exact.variant = "exact";
+    exact.chunk = "-";
+    if (table) table->exact_row(bytes, std::move(exact));
+
+    for (const variant_spec& v : ctx.variants)
+      for (const std::size_t chunk : chunks)
+        std::visit(
+            [&](const auto& quantizer) {
+              using Q = std::decay_t<decltype(quantizer)>;
+              qcoll::compressed_allreduce_options options;
+              options.chunk_values = chunk == collective_options::whole_stripe ? count : chunk;
+              qcoll::compressed_allreduce_plan<Q> plan(comm, count, quantizer, options);
+              bench::compressed_table::row_data row =
+                  measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy());
+              if (plan.last_call().bytes_sent != plan.bytes_sent_per_call())
+                std::fprintf(stderr, "collective_bench: rank %zu, %s: sent %zu bytes, bytes_sent_per_call() says %zu\n",
+                             me, v.variant.name.c_str(), plan.last_call().bytes_sent, plan.bytes_sent_per_call());
+              row.variant = v.variant.name;
+              row.chunk = chunk == collective_options::whole_stripe ? "whole" : values_text(plan.chunk_values());
+              row.wire_bytes = static_cast<double>(plan.last_call().bytes_sent);
+              if (table) table->compressed_row(bytes, row);
+            },
+            v.quantizer);
+  }
+  if (table) table->finish();
+  return all_right;
 }
 
 /// The whole sweep on one rank: the single timing loop both modes share.
@@ -161,20 +402,9 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
       return took;
     };
 
-    const int most = bench::iterations_for(bytes, o);
-    std::vector<double> warmup(static_cast<std::size_t>(bench::warmup_for(most, o)));
-    comm.barrier();
-    for (double& t : warmup) t = one_iteration();
-    if (!warmup.empty()) comm.allreduce(std::span<double>(warmup), qcoll::reduce_op::max);
-    const int iterations = bench::capped_iterations(most, warmup, o);
-    // Times of the timed iterations, then the wrong count: one allreduce(max) gives
-    // every iteration's slowest rank and the worst rank's count.
-    std::vector<double> stats(static_cast<std::size_t>(iterations) + 1, 0.0);
-    for (int it = 0; it < iterations; ++it) stats[static_cast<std::size_t>(it)] = one_iteration();
-    stats.back() = wrong;
-    comm.allreduce(std::span<double>(stats), qcoll::reduce_op::max);
-    all_right = all_right && stats.back() == 0;
-    if (table) table->row(bytes, std::vector<double>(stats.begin(), stats.end() - 1), stats.back());
+    const measured m = timed_iterations(comm, o, bytes, one_iteration, [&] { return std::vector<double>{wrong}; });
+    all_right = all_right && m.summary[0] == 0;
+    if (table) table->row(bytes, m.times_us, m.summary[0]);
   }
   if (table) table->finish();
   return all_right;
@@ -185,16 +415,24 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
 template <class Communicator>
 bool run_rank_or_abort(Communicator& comm, const collective_options& o, const run_context& ctx) {
   try {
-    return run_rank(comm, o, ctx);
+    return ctx.variants.empty() ? run_rank(comm, o, ctx) : run_rank_compressed(comm, o, ctx);
   } catch (const std::exception& e) {
     if (!comm.aborted()) comm.abort(e.what());
     throw;
   }
 }
 
+std::vector<variant_spec> make_variants(const collective_options& o) {
+  std::vector<variant_spec> variants;
+  for (const bench::compressed_variant& v : o.compressed) variants.push_back(make_variant(v));
+  return variants;
+}
+
 int run_threads(const collective_options& o) {
   const auto n = static_cast<qcoll::rank_t>(o.threads);
-  const run_context ctx{"inproc", {}, {}};
+  run_context ctx;
+  ctx.transport = "inproc";
+  ctx.variants = make_variants(o);
   std::vector<char> right(n, 0);
   const auto errors = qcoll::transports::inproc::run_ranks(n, [&](auto transport) {
     qcoll::communicator comm(std::move(transport));
@@ -222,7 +460,7 @@ int run_job(const collective_options& o) {
     knobs += fmt::format(" tcp socket buffers {} B", o.tcp_buffer_bytes);
   }
   const run_context ctx{std::string(qcoll::rendezvous::to_string(qcoll::rendezvous::resolve_transport(job))),
-                        knobs.empty() ? knobs : knobs.substr(1), link_from_environment()};
+                        knobs.empty() ? knobs : knobs.substr(1), link_from_environment(), make_variants(o)};
   if (o.link_column == 1 && ctx.link.bits_per_s <= 0)
     throw std::invalid_argument("-L 1 needs QCOLL_NETLAB_RATE (the link rate in bit/s)");
   const bool right = qcoll::rendezvous::join(
