@@ -38,8 +38,11 @@ struct compressed_allreduce_options {
   /// Values per pipelined chunk, rounded up to whole quantizer groups. Each chunk is
   /// a frame of its own (24 bytes of header), encoded, sent and decoded while the
   /// next one moves.
-  // 256 Ki values (1 MiB of float32): collective_bench --compressed, 64 MiB, 4 ranks.
-  // See docs/compressed-allreduce.md#chunk-size for the sweep.
+  // 256 Ki values (1 MiB of float32), from `collective_bench --job --compressed one_bit
+  // --chunk 4K,…,1M,whole -b 64M` with 4 ranks in benchmarks/netlab at 1 Gbit/s (2 vCPU
+  // EPYC): 128 Ki–1 Mi is a plateau (median 9.7–10.7× the exact allreduce over 4 runs;
+  // 64 Ki 8.2×, 4 Ki 1.9×, one chunk per stripe 9.3×); loopback is flat from 64 Ki to
+  // 1 Mi. 256 Ki still gives 4 chunks per stripe at 16 MiB. docs/compressed-performance.md.
   std::size_t chunk_values = std::size_t{1} << 18;
 };
 
