@@ -81,7 +81,7 @@ quantizer_case make_case(const std::string& name) {
   if (name == "one_bit") {
     const one_bit_options o;
     return {name, [o](std::size_t n) { return wire::one_bit_layout(o.group_size).payload_bytes(n); },
-            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.one_bit_encode(o, in, r, out); },
+            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.one_bit_encode(o, in, r, r, out); },
             [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.one_bit_decode(o, in, out, true); }};
   }
   if (name.rfind("k_level", 0) == 0) {
@@ -89,14 +89,14 @@ quantizer_case make_case(const std::string& name) {
     const k_level_options o = k_level_options::with_bits(bits);
     const unsigned code_bits = bits;  // 2^bits levels take exactly `bits` bits
     return {name, [o, code_bits](std::size_t n) { return wire::k_level_layout(o.group_size, code_bits).payload_bytes(n); },
-            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.k_level_encode(o, in, r, {}, out); },
+            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.k_level_encode(o, in, r, r, {}, out); },
             [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.k_level_decode(o, in, out, true); }};
   }
   if (name.rfind("bfp", 0) == 0) {
     bfp_options o;
     o.mantissa_bits = static_cast<unsigned>(std::stoul(name.substr(3)));
     return {name, [o](std::size_t n) { return wire::bfp_layout(o.block_size, o.mantissa_bits).payload_bytes(n); },
-            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.bfp_encode(o, in, r, out); },
+            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.bfp_encode(o, in, r, r, out); },
             [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.bfp_decode(o, in, out, true); }};
   }
   throw std::invalid_argument(fmt::format("unknown quantizer {} (one_bit, k_level<bits>, bfp<bits>)", name));

@@ -10,11 +10,13 @@
 #include "support/quantizer_inputs.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,38 @@ long long expected_mantissa(float v, int exponent, unsigned bits) {
   return static_cast<long long>(std::clamp(std::round(std::ldexp(static_cast<double>(v), -exponent)), -limit, limit));
 }
 
+/// A quiet NaN with a payload no encoder computes: what residual_out holds before a
+/// split encode, so a value the encoder failed to write shows.
+const float unwritten = std::bit_cast<float>(0x7fc5a5a5u);
+
+/// Encodes once in place (`in_place(residual, bytes)`) and once with split residuals
+/// (`split(residual_in, residual_out, bytes)`, residual_out prefilled with `unwritten`),
+/// both from `residual0`. True when both give the same bytes and the same new residual
+/// and the split encode left residual_in as it was. (As in quantizer_tests.cpp.)
+template <class InPlace, class Split>
+bool split_matches_in_place(std::span<const float> residual0, std::size_t bytes, InPlace&& in_place, Split&& split) {
+  std::vector<float> residual(residual0.begin(), residual0.end());
+  std::vector<std::byte> expected(bytes, std::byte{0xa5});
+  in_place(std::span<float>(residual), std::span<std::byte>(expected));
+  const std::vector<float> residual_in(residual0.begin(), residual0.end());
+  std::vector<float> residual_out(residual0.size(), unwritten);
+  std::vector<std::byte> actual(bytes, std::byte{0xa5});
+  split(std::span<const float>(residual_in), std::span<float>(residual_out), std::span<std::byte>(actual));
+  return test::same_bytes(actual, expected) && test::same_bits(residual_out, residual) &&
+         test::same_bits(residual_in, residual0);
+}
+
+/// Residuals to start from: small values, and 0.03 × an input value (so it inherits
+/// the input's NaN, Inf and zeros).
+std::vector<std::vector<float>> starting_residuals(std::span<const float> in) {
+  std::vector<float> small(in.size()), scaled(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    small[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+    scaled[i] = 0.03f * in[(7 * i + 3) % in.size()];
+  }
+  return {small, scaled};
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(bfp_quantizer)
@@ -87,14 +121,15 @@ BOOST_AUTO_TEST_CASE(every_simd_backend_matches_the_reference_bit_for_bit) {
               residual_start[i] = 0.03f * input.values[(7 * i + 3) % n];  // inherits the input's NaN/Inf
             std::vector<float> reference_residual = residual_start;
             std::vector<std::byte> reference_frame(quantizer.encoded_size(n));
-            reference.bfp_encode(options, input.values, reference_residual, reference_frame.data() + header);
+            reference.bfp_encode(options, input.values, reference_residual, reference_residual,
+                                 reference_frame.data() + header);
             std::vector<float> reference_decoded(n, 2.0f), reference_sum(n, -1.25f);
             reference.bfp_decode(options, reference_frame.data() + header, reference_decoded, false);
             reference.bfp_decode(options, reference_frame.data() + header, reference_sum, true);
             for (const auto* backend : backends) {
               std::vector<float> residual = residual_start;
               std::vector<std::byte> frame(reference_frame.size(), std::byte{0xa5});
-              backend->bfp_encode(options, input.values, residual, frame.data() + header);
+              backend->bfp_encode(options, input.values, residual, residual, frame.data() + header);
               std::vector<float> decoded(n, 2.0f), sum(n, -1.25f);
               backend->bfp_decode(options, reference_frame.data() + header, decoded, false);
               backend->bfp_decode(options, reference_frame.data() + header, sum, true);
@@ -111,6 +146,69 @@ BOOST_AUTO_TEST_CASE(every_simd_backend_matches_the_reference_bit_for_bit) {
             }
           }
   BOOST_TEST_MESSAGE("bfp: " << compared << " backend runs compared with the reference");
+}
+
+BOOST_AUTO_TEST_CASE(split_residuals_give_the_in_place_frame_and_residual_on_every_backend) {
+  auto backends = test::simd_backends();
+  backends.push_back(&test::reference_kernels());
+  std::size_t compared = 0;
+  for (const unsigned bits : {3u, 8u, 32u})
+    for (const std::size_t block : {std::size_t{8}, std::size_t{32}, whole})
+      for (const std::size_t n : {1u, 17u, 31u, 32u, 33u, 200u})
+        for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(n * 131 + bits * 7 + block)))
+          for (const auto& residual0 : starting_residuals(input.values)) {
+            const bfp_options options{.mantissa_bits = bits, .block_size = block};
+            const bfp q(options);
+            for (const auto* backend : backends) {
+              const bool same = split_matches_in_place(
+                  residual0, q.encoded_size(n) - header,
+                  [&](std::span<float> residual, std::span<std::byte> records) {
+                    backend->bfp_encode(options, input.values, residual, residual, records.data());
+                  },
+                  [&](std::span<const float> residual_in, std::span<float> residual_out, std::span<std::byte> records) {
+                    backend->bfp_encode(options, input.values, residual_in, residual_out, records.data());
+                  });
+              BOOST_TEST_REQUIRE(same, backend->name << ": " << input.name << ", n = " << n << ", b = " << bits
+                                                     << ", block = " << block);
+              ++compared;
+            }
+            BOOST_TEST_REQUIRE(split_matches_in_place(  // the quantizer's two overloads, on the active backend
+                residual0, q.encoded_size(n),
+                [&](std::span<float> residual, std::span<std::byte> frame) { q.encode(input.values, residual, frame); },
+                [&](std::span<const float> residual_in, std::span<float> residual_out, std::span<std::byte> frame) {
+                  q.encode(input.values, residual_in, residual_out, frame);
+                }));
+          }
+  BOOST_TEST_MESSAGE("bfp: " << compared << " split encodings compared");
+}
+
+BOOST_AUTO_TEST_CASE(split_residuals_copy_a_non_finite_block_and_write_an_all_zero_one) {
+  for (const std::size_t block : {std::size_t{8}, whole}) {
+    const bfp q({.mantissa_bits = 8, .block_size = block});
+    std::vector<float> x(24, 0.0f), residual_in(24, 0.0f), residual_out(24, unwritten);
+    for (std::size_t i = 8; i < 16; ++i) {
+      x[i] = 0.1f * static_cast<float>(i);
+      residual_in[i] = 0.01f;
+    }
+    x[1] = -0.0f;
+    residual_in[2] = -0.0f;  // block [0, 8) holds only zeros, some negative
+    x[20] = not_a_number;
+    residual_in[20] = 0.5f;
+    std::vector<std::byte> frame(q.encoded_size(x.size()));
+    q.encode(x, residual_in, residual_out, frame);
+    // Whole tensor: one block holding NaN, all of it copied. Blocks of 8: [16, 24) is
+    // copied, the all-zero block [0, 8) gets v − 0 = v, [8, 16) its error.
+    const std::size_t copied_from = block == whole ? 0 : 16;
+    BOOST_TEST(
+        test::same_bits(std::span(residual_out).subspan(copied_from), std::span(residual_in).subspan(copied_from)));
+    if (block != whole) {
+      std::vector<float> fed(8);
+      for (std::size_t i = 0; i < 8; ++i) fed[i] = x[i] + residual_in[i];
+      BOOST_TEST(test::same_bits(std::span(residual_out).first(8), fed));
+      BOOST_TEST(!std::isnan(residual_out[10]));
+    }
+    BOOST_TEST(residual_in[20] == 0.5f);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(hand_computed_blocks) {

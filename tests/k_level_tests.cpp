@@ -9,6 +9,7 @@
 #include <qcoll/quantizers/k_level.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -53,6 +54,38 @@ group_table table_of(const k_level& q, std::span<const std::byte> frame, std::si
   return table;
 }
 
+/// A quiet NaN with a payload no encoder computes: what residual_out holds before a
+/// split encode, so a value the encoder failed to write shows.
+const float unwritten = std::bit_cast<float>(0x7fc5a5a5u);
+
+/// Encodes once in place (`in_place(residual, bytes)`) and once with split residuals
+/// (`split(residual_in, residual_out, bytes)`, residual_out prefilled with `unwritten`),
+/// both from `residual0`. True when both give the same bytes and the same new residual
+/// and the split encode left residual_in as it was. (As in quantizer_tests.cpp.)
+template <class InPlace, class Split>
+bool split_matches_in_place(std::span<const float> residual0, std::size_t bytes, InPlace&& in_place, Split&& split) {
+  std::vector<float> residual(residual0.begin(), residual0.end());
+  std::vector<std::byte> expected(bytes, std::byte{0xa5});
+  in_place(std::span<float>(residual), std::span<std::byte>(expected));
+  const std::vector<float> residual_in(residual0.begin(), residual0.end());
+  std::vector<float> residual_out(residual0.size(), unwritten);
+  std::vector<std::byte> actual(bytes, std::byte{0xa5});
+  split(std::span<const float>(residual_in), std::span<float>(residual_out), std::span<std::byte>(actual));
+  return test::same_bytes(actual, expected) && test::same_bits(residual_out, residual) &&
+         test::same_bits(residual_in, residual0);
+}
+
+/// Residuals to start from: small values, and 0.03 × an input value (so it inherits
+/// the input's NaN, Inf and zeros).
+std::vector<std::vector<float>> starting_residuals(std::span<const float> in) {
+  std::vector<float> small(in.size()), scaled(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    small[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+    scaled[i] = 0.03f * in[(7 * i + 3) % in.size()];
+  }
+  return {small, scaled};
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(k_level_quantizer)
@@ -88,14 +121,15 @@ BOOST_AUTO_TEST_CASE(every_simd_backend_matches_the_reference_bit_for_bit) {
           for (std::size_t i = 0; i < residual0.size(); ++i) residual0[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
           std::vector<float> expected_residual = residual0;
           std::vector<std::byte> expected(layout.payload_bytes(n));
-          reference.k_level_encode(options, input.values, expected_residual, position, expected.data());
+          reference.k_level_encode(options, input.values, expected_residual, expected_residual, position,
+                                   expected.data());
           std::vector<float> base(n, 0.5f), expected_decoded(n), expected_accumulated = base;
           reference.k_level_decode(options, expected.data(), expected_decoded, false);
           reference.k_level_decode(options, expected.data(), expected_accumulated, true);
           for (const auto* backend : backends) {
             std::vector<float> residual = residual0;
             std::vector<std::byte> records(expected.size());
-            backend->k_level_encode(options, input.values, residual, position, records.data());
+            backend->k_level_encode(options, input.values, residual, residual, position, records.data());
             std::vector<float> decoded(n), accumulated = base;
             backend->k_level_decode(options, expected.data(), decoded, false);
             backend->k_level_decode(options, expected.data(), accumulated, true);
@@ -113,6 +147,63 @@ BOOST_AUTO_TEST_CASE(every_simd_backend_matches_the_reference_bit_for_bit) {
     }
   }
   BOOST_TEST_MESSAGE(compared << " encodings compared");
+}
+
+BOOST_AUTO_TEST_CASE(split_residuals_give_the_in_place_frame_and_residual_on_every_backend) {
+  auto backends = test::simd_backends();
+  backends.push_back(&test::reference_kernels());
+  std::size_t compared = 0;
+  for (std::size_t group : {8u, 64u})
+    for (unsigned levels : {2u, 3u, 16u, 256u})
+      for (rounding mode : both_roundings)
+        for (std::size_t n : {1u, 17u, 63u, 64u, 65u, 200u})
+          for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(n + group + levels)))
+            for (const auto& residual0 : starting_residuals(input.values)) {
+              const k_level_options options{.levels = levels, .group_size = group, .rounding = mode, .seed = 7};
+              const quantizers::encode_position position{.sequence = 3, .offset = near_a_key_change};
+              const k_level q(options);
+              const std::size_t payload = q.encoded_size(n) - quantizers::wire::header_size;
+              for (const auto* backend : backends) {
+                const bool same = split_matches_in_place(
+                    residual0, payload,
+                    [&](std::span<float> residual, std::span<std::byte> records) {
+                      backend->k_level_encode(options, input.values, residual, residual, position, records.data());
+                    },
+                    [&](std::span<const float> residual_in, std::span<float> residual_out,
+                        std::span<std::byte> records) {
+                      backend->k_level_encode(options, input.values, residual_in, residual_out, position,
+                                              records.data());
+                    });
+                BOOST_TEST_REQUIRE(same, backend->name << ": " << input.name << ", n = " << n << ", group = " << group
+                                                       << ", levels = " << levels << ", stochastic = " << int(mode));
+                ++compared;
+              }
+              BOOST_TEST_REQUIRE(split_matches_in_place(  // the quantizer's two overloads, on the active backend
+                  residual0, q.encoded_size(n),
+                  [&](std::span<float> residual, std::span<std::byte> frame) {
+                    q.encode(input.values, residual, frame, position);
+                  },
+                  [&](std::span<const float> residual_in, std::span<float> residual_out, std::span<std::byte> frame) {
+                    q.encode(input.values, residual_in, residual_out, frame, position);
+                  }));
+            }
+  BOOST_TEST_MESSAGE(compared << " split encodings compared");
+}
+
+BOOST_AUTO_TEST_CASE(a_non_finite_group_copies_its_residual_when_the_residuals_are_split) {
+  for (rounding mode : both_roundings) {
+    const k_level q({.levels = 16, .group_size = 64, .rounding = mode});
+    std::vector<float> in(200), residual_in(200, 0.25f), residual_out(200, unwritten);
+    for (std::size_t i = 0; i < in.size(); ++i)
+      in[i] = static_cast<float>(i % 5) - 2.0f + 0.1f * static_cast<float>(i % 3);
+    in[70] = std::numeric_limits<float>::infinity();  // group 1 of [0,64) [64,128) [128,192) [192,200)
+    std::vector<std::byte> frame(q.encoded_size(in.size()));
+    q.encode(in, residual_in, residual_out, frame);
+    BOOST_TEST(test::same_bits(std::span(residual_out).subspan(64, 64), std::span(residual_in).subspan(64, 64)));
+    BOOST_TEST(std::all_of(residual_in.begin(), residual_in.end(), [](float r) { return r == 0.25f; }));
+    BOOST_TEST(residual_out[0] != 0.25f);  // the healthy groups fed back their error
+    BOOST_TEST(!std::isnan(residual_out[199]));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(the_header_names_the_levels_and_rounding_and_codes_pack_lsb_first) {
@@ -267,7 +358,7 @@ BOOST_AUTO_TEST_CASE(stochastic_rounding_depends_on_seed_sequence_and_index_only
       for (const auto* backend : all_backends) {
         std::vector<float> residual = residual0;
         std::vector<std::byte> records(payload.size());
-        backend->k_level_encode(options, x, residual, position, records.data());
+        backend->k_level_encode(options, x, residual, residual, position, records.data());
         BOOST_TEST(test::same_bytes(records, payload), backend->name << ", offset " << offset);
       }
       // Another sequence or seed: other numbers, so other codes.

@@ -12,6 +12,7 @@
 #include <qcoll/quantizers/one_bit.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -38,6 +39,38 @@ std::vector<one_bit_options> all_one_bit_options(std::size_t group) {
     for (auto reconstruction : {quantizers::reconstruction::bin_means, quantizers::reconstruction::min_max})
       all.push_back({.group_size = group, .threshold = threshold, .reconstruction = reconstruction});
   return all;
+}
+
+/// A quiet NaN with a payload no encoder computes: what residual_out holds before a
+/// split encode, so a value the encoder failed to write shows.
+const float unwritten = std::bit_cast<float>(0x7fc5a5a5u);
+
+/// Encodes once in place (`in_place(residual, bytes)`) and once with split residuals
+/// (`split(residual_in, residual_out, bytes)`, residual_out prefilled with `unwritten`),
+/// both from `residual0`. True when both give the same bytes and the same new residual
+/// and the split encode left residual_in as it was.
+template <class InPlace, class Split>
+bool split_matches_in_place(std::span<const float> residual0, std::size_t bytes, InPlace&& in_place, Split&& split) {
+  std::vector<float> residual(residual0.begin(), residual0.end());
+  std::vector<std::byte> expected(bytes, std::byte{0xa5});
+  in_place(std::span<float>(residual), std::span<std::byte>(expected));
+  const std::vector<float> residual_in(residual0.begin(), residual0.end());
+  std::vector<float> residual_out(residual0.size(), unwritten);
+  std::vector<std::byte> actual(bytes, std::byte{0xa5});
+  split(std::span<const float>(residual_in), std::span<float>(residual_out), std::span<std::byte>(actual));
+  return test::same_bytes(actual, expected) && test::same_bits(residual_out, residual) &&
+         test::same_bits(residual_in, residual0);
+}
+
+/// Residuals to start from: small values, and 0.03 × an input value (so it inherits
+/// the input's NaN, Inf and zeros).
+std::vector<std::vector<float>> starting_residuals(std::span<const float> in) {
+  std::vector<float> small(in.size()), scaled(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    small[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+    scaled[i] = 0.03f * in[(7 * i + 3) % in.size()];
+  }
+  return {small, scaled};
 }
 
 float squared_error(std::span<const float> a, std::span<const float> b) {
@@ -146,6 +179,18 @@ BOOST_AUTO_TEST_CASE(round_trips_and_accumulates_exactly_from_unaligned_frames) 
   BOOST_TEST(quantizers::identity<float>().decode(frame, as_float) == make_error_code(errc::type_mismatch));
 }
 
+BOOST_AUTO_TEST_CASE(split_residuals_pass_through_like_the_in_place_residual) {
+  const quantizers::identity<float> q;
+  const std::vector<float> in{1.5f, -2.25f, 0.0f, 3.0f, -0.0f};
+  const std::vector<float> residual0{0.5f, -1.0f, 2.0f, 0.0f, -0.0f};
+  BOOST_TEST(split_matches_in_place(
+      residual0, q.encoded_size(in.size()),
+      [&](std::span<float> residual, std::span<std::byte> frame) { q.encode(in, residual, frame); },
+      [&](std::span<const float> residual_in, std::span<float> residual_out, std::span<std::byte> frame) {
+        q.encode(in, residual_in, residual_out, frame);
+      }));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(one_bit_quantizer)
@@ -167,14 +212,14 @@ BOOST_AUTO_TEST_CASE(every_simd_backend_matches_the_reference_bit_for_bit) {
             for (std::size_t i = 0; i < residual0.size(); ++i) residual0[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
             std::vector<float> expected_residual = residual0;
             std::vector<std::byte> expected(layout.payload_bytes(n));
-            reference.one_bit_encode(options, input.values, expected_residual, expected.data());
+            reference.one_bit_encode(options, input.values, expected_residual, expected_residual, expected.data());
             std::vector<float> base(n, 0.5f), expected_decoded(n), expected_accumulated = base;
             reference.one_bit_decode(options, expected.data(), expected_decoded, false);
             reference.one_bit_decode(options, expected.data(), expected_accumulated, true);
             for (const auto* backend : backends) {
               std::vector<float> residual = residual0;
               std::vector<std::byte> records(expected.size());
-              backend->one_bit_encode(options, input.values, residual, records.data());
+              backend->one_bit_encode(options, input.values, residual, residual, records.data());
               std::vector<float> decoded(n), accumulated = base;
               backend->one_bit_decode(options, expected.data(), decoded, false);
               backend->one_bit_decode(options, expected.data(), accumulated, true);
@@ -189,6 +234,72 @@ BOOST_AUTO_TEST_CASE(every_simd_backend_matches_the_reference_bit_for_bit) {
             }
           }
   BOOST_TEST_MESSAGE(compared << " encodings compared");
+}
+
+BOOST_AUTO_TEST_CASE(split_residuals_give_the_in_place_frame_and_residual_on_every_backend) {
+  auto backends = test::simd_backends();
+  backends.push_back(&test::reference_kernels());
+  std::size_t compared = 0;
+  for (std::size_t group : {8u, 64u})
+    for (const auto& options : all_one_bit_options(group))
+      for (std::size_t n : {1u, 17u, 63u, 64u, 65u, 200u})
+        for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(n + group)))
+          for (const auto& residual0 : starting_residuals(input.values)) {
+            const std::size_t payload = quantizers::wire::one_bit_layout(group).payload_bytes(n);
+            for (const auto* backend : backends) {
+              const bool same = split_matches_in_place(
+                  residual0, payload,
+                  [&](std::span<float> residual, std::span<std::byte> records) {
+                    backend->one_bit_encode(options, input.values, residual, residual, records.data());
+                  },
+                  [&](std::span<const float> residual_in, std::span<float> residual_out, std::span<std::byte> records) {
+                    backend->one_bit_encode(options, input.values, residual_in, residual_out, records.data());
+                  });
+              BOOST_TEST_REQUIRE(same, backend->name << ": " << input.name << ", n = " << n << ", group = " << group
+                                                     << ", mean threshold = " << int(options.threshold)
+                                                     << ", min_max = " << int(options.reconstruction));
+              ++compared;
+            }
+            const one_bit q(options);  // the quantizer's two overloads, on the active backend
+            BOOST_TEST_REQUIRE(split_matches_in_place(
+                residual0, q.encoded_size(n),
+                [&](std::span<float> residual, std::span<std::byte> frame) { q.encode(input.values, residual, frame); },
+                [&](std::span<const float> residual_in, std::span<float> residual_out, std::span<std::byte> frame) {
+                  q.encode(input.values, residual_in, residual_out, frame);
+                }));
+          }
+  BOOST_TEST_MESSAGE(compared << " split encodings compared");
+}
+
+BOOST_AUTO_TEST_CASE(a_non_finite_group_copies_its_residual_when_the_residuals_are_split) {
+  for (const auto& options : all_one_bit_options(64)) {
+    const one_bit q(options);
+    std::vector<float> in(200), residual_in(200, 0.25f), residual_out(200, unwritten);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 5) - 2.0f;
+    in[70] = std::numeric_limits<float>::quiet_NaN();  // group 1 of [0,64) [64,128) [128,192) [192,200)
+    std::vector<std::byte> frame(q.encoded_size(in.size()));
+    q.encode(in, residual_in, residual_out, frame);
+    BOOST_TEST(test::same_bits(std::span(residual_out).subspan(64, 64), std::span(residual_in).subspan(64, 64)));
+    BOOST_TEST(std::all_of(residual_in.begin(), residual_in.end(), [](float r) { return r == 0.25f; }));
+    BOOST_TEST(residual_out[0] != 0.25f);  // the healthy groups fed back their error
+  }
+}
+
+BOOST_AUTO_TEST_CASE(residuals_that_partly_overlap_or_differ_in_size_are_rejected) {
+  const one_bit q({.group_size = 8});
+  const std::vector<float> in(10, 1.0f);
+  std::vector<float> buffer(20, 0.0f);
+  const std::span<float> all(buffer);
+  std::vector<std::byte> frame(q.encoded_size(10));
+  const auto invalid = [](const qcoll::error& e) { return e.code() == errc::invalid_argument; };
+  BOOST_CHECK_EXCEPTION(q.encode(in, all.first(10), all.subspan(1, 10), frame), qcoll::error, invalid);
+  BOOST_CHECK_EXCEPTION(q.encode(in, all.subspan(9, 10), all.first(10), frame), qcoll::error, invalid);
+  BOOST_CHECK_EXCEPTION(q.encode(in, all.first(10), std::span<float>(), frame), qcoll::error, invalid);
+  BOOST_CHECK_EXCEPTION(q.encode(in, std::span<const float>(), all.first(10), frame), qcoll::error, invalid);
+  BOOST_CHECK_EXCEPTION(q.encode(in, all.first(9), all.subspan(10, 9), frame), qcoll::error, invalid);
+  BOOST_CHECK_NO_THROW(q.encode(in, all.first(10), all.subspan(10), frame));  // adjacent, disjoint
+  BOOST_CHECK_NO_THROW(q.encode(in, all.first(10), all.first(10), frame));    // the same range: in place
+  BOOST_CHECK_NO_THROW(q.encode(in, std::span<const float>(), std::span<float>(), frame));
 }
 
 BOOST_AUTO_TEST_CASE(a_value_at_the_threshold_goes_to_bin_one_and_an_empty_bin_decodes_to_zero) {

@@ -241,12 +241,10 @@ class compressed_exchange {
 
   // ---- the steps both routes are made of ----
 
-  /// Encodes chunk c of stripe j of the input with the worker residual (staging copy).
+  /// Encodes chunk c of stripe j of the input with the worker residual.
   void encode_contribution(std::size_t j, std::size_t c) {
     const block_range values = layout().chunk(j, c);
-    std::span<T> residual;
-    if constexpr (Q::keeps_residual) residual = staged(s_.worker_residual, values);
-    s_.quantizer.encode(values.of(in_), residual, contribution(j, c), {2 * s_.calls, values.offset});
+    staged(values.of(in_), s_.worker_residual, values, contribution(j, c), {2 * s_.calls, values.offset});
   }
 
   /// The sum starts as this rank's own decoded contribution, in the output.
@@ -262,19 +260,29 @@ class compressed_exchange {
     const std::span<T> sum = out_chunk(s_.rank, c);
     if (op_ == reduce_op::avg) kernels::cpu::finish_avg(sum, s_.size);
     const block_range values = layout().chunk(s_.rank, c);
-    std::span<T> residual;
-    if constexpr (Q::keeps_residual)
-      residual = staged(s_.server_residual, {values.offset - layout().stripe(s_.rank).offset, values.size});
-    s_.quantizer.encode(std::span<const T>(sum), residual, aggregate(s_.rank, c), {2 * s_.calls + 1, values.offset});
+    staged(sum, s_.server_residual, {values.offset - layout().stripe(s_.rank).offset, values.size},
+           aggregate(s_.rank, c), {2 * s_.calls + 1, values.offset});
     decode(aggregate(s_.rank, c), sum, false, s_.rank);
   }
 
-  /// The staging residual for `values`, starting from the committed one.
-  std::span<T> staged(std::vector<T> (&residual)[2], block_range values) {
-    const std::span<T> committed = values.of(std::span(residual[s_.committed]));
-    const std::span<T> staging = values.of(std::span(residual[1 - s_.committed]));
-    std::copy(committed.begin(), committed.end(), staging.begin());
-    return staging;
+  /// Encodes `values` into `frame` with error feedback from part `at` of the committed
+  /// residual into the same part of the staging one, which becomes the committed one
+  /// only once the whole call succeeded. The encode reads one and writes the other:
+  /// no copy (a quantizer with only the concept's in-place encode gets one).
+  void staged(std::span<const T> values, std::vector<T> (&residual)[2], block_range at, std::span<std::byte> frame,
+              quantizers::encode_position position) {
+    if constexpr (!Q::keeps_residual) {
+      s_.quantizer.encode(values, std::span<T>(), frame, position);
+    } else {
+      const std::span<const T> committed = at.of(std::span<const T>(residual[s_.committed]));
+      const std::span<T> staging = at.of(std::span(residual[1 - s_.committed]));
+      if constexpr (requires { s_.quantizer.encode(values, committed, staging, frame, position); }) {
+        s_.quantizer.encode(values, committed, staging, frame, position);
+      } else {
+        std::copy(committed.begin(), committed.end(), staging.begin());
+        s_.quantizer.encode(values, staging, frame, position);
+      }
+    }
   }
 
   void decode(std::span<const std::byte> frame, std::span<T> into, bool accumulate, rank_t from) {

@@ -22,7 +22,7 @@
 ///   saturated value (at most 2^e).
 /// - A block holding NaN or ±Inf (in v) is sent as exponent −128 with zero
 ///   mantissas; it decodes to NaN (decode_accumulate stores NaN there too), and
-///   its residual is left untouched.
+///   its residual is left untouched (split residuals: copied to residual_out).
 ///
 /// @par Record of a block of g values
 /// [exponent: i8][ceil(g·b/8) bytes: mantissa i at bits [i·b, i·b + b), LSB-first]
@@ -88,9 +88,9 @@ class bfp : public detail::framed<bfp, float> {
                                                                                 : std::max<std::size_t>(n, 1);
     return wire::bfp_layout(block, options_.mantissa_bits);
   }
-  void encode_records(std::span<const float> in, std::span<float> residual, encode_position,
-                      std::byte* records) const noexcept {
-    kernels::cpu::active_kernels().bfp_encode(options_, in, residual, records);
+  void encode_records(std::span<const float> in, std::span<const float> residual_in,
+                      std::span<float> residual_out, encode_position, std::byte* records) const noexcept {
+    kernels::cpu::active_kernels().bfp_encode(options_, in, residual_in, residual_out, records);
   }
 
   /// Accepts only what the encoder writes: an exponent in [−127, 129 − b], or −128

@@ -18,7 +18,8 @@ namespace qcoll::quantizers::detail {
 ///   static constexpr const char* name;
 ///   wire::frame_header header() const;                  // all but the count
 ///   wire::record_layout layout(std::size_t n) const;
-///   void encode_records(in, residual, position, std::byte* records) const;
+///   void encode_records(in, residual_in, residual_out, position, std::byte* records) const;
+///     (residual_in and residual_out both empty, or the same range, or disjoint)
 ///   std::error_code check_records(const std::byte* records, std::size_t n) const noexcept;
 ///   void decode_records(const std::byte* records, std::span<T> out, bool accumulate) const noexcept;
 template <class Derived, class T>
@@ -32,6 +33,7 @@ class framed {
   /// Encodes `in` into the first encoded_size(in.size()) bytes of `encoded`.
   /// `residual` is empty (no error feedback) or one value per input. A group that
   /// holds NaN or Inf (in input + residual) decodes to NaN and keeps its residual.
+  /// The same as encode(in, residual, residual, encoded, position).
   /// @par Errors
   /// qcoll::error (invalid_argument) when `residual` or `encoded` has the wrong size.
   void encode(std::span<const T> in, std::span<T> residual, std::span<std::byte> encoded,
@@ -39,6 +41,31 @@ class framed {
     if (!residual.empty() && residual.size() != in.size())
       qcoll::detail::throw_error(errc::invalid_argument, "{}::encode: the residual holds {} values for {} inputs",
                                  Derived::name, residual.size(), in.size());
+    encode(in, std::span<const T>(residual), residual, encoded, position);
+  }
+
+  /// Encodes `in` with error feedback read from `residual_in` and written to
+  /// `residual_out`: v = in + residual_in is quantized and residual_out = v − decoded(v).
+  /// The frame and residual_out are bit for bit what the in-place encode gives with a
+  /// residual holding residual_in; a group that holds NaN or Inf gets residual_out =
+  /// residual_in. Lets a caller keep the old residual (to roll back a failed step)
+  /// without copying it first.
+  ///
+  /// `residual_in` and `residual_out` are both empty (no error feedback) or both hold
+  /// one value per input; they are the same range (in place) or do not overlap.
+  /// Unless they are the same range, `residual_in` is only read.
+  /// @par Errors
+  /// qcoll::error (invalid_argument) when a residual or `encoded` has the wrong size,
+  /// or when the residuals partly overlap.
+  void encode(std::span<const T> in, std::span<const T> residual_in, std::span<T> residual_out,
+              std::span<std::byte> encoded, encode_position position = {}) const {
+    if (residual_in.size() != residual_out.size() || (!residual_in.empty() && residual_in.size() != in.size()))
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "{}::encode: the residuals hold {} and {} values for {} inputs", Derived::name,
+                                 residual_in.size(), residual_out.size(), in.size());
+    if (qcoll::detail::overlaps(residual_in, residual_out) && !qcoll::detail::same_range(residual_in, residual_out))
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "{}::encode: the residuals overlap without being the same range", Derived::name);
     const std::size_t size = encoded_size(in.size());
     if (encoded.size() < size)
       qcoll::detail::throw_error(errc::invalid_argument, "{}::encode: {} values need {} bytes, the buffer has {}",
@@ -46,7 +73,7 @@ class framed {
     wire::frame_header header = self().header();
     header.count = in.size();
     wire::write_header(header, encoded);
-    self().encode_records(in, residual, position, encoded.data() + wire::header_size);
+    self().encode_records(in, residual_in, residual_out, position, encoded.data() + wire::header_size);
   }
 
   /// out = the decoded frame. On error `out` is untouched.

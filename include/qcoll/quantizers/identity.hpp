@@ -30,8 +30,12 @@ class identity : public detail::framed<identity<T>, T> {
   wire::frame_header header() const noexcept { return {.scheme = wire::scheme::identity, .type = dtype_of<T>::value}; }
   wire::record_layout layout(std::size_t) const noexcept { return {.group = 1, .table_bytes = 0, .code_bits = 8 * sizeof(T)}; }
 
-  void encode_records(std::span<const T> in, std::span<T>, encode_position, std::byte* records) const noexcept {
+  /// The residual passes through unchanged: residual_out = residual_in.
+  void encode_records(std::span<const T> in, std::span<const T> residual_in, std::span<T> residual_out,
+                      encode_position, std::byte* records) const noexcept {
     if (!in.empty()) std::memcpy(records, in.data(), in.size_bytes());  // an empty span may hold nullptr
+    if (residual_in.data() != residual_out.data() && !residual_in.empty())
+      std::memcpy(residual_out.data(), residual_in.data(), residual_in.size_bytes());
   }
   std::error_code check_records(const std::byte*, std::size_t) const noexcept { return {}; }
   void decode_records(const std::byte* records, std::span<T> out, bool accumulate) const noexcept {

@@ -9,7 +9,8 @@
 /// For each group of G values (the last one possibly shorter):
 /// - v = x + residual, or v = x without a residual (no + 0: -0 stays -0).
 /// - If any v is NaN or ±Inf: the table is {NaN, NaN}, every code 0 (so the group
-///   decodes to NaN) and the group's residual is left untouched.
+///   decodes to NaN) and the group's residual is left untouched (split residuals:
+///   copied to residual_out).
 /// - min, max = the exact extremes of v, -0 made +0 (order-independent).
 ///   step = (max - min) / (L - 1); if that overflows, max/(L-1) - min/(L-1); if
 ///   (L-1) * step overflows, FLT_MAX / (L-1); then step is lowered one ulp at a
@@ -107,9 +108,9 @@ class k_level : public detail::framed<k_level, float> {
   wire::record_layout layout(std::size_t) const noexcept {
     return wire::k_level_layout(options_.group_size, code_bits_);
   }
-  void encode_records(std::span<const float> in, std::span<float> residual, encode_position position,
-                      std::byte* records) const noexcept {
-    kernels::cpu::active_kernels().k_level_encode(options_, in, residual, position, records);
+  void encode_records(std::span<const float> in, std::span<const float> residual_in,
+                      std::span<float> residual_out, encode_position position, std::byte* records) const noexcept {
+    kernels::cpu::active_kernels().k_level_encode(options_, in, residual_in, residual_out, position, records);
   }
   /// Any table is valid (NaN marks a non-finite group). Codes must name a level —
   /// only checked when L is not a power of two, the one case a code can exceed it —

@@ -52,9 +52,9 @@ class one_bit : public detail::framed<one_bit, float> {
   wire::record_layout layout(std::size_t) const noexcept {
     return wire::one_bit_layout(options_.group_size);
   }
-  void encode_records(std::span<const float> in, std::span<float> residual, encode_position,
-                      std::byte* records) const noexcept {
-    kernels::cpu::active_kernels().one_bit_encode(options_, in, residual, records);
+  void encode_records(std::span<const float> in, std::span<const float> residual_in,
+                      std::span<float> residual_out, encode_position, std::byte* records) const noexcept {
+    kernels::cpu::active_kernels().one_bit_encode(options_, in, residual_in, residual_out, records);
   }
   /// Any bits and any reconstruction values are a valid group; only the padding
   /// bits after the last value must be zero.

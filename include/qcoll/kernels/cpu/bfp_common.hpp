@@ -10,8 +10,8 @@
 /// - v = x + residual (x alone without error feedback); m = max |v| over the block,
 ///   taken on the bit patterns (abs, then an integer max), so it is exact and
 ///   independent of the order.
-/// - Any v non-finite: exponent byte −128, mantissas 0, the block's residual is
-///   left untouched; the block decodes to NaN.
+/// - Any v non-finite: exponent byte −128, mantissas 0, the block keeps its
+///   residual (residual_out = residual_in); the block decodes to NaN.
 /// - m = 0: exponent −127, mantissas 0 (v itself becomes the residual).
 /// - Otherwise e = ceil(log2 m) − (b − 1), computed exactly from m's bits, clamped
 ///   below at −127. So e ∈ [−127, 129 − b] and |v| · 2^−e ≤ 2^(b−1).
@@ -51,9 +51,11 @@ inline constexpr int min_exponent = -127;        ///< all-zero blocks, and the c
 /// codes) and of every SIMD width.
 inline constexpr std::size_t chunk = 256;
 
-/// The value fed to the quantizer: x + residual, or x alone without error feedback.
-inline float fed(const float* x, const float* residual, std::size_t i) noexcept {
-  return residual ? x[i] + residual[i] : x[i];
+/// The value fed to the quantizer: x + residual_in, or x alone without error feedback
+/// (null). Every read of a residual is of residual_in, the old one; kernels write the
+/// new one to residual_out, the same array (in place) or a disjoint one.
+inline float fed(const float* x, const float* residual_in, std::size_t i) noexcept {
+  return residual_in ? x[i] + residual_in[i] : x[i];
 }
 
 inline std::uint32_t bits_of(float value) noexcept {

@@ -24,6 +24,12 @@ inline void for_each_group(const quantizers::wire::record_layout& layout, std::s
   }
 }
 
+/// What a group that keeps its residual (NaN or Inf) does with split residuals:
+/// residual_out = residual_in. Nothing in place or without error feedback (null).
+inline void keep_residual(const float* residual_in, float* residual_out, std::size_t g) noexcept {
+  if (residual_out && residual_out != residual_in) __builtin_memcpy(residual_out, residual_in, g * sizeof(float));
+}
+
 /// Packs codes of `bits` bits (1…32) LSB-first, as docs/wire-format.md describes.
 inline void pack_codes(std::span<const std::uint32_t> codes, unsigned bits, std::byte* out) noexcept {
   switch (bits) {

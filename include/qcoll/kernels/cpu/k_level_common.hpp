@@ -37,10 +37,12 @@ inline constexpr quantizers::wire::record_layout layout(const quantizers::k_leve
 /// 8 (so every chunk starts on a byte boundary) and of every SIMD width.
 inline constexpr std::size_t chunk = 256;
 
-/// The value fed to the quantizer: x + residual, or x alone without error feedback
-/// (adding 0 would turn -0 into +0).
-inline float fed(const float* x, const float* residual, std::size_t i) noexcept {
-  return residual ? x[i] + residual[i] : x[i];
+/// The value fed to the quantizer: x + residual_in, or x alone without error feedback
+/// (null; adding 0 would turn -0 into +0). Every read of a residual is of residual_in,
+/// the old one; kernels write the new one to residual_out, the same array (in place)
+/// or a disjoint one.
+inline float fed(const float* x, const float* residual_in, std::size_t i) noexcept {
+  return residual_in ? x[i] + residual_in[i] : x[i];
 }
 
 /// The running extremes of a group, updated the same way by every backend (a NaN
@@ -57,7 +59,8 @@ struct table {
 };
 
 /// A group holding NaN or Inf encodes as {NaN, NaN} with all codes 0, so every
-/// value decodes to NaN (a loss scaler downstream sees it); its residual is kept.
+/// value decodes to NaN (a loss scaler downstream sees it); it keeps its residual
+/// (keep_residual).
 inline constexpr float nonfinite_value = std::numeric_limits<float>::quiet_NaN();
 
 /// The table of a finite group whose values lie in [low, high].
@@ -213,15 +216,15 @@ inline void store_nonfinite(const quantizers::k_level_options& options, std::byt
 }
 
 /// Quantizes values [begin, end) of a group: the code of value i goes to
-/// codes[i - begin], its new error to residual[i] (when there is a residual).
+/// codes[i - begin], its new error to residual_out[i] (when there is a residual).
 template <bool stochastic>
-inline void encode_values(const float* x, float* residual, std::size_t begin, std::size_t end, const table& t,
-                          const group_stream& stream, std::uint32_t* codes) noexcept {
+inline void encode_values(const float* x, const float* residual_in, float* residual_out, std::size_t begin,
+                          std::size_t end, const table& t, const group_stream& stream, std::uint32_t* codes) noexcept {
   for (std::size_t i = begin; i < end; ++i) {
-    const float v = fed(x, residual, i);
+    const float v = fed(x, residual_in, i);
     const float code = code_of<stochastic>(v, t, stochastic ? stream.u(i) : 0.0f);
     codes[i - begin] = static_cast<std::uint32_t>(code);
-    if (residual) residual[i] = v - level(t.min, t.step, code);
+    if (residual_out) residual_out[i] = v - level(t.min, t.step, code);
   }
 }
 
@@ -234,20 +237,24 @@ inline void decode_values(float min, float step, const std::uint32_t* codes, std
   }
 }
 
-/// Calls encode_group(std::bool_constant<stochastic>, x, residual or null, g, stream,
-/// record) for every group of a frame, with each group's random stream.
+/// Calls encode_group(std::bool_constant<stochastic>, x, residual_in, residual_out, g,
+/// stream, record) for every group of a frame, with each group's random stream; both
+/// residual pointers are null without error feedback.
 template <class EncodeGroup>
-void encode_groups(const quantizers::k_level_options& options, std::span<const float> in, std::span<float> residual,
+void encode_groups(const quantizers::k_level_options& options, std::span<const float> in,
+                   std::span<const float> residual_in, std::span<float> residual_out,
                    quantizers::encode_position position, std::byte* records, EncodeGroup&& encode_group) noexcept {
   stream_maker streams(options, position);
   const bool stochastic = options.rounding == quantizers::rounding::stochastic;
+  const bool feedback = !residual_out.empty();
   for_each_group(layout(options), in.size(), records, [&](std::size_t first, std::size_t g, auto* record) {
     const float* x = in.data() + first;
-    float* r = residual.empty() ? nullptr : residual.data() + first;
+    const float* r_in = feedback ? residual_in.data() + first : nullptr;
+    float* r_out = feedback ? residual_out.data() + first : nullptr;
     if (stochastic)
-      encode_group(std::true_type{}, x, r, g, streams.group(first, g), record);
+      encode_group(std::true_type{}, x, r_in, r_out, g, streams.group(first, g), record);
     else
-      encode_group(std::false_type{}, x, r, g, group_stream{}, record);
+      encode_group(std::false_type{}, x, r_in, r_out, g, group_stream{}, record);
   });
 }
 

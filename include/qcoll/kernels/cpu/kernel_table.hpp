@@ -4,6 +4,11 @@
 /// chosen once at run time (dispatch.hpp) and every quantizer call goes through
 /// the same table. Kernels write and read a frame's group records only; the
 /// quantizer classes own the header and the validation.
+///
+/// An encode reads the old residual from `residual_in` and writes the new one to
+/// `residual_out`: both empty (no error feedback), or both in.size() long and
+/// either the same range (in place) or disjoint. A group that keeps its residual
+/// (NaN or Inf) copies residual_in to residual_out.
 
 #include <qcoll/quantizers/options.hpp>
 
@@ -15,17 +20,20 @@ namespace qcoll::kernels::cpu {
 struct kernel_table {
   const char* name;  ///< "reference", "sse2", "avx2", "avx512f", …
 
-  void (*one_bit_encode)(const quantizers::one_bit_options&, std::span<const float> in, std::span<float> residual,
+  void (*one_bit_encode)(const quantizers::one_bit_options&, std::span<const float> in,
+                         std::span<const float> residual_in, std::span<float> residual_out,
                          std::byte* records) noexcept;
   void (*one_bit_decode)(const quantizers::one_bit_options&, const std::byte* records, std::span<float> out,
                          bool accumulate) noexcept;
 
-  void (*k_level_encode)(const quantizers::k_level_options&, std::span<const float> in, std::span<float> residual,
+  void (*k_level_encode)(const quantizers::k_level_options&, std::span<const float> in,
+                         std::span<const float> residual_in, std::span<float> residual_out,
                          quantizers::encode_position position, std::byte* records) noexcept;
   void (*k_level_decode)(const quantizers::k_level_options&, const std::byte* records, std::span<float> out,
                          bool accumulate) noexcept;
 
-  void (*bfp_encode)(const quantizers::bfp_options&, std::span<const float> in, std::span<float> residual,
+  void (*bfp_encode)(const quantizers::bfp_options&, std::span<const float> in,
+                     std::span<const float> residual_in, std::span<float> residual_out,
                      std::byte* records) noexcept;
   void (*bfp_decode)(const quantizers::bfp_options&, const std::byte* records, std::span<float> out,
                      bool accumulate) noexcept;

@@ -26,21 +26,23 @@ inline constexpr quantizers::wire::record_layout layout(std::size_t group) noexc
   return quantizers::wire::one_bit_layout(group);
 }
 
-/// The value fed to the quantizer: x + residual, or x alone without error feedback.
-inline float fed(const float* x, const float* residual, std::size_t i) noexcept {
-  return residual ? x[i] + residual[i] : x[i];
+/// The value fed to the quantizer: x + residual_in, or x alone without error feedback
+/// (null). Every read of a residual is of residual_in, the old one; kernels write the
+/// new one to residual_out, the same array (in place) or a disjoint one.
+inline float fed(const float* x, const float* residual_in, std::size_t i) noexcept {
+  return residual_in ? x[i] + residual_in[i] : x[i];
 }
 
-inline bool has_nonfinite(const float* x, const float* residual, std::size_t g) noexcept {
+inline bool has_nonfinite(const float* x, const float* residual_in, std::size_t g) noexcept {
   for (std::size_t i = 0; i < g; ++i)
-    if (!is_finite(fed(x, residual, i))) return true;
+    if (!is_finite(fed(x, residual_in, i))) return true;
   return false;
 }
 
 /// The group-mean threshold when the float sum overflowed although every value is finite.
-inline float mean_in_double(const float* x, const float* residual, std::size_t g) noexcept {
+inline float mean_in_double(const float* x, const float* residual_in, std::size_t g) noexcept {
   double sum = 0;
-  for (std::size_t i = 0; i < g; ++i) sum += fed(x, residual, i);
+  for (std::size_t i = 0; i < g; ++i) sum += fed(x, residual_in, i);
   return static_cast<float>(sum / static_cast<double>(g));
 }
 
@@ -51,7 +53,7 @@ struct table {
 };
 
 /// A group holding NaN or Inf encodes as {NaN, NaN}, so every value decodes to
-/// NaN (a loss scaler downstream sees it) and its residual is left untouched.
+/// NaN (a loss scaler downstream sees it) and keeps its residual (keep_residual).
 inline constexpr table nonfinite_table{std::numeric_limits<float>::quiet_NaN(),
                                        std::numeric_limits<float>::quiet_NaN(), true};
 
@@ -63,15 +65,15 @@ struct bin_statistics {
 
 /// The reconstruction values of one group. An empty bin decodes to 0.
 inline table finish(const quantizers::one_bit_options& options, const bin_statistics& stats, float threshold,
-                    const float* x, const float* residual, std::size_t g) noexcept {
+                    const float* x, const float* residual_in, std::size_t g) noexcept {
   const std::size_t count0 = g - stats.count1;
   if (!is_finite(stats.sum0) || !is_finite(stats.sum1)) {
-    if (has_nonfinite(x, residual, g)) return nonfinite_table;
+    if (has_nonfinite(x, residual_in, g)) return nonfinite_table;
     if (options.reconstruction == quantizers::reconstruction::bin_means) {
       // Every value is finite but a float sum overflowed: sum in double instead.
       double sum0 = 0, sum1 = 0;
       for (std::size_t i = 0; i < g; ++i) {
-        const float v = fed(x, residual, i);
+        const float v = fed(x, residual_in, i);
         (v >= threshold ? sum1 : sum0) += v;
       }
       return {count0 ? static_cast<float>(sum0 / static_cast<double>(count0)) : 0.0f,
@@ -96,10 +98,10 @@ inline void store_nonfinite(std::byte* record, std::size_t g) noexcept {
 /// Sorts values [from, to) of a group into the bins: sets the bits of bin 1 (the
 /// threshold itself goes to bin 1), adds each value to its bin's lane sum, and tracks
 /// the minimum and maximum. The bits of [from, to) must be zero.
-inline void classify(const float* x, const float* residual, std::size_t from, std::size_t to, float threshold,
+inline void classify(const float* x, const float* residual_in, std::size_t from, std::size_t to, float threshold,
                      std::byte* bits, lane_sums& sum0, lane_sums& sum1, bin_statistics& stats) noexcept {
   for (std::size_t i = from; i < to; ++i) {
-    const float v = fed(x, residual, i);
+    const float v = fed(x, residual_in, i);
     if (v >= threshold) {
       bits[i / 8] |= std::byte{1} << (i % 8);
       sum1[i % summation_lanes] += v;
@@ -115,32 +117,37 @@ inline void classify(const float* x, const float* residual, std::size_t from, st
 /// Folds the bins' lane sums, stores the group's table in its record and returns it;
 /// a non-finite group's bits are cleared.
 inline table store_table(const quantizers::one_bit_options& options, bin_statistics& stats, const lane_sums& sum0,
-                         const lane_sums& sum1, float threshold, const float* x, const float* residual, std::size_t g,
-                         std::byte* record) noexcept {
+                         const lane_sums& sum1, float threshold, const float* x, const float* residual_in,
+                         std::size_t g, std::byte* record) noexcept {
   stats.sum0 = fold_lanes(sum0);
   stats.sum1 = fold_lanes(sum1);
-  const table values = finish(options, stats, threshold, x, residual, g);
+  const table values = finish(options, stats, threshold, x, residual_in, g);
   store(record, values.zero);
   store(record + sizeof(float), values.one);
   if (values.nonfinite) std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
   return values;
 }
 
-/// The new error of values [from, to): what was fed minus what it decodes to.
-inline void update_residual(const float* x, float* residual, std::size_t from, std::size_t to, float threshold,
-                            const table& values) noexcept {
+/// The new error of values [from, to): what was fed (x + residual_in) minus what it
+/// decodes to, into residual_out.
+inline void update_residual(const float* x, const float* residual_in, float* residual_out, std::size_t from,
+                            std::size_t to, float threshold, const table& values) noexcept {
   for (std::size_t i = from; i < to; ++i) {
-    const float v = x[i] + residual[i];
-    residual[i] = v - (v >= threshold ? values.one : values.zero);
+    const float v = x[i] + residual_in[i];
+    residual_out[i] = v - (v >= threshold ? values.one : values.zero);
   }
 }
 
-/// Calls encode_group(x, residual or null, g, record) for every group of a frame.
+/// Calls encode_group(x, residual_in, residual_out, g, record) for every group of a
+/// frame; both residual pointers are null without error feedback.
 template <class EncodeGroup>
-void encode_groups(const quantizers::one_bit_options& options, std::span<const float> in, std::span<float> residual,
-                   std::byte* records, EncodeGroup&& encode_group) noexcept {
+void encode_groups(const quantizers::one_bit_options& options, std::span<const float> in,
+                   std::span<const float> residual_in, std::span<float> residual_out, std::byte* records,
+                   EncodeGroup&& encode_group) noexcept {
+  const bool feedback = !residual_out.empty();
   for_each_group(layout(options.group_size), in.size(), records, [&](std::size_t first, std::size_t g, auto* record) {
-    encode_group(in.data() + first, residual.empty() ? nullptr : residual.data() + first, g, record);
+    encode_group(in.data() + first, feedback ? residual_in.data() + first : nullptr,
+                 feedback ? residual_out.data() + first : nullptr, g, record);
   });
 }
 

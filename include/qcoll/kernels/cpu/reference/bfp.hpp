@@ -14,18 +14,19 @@
 QCOLL_CPU_KERNELS_BEGIN
 namespace reference {
 
-inline void bfp_encode_block(unsigned bits, const float* x, float* residual, std::size_t g,
-                             std::byte* record) noexcept {
+inline void bfp_encode_block(unsigned bits, const float* x, const float* residual_in, float* residual_out,
+                             std::size_t g, std::byte* record) noexcept {
   using namespace bfp_detail;
   std::uint32_t max_magnitude = 0;
   for (std::size_t i = 0; i < g; ++i) {
-    const std::uint32_t magnitude = magnitude_bits(fed(x, residual, i));
+    const std::uint32_t magnitude = magnitude_bits(fed(x, residual_in, i));
     max_magnitude = magnitude > max_magnitude ? magnitude : max_magnitude;
   }
   const block_scale block = decide(max_magnitude, bits);
   store<std::int8_t>(record, static_cast<std::int8_t>(block.exponent));
   std::byte* codes = record + layout(g, bits).table_bytes;
   if (block.nonfinite) {
+    keep_residual(residual_in, residual_out, g);
     __builtin_memset(codes, 0, layout(g, bits).codes_bytes(g));
     return;
   }
@@ -34,24 +35,27 @@ inline void bfp_encode_block(unsigned bits, const float* x, float* residual, std
     const std::size_t c = g - first < chunk ? g - first : chunk;
     for (std::size_t j = 0; j < c; ++j) {
       const std::size_t i = first + j;
-      const float v = fed(x, residual, i);
+      const float v = fed(x, residual_in, i);
       const std::int32_t q = mantissa(v, block.scale, bits);
       mantissas[j] = static_cast<std::uint32_t>(q);
-      if (residual) residual[i] = v - decoded(q, block.unit);
+      if (residual_out) residual_out[i] = v - decoded(q, block.unit);
     }
     pack_codes(std::span<const std::uint32_t>(mantissas, c), bits, codes + first * bits / 8);
   }
 }
 
 /// Encodes in.size() values into the records of a frame (header excluded).
-/// `residual` is empty (no error feedback) or as long as `in`.
-inline void bfp_encode(const quantizers::bfp_options& options, std::span<const float> in, std::span<float> residual,
+/// The residuals are both empty (no error feedback) or both as long as `in`, and
+/// either the same range or disjoint.
+inline void bfp_encode(const quantizers::bfp_options& options, std::span<const float> in,
+                       std::span<const float> residual_in, std::span<float> residual_out,
                        std::byte* records) noexcept {
   const std::size_t block = bfp_detail::block_values(options, in.size());
   const auto records_layout = bfp_detail::layout(block, options.mantissa_bits);
+  const bool feedback = !residual_out.empty();
   for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
-    bfp_encode_block(options.mantissa_bits, in.data() + first, residual.empty() ? nullptr : residual.data() + first,
-                     g, records);
+    bfp_encode_block(options.mantissa_bits, in.data() + first, feedback ? residual_in.data() + first : nullptr,
+                     feedback ? residual_out.data() + first : nullptr, g, records);
   });
 }
 

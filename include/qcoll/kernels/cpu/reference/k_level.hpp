@@ -17,21 +17,22 @@ QCOLL_CPU_KERNELS_BEGIN
 namespace reference {
 
 template <bool stochastic>
-inline void k_level_encode_group(const quantizers::k_level_options& options, const float* x, float* residual,
-                                 std::size_t g, const k_level_detail::group_stream& stream,
-                                 std::byte* record) noexcept {
+inline void k_level_encode_group(const quantizers::k_level_options& options, const float* x,
+                                 const float* residual_in, float* residual_out, std::size_t g,
+                                 const k_level_detail::group_stream& stream, std::byte* record) noexcept {
   using namespace k_level_detail;
   const unsigned bits = code_bits(options.levels);
   float low = std::numeric_limits<float>::infinity();
   float high = -std::numeric_limits<float>::infinity();
   bool finite = true;
   for (std::size_t i = 0; i < g; ++i) {
-    const float v = fed(x, residual, i);
+    const float v = fed(x, residual_in, i);
     finite = finite && is_finite(v);
     low = lower(v, low);
     high = higher(v, high);
   }
   if (!finite) {
+    keep_residual(residual_in, residual_out, g);
     store_nonfinite(options, record, g);
     return;
   }
@@ -40,20 +41,22 @@ inline void k_level_encode_group(const quantizers::k_level_options& options, con
   std::array<std::uint32_t, chunk> buffer;
   for (std::size_t first = 0; first < g; first += chunk) {
     const std::size_t count = g - first < chunk ? g - first : chunk;
-    encode_values<stochastic>(x, residual, first, first + count, t, stream, buffer.data());
+    encode_values<stochastic>(x, residual_in, residual_out, first, first + count, t, stream, buffer.data());
     pack_codes(std::span<const std::uint32_t>(buffer.data(), count), bits, codes_of(record) + first * bits / 8);
   }
 }
 
 /// Encodes in.size() values into the records of a frame (header excluded).
-/// `residual` is empty (no error feedback) or as long as `in`.
+/// The residuals are both empty (no error feedback) or both as long as `in`, and
+/// either the same range or disjoint.
 inline void k_level_encode(const quantizers::k_level_options& options, std::span<const float> in,
-                           std::span<float> residual, quantizers::encode_position position,
-                           std::byte* records) noexcept {
-  k_level_detail::encode_groups(options, in, residual, position, records,
-                                [&](auto stochastic, const float* x, float* r, std::size_t g, auto stream,
-                                    std::byte* record) {
-                                  k_level_encode_group<decltype(stochastic)::value>(options, x, r, g, stream, record);
+                           std::span<const float> residual_in, std::span<float> residual_out,
+                           quantizers::encode_position position, std::byte* records) noexcept {
+  k_level_detail::encode_groups(options, in, residual_in, residual_out, position, records,
+                                [&](auto stochastic, const float* x, const float* r_in, float* r_out, std::size_t g,
+                                    auto stream, std::byte* record) {
+                                  k_level_encode_group<decltype(stochastic)::value>(options, x, r_in, r_out, g, stream,
+                                                                                    record);
                                 });
 }
 

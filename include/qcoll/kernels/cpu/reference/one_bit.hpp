@@ -18,16 +18,21 @@
 QCOLL_CPU_KERNELS_BEGIN
 namespace reference {
 
-inline void one_bit_encode_group(const quantizers::one_bit_options& options, const float* x, float* residual,
-                                 std::size_t g, std::byte* record) noexcept {
+/// residual_in and residual_out: both null, the same array, or disjoint.
+inline void one_bit_encode_group(const quantizers::one_bit_options& options, const float* x,
+                                 const float* residual_in, float* residual_out, std::size_t g,
+                                 std::byte* record) noexcept {
   using namespace one_bit_detail;
   float threshold = 0;
   if (options.threshold == quantizers::threshold::group_mean) {
     lane_sums lanes{};
-    for (std::size_t i = 0; i < g; ++i) lanes[i % summation_lanes] += fed(x, residual, i);
+    for (std::size_t i = 0; i < g; ++i) lanes[i % summation_lanes] += fed(x, residual_in, i);
     const float total = fold_lanes(lanes);
-    if (!is_finite(total) && has_nonfinite(x, residual, g)) return store_nonfinite(record, g);
-    threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual, g);
+    if (!is_finite(total) && has_nonfinite(x, residual_in, g)) {
+      keep_residual(residual_in, residual_out, g);
+      return store_nonfinite(record, g);
+    }
+    threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual_in, g);
   }
 
   std::byte* bits = record + 2 * sizeof(float);
@@ -36,19 +41,22 @@ inline void one_bit_encode_group(const quantizers::one_bit_options& options, con
   bin_statistics stats;
   stats.low = std::numeric_limits<float>::infinity();
   stats.high = -std::numeric_limits<float>::infinity();
-  classify(x, residual, 0, g, threshold, bits, sum0, sum1, stats);
-  const table values = store_table(options, stats, sum0, sum1, threshold, x, residual, g, record);
-  if (!values.nonfinite && residual) update_residual(x, residual, 0, g, threshold, values);
+  classify(x, residual_in, 0, g, threshold, bits, sum0, sum1, stats);
+  const table values = store_table(options, stats, sum0, sum1, threshold, x, residual_in, g, record);
+  if (values.nonfinite) return keep_residual(residual_in, residual_out, g);
+  if (residual_out) update_residual(x, residual_in, residual_out, 0, g, threshold, values);
 }
 
 /// Encodes in.size() values into the records of a frame (header excluded).
-/// `residual` is empty (no error feedback) or as long as `in`.
+/// The residuals are both empty (no error feedback) or both as long as `in`, and
+/// either the same range or disjoint.
 inline void one_bit_encode(const quantizers::one_bit_options& options, std::span<const float> in,
-                           std::span<float> residual, std::byte* records) noexcept {
-  one_bit_detail::encode_groups(options, in, residual, records, [&](const float* x, float* r, std::size_t g,
-                                                                     std::byte* record) {
-    one_bit_encode_group(options, x, r, g, record);
-  });
+                           std::span<const float> residual_in, std::span<float> residual_out,
+                           std::byte* records) noexcept {
+  one_bit_detail::encode_groups(options, in, residual_in, residual_out, records,
+                                [&](const float* x, const float* r_in, float* r_out, std::size_t g, std::byte* record) {
+                                  one_bit_encode_group(options, x, r_in, r_out, g, record);
+                                });
 }
 
 /// out = decoded (accumulate false) or out += decoded (accumulate true).

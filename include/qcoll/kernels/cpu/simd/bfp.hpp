@@ -27,18 +27,18 @@ struct bfp_kernels {
   static constexpr std::size_t width = batch::size;
   static_assert(bfp_detail::chunk % width == 0, "a chunk must fill whole registers");
 
-  static batch fed(const float* x, const float* residual, std::size_t i) noexcept {
+  static batch fed(const float* x, const float* residual_in, std::size_t i) noexcept {
     const batch value = batch::load_unaligned(x + i);
-    return residual ? value + batch::load_unaligned(residual + i) : value;
+    return residual_in ? value + batch::load_unaligned(residual_in + i) : value;
   }
 
-  static std::uint32_t max_magnitude(const float* x, const float* residual, std::size_t g) noexcept {
+  static std::uint32_t max_magnitude(const float* x, const float* residual_in, std::size_t g) noexcept {
     const std::size_t body = g / width * width;
     const int_batch magnitude_mask(0x7fffffff);
     int_batch largest(0);
     // Non-negative int32 compare in the float's bit order; NaN and Inf sort on top.
     for (std::size_t i = 0; i < body; i += width)
-      largest = xsimd::max(largest, xsimd::bitwise_cast<int_batch>(fed(x, residual, i)) & magnitude_mask);
+      largest = xsimd::max(largest, xsimd::bitwise_cast<int_batch>(fed(x, residual_in, i)) & magnitude_mask);
     alignas(64) std::int32_t lanes[width];
     largest.store_aligned(lanes);
     std::uint32_t result = 0;
@@ -47,18 +47,20 @@ struct bfp_kernels {
       result = lane > result ? lane : result;
     }
     for (std::size_t i = body; i < g; ++i) {
-      const std::uint32_t magnitude = bfp_detail::magnitude_bits(bfp_detail::fed(x, residual, i));
+      const std::uint32_t magnitude = bfp_detail::magnitude_bits(bfp_detail::fed(x, residual_in, i));
       result = magnitude > result ? magnitude : result;
     }
     return result;
   }
 
-  static void encode_block(unsigned bits, const float* x, float* residual, std::size_t g, std::byte* record) noexcept {
+  static void encode_block(unsigned bits, const float* x, const float* residual_in, float* residual_out,
+                           std::size_t g, std::byte* record) noexcept {
     using namespace bfp_detail;
-    const block_scale block = decide(max_magnitude(x, residual, g), bits);
+    const block_scale block = decide(max_magnitude(x, residual_in, g), bits);
     store<std::int8_t>(record, static_cast<std::int8_t>(block.exponent));
     std::byte* codes = record + layout(g, bits).table_bytes;
     if (block.nonfinite) {
+      keep_residual(residual_in, residual_out, g);
       __builtin_memset(codes, 0, layout(g, bits).codes_bytes(g));
       return;
     }
@@ -74,7 +76,7 @@ struct bfp_kernels {
       const std::size_t body = c / width * width;
       for (std::size_t j = 0; j < body; j += width) {
         const std::size_t i = first + j;
-        const batch v = fed(x, residual, i);
+        const batch v = fed(x, residual_in, i);
         const batch y = v * scale;
         const batch t = xsimd::trunc(y);
         const batch d = y - t;
@@ -85,14 +87,14 @@ struct bfp_kernels {
         q_bits = xsimd::select(rounded <= minus_limit, smallest, q_bits);
         const int_batch q = xsimd::bitwise_cast<int_batch>(q_bits);
         q.store_aligned(mantissas + j);
-        if (residual) (v - xsimd::batch_cast<float>(q) * unit).store_unaligned(residual + i);
+        if (residual_out) (v - xsimd::batch_cast<float>(q) * unit).store_unaligned(residual_out + i);
       }
       for (std::size_t j = body; j < c; ++j) {
         const std::size_t i = first + j;
-        const float v = bfp_detail::fed(x, residual, i);
+        const float v = bfp_detail::fed(x, residual_in, i);
         const std::int32_t q = mantissa(v, block.scale, bits);
         mantissas[j] = q;
-        if (residual) residual[i] = v - decoded(q, block.unit);
+        if (residual_out) residual_out[i] = v - decoded(q, block.unit);
       }
       // int32 and uint32 may alias: the buffer is packed as the two's complement bits.
       pack_codes(std::span<const std::uint32_t>(reinterpret_cast<const std::uint32_t*>(mantissas), c), bits,
@@ -100,13 +102,14 @@ struct bfp_kernels {
     }
   }
 
-  static void encode(const quantizers::bfp_options& options, std::span<const float> in, std::span<float> residual,
-                     std::byte* records) noexcept {
+  static void encode(const quantizers::bfp_options& options, std::span<const float> in,
+                     std::span<const float> residual_in, std::span<float> residual_out, std::byte* records) noexcept {
     const std::size_t block = bfp_detail::block_values(options, in.size());
     const auto records_layout = bfp_detail::layout(block, options.mantissa_bits);
+    const bool feedback = !residual_out.empty();
     for_each_group(records_layout, in.size(), records, [&](std::size_t first, std::size_t g, auto* records) {
-      encode_block(options.mantissa_bits, in.data() + first, residual.empty() ? nullptr : residual.data() + first, g,
-                   records);
+      encode_block(options.mantissa_bits, in.data() + first, feedback ? residual_in.data() + first : nullptr,
+                   feedback ? residual_out.data() + first : nullptr, g, records);
     });
   }
 

@@ -55,9 +55,9 @@ struct k_level_kernels {
   static_assert(k_level_detail::chunk % width == 0, "a chunk of codes must fill whole registers");
   static_assert(width <= 16, "iota below holds 16 lanes");
 
-  static batch fed(const float* x, const float* residual, std::size_t i) noexcept {
+  static batch fed(const float* x, const float* residual_in, std::size_t i) noexcept {
     const batch value = batch::load_unaligned(x + i);
-    return residual ? value + batch::load_unaligned(residual + i) : value;
+    return residual_in ? value + batch::load_unaligned(residual_in + i) : value;
   }
 
   static uint_batch lowbias32(uint_batch x) noexcept {
@@ -79,7 +79,7 @@ struct k_level_kernels {
   }
 
   /// The group's extremes and whether every value is finite.
-  static bool extremes(const float* x, const float* residual, std::size_t g, float& low, float& high) noexcept {
+  static bool extremes(const float* x, const float* residual_in, std::size_t g, float& low, float& high) noexcept {
     using namespace k_level_detail;
     const std::size_t body = g / width * width;
     batch lows(std::numeric_limits<float>::infinity()), highs(-std::numeric_limits<float>::infinity());
@@ -87,7 +87,7 @@ struct k_level_kernels {
     uint_batch flags(0u);
     const uint_batch exponent(0x7f800000u), carry(0x00800000u);
     for (std::size_t i = 0; i < body; i += width) {
-      const batch v = fed(x, residual, i);
+      const batch v = fed(x, residual_in, i);
       lows = xsimd::min(lows, v);  // min(a, b) = a < b ? a : b, as lower()
       highs = xsimd::max(highs, v);
       flags |= (xsimd::bitwise_cast<uint_batch>(v) & exponent) + carry;
@@ -106,7 +106,7 @@ struct k_level_kernels {
       high = higher(high_lanes[j], high);
     }
     for (std::size_t i = body; i < g; ++i) {
-      const float v = k_level_detail::fed(x, residual, i);
+      const float v = k_level_detail::fed(x, residual_in, i);
       finite = finite && is_finite(v);
       low = lower(v, low);
       high = higher(v, high);
@@ -115,12 +115,14 @@ struct k_level_kernels {
   }
 
   template <bool stochastic>
-  static void encode_group(const quantizers::k_level_options& options, const float* x, float* residual,
-                           std::size_t g, const k_level_detail::group_stream& stream, std::byte* record) noexcept {
+  static void encode_group(const quantizers::k_level_options& options, const float* x, const float* residual_in,
+                           float* residual_out, std::size_t g, const k_level_detail::group_stream& stream,
+                           std::byte* record) noexcept {
     using namespace k_level_detail;
     const unsigned bits = code_bits(options.levels);
     float low, high;
-    if (!extremes(x, residual, g, low, high)) {
+    if (!extremes(x, residual_in, g, low, high)) {
+      keep_residual(residual_in, residual_out, g);
       store_nonfinite(options, record, g);
       return;
     }
@@ -135,10 +137,10 @@ struct k_level_kernels {
       for (std::size_t j = 0; j < body; j += width) {
         const std::size_t i = first + j;
         if (stochastic && i < stream.split && i + width > stream.split) {  // the key changes mid-vector
-          encode_values<stochastic>(x, residual, i, i + width, t, stream, buffer.data() + j);
+          encode_values<stochastic>(x, residual_in, residual_out, i, i + width, t, stream, buffer.data() + j);
           continue;
         }
-        const batch v = fed(x, residual, i);
+        const batch v = fed(x, residual_in, i);
         // position(): t in [0, top]; min(a, b) = a < b ? a : b.
         const batch place = xsimd::min(((v - min) * scale) * inverse, top);
         batch code = xsimd::batch_cast<float>(xsimd::batch_cast<std::int32_t>(place));
@@ -146,19 +148,22 @@ struct k_level_kernels {
         if constexpr (stochastic) code = code + xsimd::select(uniform(stream, i) < fraction, one, zero);
         else code = code + xsimd::select(fraction >= half, one, zero);
         xsimd::bitwise_cast<uint_batch>(xsimd::batch_cast<std::int32_t>(code)).store_aligned(buffer.data() + j);
-        if (residual) (v - (min + code * step)).store_unaligned(residual + i);
+        if (residual_out) (v - (min + code * step)).store_unaligned(residual_out + i);
       }
-      encode_values<stochastic>(x, residual, first + body, first + count, t, stream, buffer.data() + body);
+      encode_values<stochastic>(x, residual_in, residual_out, first + body, first + count, t, stream,
+                                buffer.data() + body);
       pack_codes(std::span<const std::uint32_t>(buffer.data(), count), bits, codes_of(record) + first * bits / 8);
     }
   }
 
-  static void encode(const quantizers::k_level_options& options, std::span<const float> in, std::span<float> residual,
+  static void encode(const quantizers::k_level_options& options, std::span<const float> in,
+                     std::span<const float> residual_in, std::span<float> residual_out,
                      quantizers::encode_position position, std::byte* records) noexcept {
-    k_level_detail::encode_groups(options, in, residual, position, records,
-                                  [&](auto stochastic, const float* x, float* r, std::size_t g, auto stream,
-                                      std::byte* record) {
-                                    encode_group<decltype(stochastic)::value>(options, x, r, g, stream, record);
+    k_level_detail::encode_groups(options, in, residual_in, residual_out, position, records,
+                                  [&](auto stochastic, const float* x, const float* r_in, float* r_out, std::size_t g,
+                                      auto stream, std::byte* record) {
+                                    encode_group<decltype(stochastic)::value>(options, x, r_in, r_out, g, stream,
+                                                                              record);
                                   });
   }
 

@@ -31,9 +31,9 @@ struct one_bit_kernels {
   static_assert(summation_lanes % width == 0, "a block of 16 values must fill whole registers");
   using accumulators = std::array<batch, registers>;
 
-  static batch fed(const float* x, const float* residual, std::size_t i) noexcept {
+  static batch fed(const float* x, const float* residual_in, std::size_t i) noexcept {
     const batch value = batch::load_unaligned(x + i);
-    return residual ? value + batch::load_unaligned(residual + i) : value;
+    return residual_in ? value + batch::load_unaligned(residual_in + i) : value;
   }
 
   static lane_sums spill(const accumulators& registers_) noexcept {
@@ -42,8 +42,8 @@ struct one_bit_kernels {
     return lanes;
   }
 
-  static void encode_group(const quantizers::one_bit_options& options, const float* x, float* residual,
-                           std::size_t g, std::byte* record) noexcept {
+  static void encode_group(const quantizers::one_bit_options& options, const float* x, const float* residual_in,
+                           float* residual_out, std::size_t g, std::byte* record) noexcept {
     using namespace one_bit_detail;
     const std::size_t body = g / summation_lanes * summation_lanes;
     float threshold = 0;
@@ -51,12 +51,15 @@ struct one_bit_kernels {
       accumulators sums;
       sums.fill(batch(0.0f));
       for (std::size_t i = 0; i < body; i += summation_lanes)
-        for (std::size_t k = 0; k < registers; ++k) sums[k] += fed(x, residual, i + k * width);
+        for (std::size_t k = 0; k < registers; ++k) sums[k] += fed(x, residual_in, i + k * width);
       lane_sums lanes = spill(sums);
-      for (std::size_t i = body; i < g; ++i) lanes[i % summation_lanes] += one_bit_detail::fed(x, residual, i);
+      for (std::size_t i = body; i < g; ++i) lanes[i % summation_lanes] += one_bit_detail::fed(x, residual_in, i);
       const float total = fold_lanes(lanes);
-      if (!is_finite(total) && has_nonfinite(x, residual, g)) return store_nonfinite(record, g);
-      threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual, g);
+      if (!is_finite(total) && has_nonfinite(x, residual_in, g)) {
+        keep_residual(residual_in, residual_out, g);
+        return store_nonfinite(record, g);
+      }
+      threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual_in, g);
     }
 
     std::byte* bits = record + 2 * sizeof(float);
@@ -71,7 +74,7 @@ struct one_bit_kernels {
     for (std::size_t i = 0; i < body; i += summation_lanes) {
       std::uint32_t block_bits = 0;
       for (std::size_t k = 0; k < registers; ++k) {
-        const batch v = fed(x, residual, i + k * width);
+        const batch v = fed(x, residual_in, i + k * width);
         const auto in_one = v >= threshold_lanes;
         block_bits |= movemask(in_one) << (k * width);
         sum1[k] += xsimd::select(in_one, v, zero);
@@ -96,24 +99,24 @@ struct one_bit_kernels {
     }
     if (body < g) {
       std::memset(bits + body / 8, 0, layout(g).codes_bytes(g) - body / 8);
-      classify(x, residual, body, g, threshold, bits, lanes0, lanes1, stats);
+      classify(x, residual_in, body, g, threshold, bits, lanes0, lanes1, stats);
     }
-    const table values = store_table(options, stats, lanes0, lanes1, threshold, x, residual, g, record);
-    if (values.nonfinite || !residual) return;
+    const table values = store_table(options, stats, lanes0, lanes1, threshold, x, residual_in, g, record);
+    if (values.nonfinite) return keep_residual(residual_in, residual_out, g);
+    if (!residual_out) return;
     const batch one_lanes(values.one), zero_lanes(values.zero);
     for (std::size_t i = 0; i < body; i += width) {
-      const batch v = fed(x, residual, i);
-      (v - xsimd::select(v >= threshold_lanes, one_lanes, zero_lanes)).store_unaligned(residual + i);
+      const batch v = fed(x, residual_in, i);
+      (v - xsimd::select(v >= threshold_lanes, one_lanes, zero_lanes)).store_unaligned(residual_out + i);
     }
-    update_residual(x, residual, body, g, threshold, values);
+    update_residual(x, residual_in, residual_out, body, g, threshold, values);
   }
 
-  static void encode(const quantizers::one_bit_options& options, std::span<const float> in, std::span<float> residual,
-                     std::byte* records) noexcept {
-    one_bit_detail::encode_groups(options, in, residual, records,
-                                  [&](const float* x, float* r, std::size_t g, std::byte* record) {
-                                    encode_group(options, x, r, g, record);
-                                  });
+  static void encode(const quantizers::one_bit_options& options, std::span<const float> in,
+                     std::span<const float> residual_in, std::span<float> residual_out, std::byte* records) noexcept {
+    one_bit_detail::encode_groups(options, in, residual_in, residual_out, records,
+                                  [&](const float* x, const float* r_in, float* r_out, std::size_t g,
+                                      std::byte* record) { encode_group(options, x, r_in, r_out, g, record); });
   }
 
   static void decode(const quantizers::one_bit_options& options, const std::byte* records, std::span<float> out,
