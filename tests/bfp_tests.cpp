@@ -66,37 +66,9 @@ long long expected_mantissa(float v, int exponent, unsigned bits) {
   return static_cast<long long>(std::clamp(std::round(std::ldexp(static_cast<double>(v), -exponent)), -limit, limit));
 }
 
-/// A quiet NaN with a payload no encoder computes: what residual_out holds before a
-/// split encode, so a value the encoder failed to write shows.
-const float unwritten = std::bit_cast<float>(0x7fc5a5a5u);
-
-/// Encodes once in place (`in_place(residual, bytes)`) and once with split residuals
-/// (`split(residual_in, residual_out, bytes)`, residual_out prefilled with `unwritten`),
-/// both from `residual0`. True when both give the same bytes and the same new residual
-/// and the split encode left residual_in as it was. (As in quantizer_tests.cpp.)
-template <class InPlace, class Split>
-bool split_matches_in_place(std::span<const float> residual0, std::size_t bytes, InPlace&& in_place, Split&& split) {
-  std::vector<float> residual(residual0.begin(), residual0.end());
-  std::vector<std::byte> expected(bytes, std::byte{0xa5});
-  in_place(std::span<float>(residual), std::span<std::byte>(expected));
-  const std::vector<float> residual_in(residual0.begin(), residual0.end());
-  std::vector<float> residual_out(residual0.size(), unwritten);
-  std::vector<std::byte> actual(bytes, std::byte{0xa5});
-  split(std::span<const float>(residual_in), std::span<float>(residual_out), std::span<std::byte>(actual));
-  return test::same_bytes(actual, expected) && test::same_bits(residual_out, residual) &&
-         test::same_bits(residual_in, residual0);
-}
-
-/// Residuals to start from: small values, and 0.03 × an input value (so it inherits
-/// the input's NaN, Inf and zeros).
-std::vector<std::vector<float>> starting_residuals(std::span<const float> in) {
-  std::vector<float> small(in.size()), scaled(in.size());
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    small[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
-    scaled[i] = 0.03f * in[(7 * i + 3) % in.size()];
-  }
-  return {small, scaled};
-}
+using test::split_matches_in_place;
+using test::starting_residuals;
+using test::unwritten;
 
 }  // namespace
 
