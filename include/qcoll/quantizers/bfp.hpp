@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <span>
 #include <system_error>
@@ -110,6 +111,13 @@ class bfp : public detail::framed<bfp, float> {
       const bool nonfinite = exponent == -128;
       if (!nonfinite && exponent > max_exponent) return make_error_code(errc::protocol_error);
       const std::byte* codes = records + records_layout.table_bytes;
+      if (b == 8 && !nonfinite) {
+        // Byte codes, the common case: one memchr for the forbidden 0x80 instead of an
+        // unpack per value (this check took 43 % of an 8-bit compressed allreduce).
+        if (g != 0 && std::memchr(codes, 0x80, g) != nullptr) return make_error_code(errc::protocol_error);
+        records += records_layout.record_bytes(g);
+        continue;
+      }
       for (std::size_t start = 0; start < g; start += chunk) {
         const std::size_t c = std::min(chunk, g - start);
         kernels::cpu::unpack_codes(codes + start * b / 8, b, std::span(fields.data(), c));
