@@ -105,7 +105,7 @@ BOOST_AUTO_TEST_CASE(codes_pack_lsb_first_and_unpack_to_the_same_values) {
   std::mt19937 generator(3);
   for (unsigned bits = 1; bits <= 32; ++bits) {
     if (bits > 16 && bits != 32) continue;
-    for (std::size_t n : {1u, 7u, 8u, 9u, 33u}) {
+    for (std::size_t n : {1u, 7u, 8u, 9u, 33u, 1001u}) {
       std::vector<std::uint32_t> codes(n);
       const std::uint64_t limit = (std::uint64_t{1} << bits) - 1;
       for (auto& code : codes) code = static_cast<std::uint32_t>(generator() & limit);

@@ -31,7 +31,46 @@ inline void keep_residual(const float* residual_in, float* residual_out, std::si
 }
 
 /// Packs codes of `bits` bits (1…32) LSB-first, as docs/wire-format.md describes.
+/// Codes of 1, 2 or 4 bits: whole bytes of 8/Bits codes at a time, a loop compilers
+/// vectorize (the bit-at-a-time loop below took two thirds of a 4-bit compressed
+/// allreduce). Returns how many codes it packed; the caller packs the rest.
+template <unsigned Bits>
+std::size_t pack_whole_bytes(std::span<const std::uint32_t> codes, std::byte* out) noexcept {
+  constexpr unsigned per_byte = 8 / Bits;
+  constexpr std::uint32_t mask = (1u << Bits) - 1;
+  const std::size_t bytes = codes.size() / per_byte;
+  for (std::size_t i = 0; i < bytes; ++i) {
+    std::uint32_t byte = 0;
+    for (unsigned k = 0; k < per_byte; ++k) byte |= (codes[i * per_byte + k] & mask) << (k * Bits);
+    out[i] = static_cast<std::byte>(byte);
+  }
+  return bytes * per_byte;
+}
+
+template <unsigned Bits>
+std::size_t unpack_whole_bytes(const std::byte* in, std::span<std::uint32_t> codes) noexcept {
+  constexpr unsigned per_byte = 8 / Bits;
+  constexpr std::uint32_t mask = (1u << Bits) - 1;
+  const std::size_t bytes = codes.size() / per_byte;
+  for (std::size_t i = 0; i < bytes; ++i) {
+    const auto byte = std::to_integer<std::uint32_t>(in[i]);
+    for (unsigned k = 0; k < per_byte; ++k) codes[i * per_byte + k] = (byte >> (k * Bits)) & mask;
+  }
+  return bytes * per_byte;
+}
+
 inline void pack_codes(std::span<const std::uint32_t> codes, unsigned bits, std::byte* out) noexcept {
+  std::size_t done = 0;
+  switch (bits) {
+    case 1: done = pack_whole_bytes<1>(codes, out); break;
+    case 2: done = pack_whole_bytes<2>(codes, out); break;
+    case 4: done = pack_whole_bytes<4>(codes, out); break;
+    default: break;
+  }
+  if (done != 0) {  // the rest fills one last byte from its first bit
+    codes = codes.subspan(done);
+    out += done * bits / 8;
+  }
   switch (bits) {
     case 8:
       for (std::size_t i = 0; i < codes.size(); ++i) out[i] = static_cast<std::byte>(codes[i]);
@@ -62,6 +101,17 @@ inline void pack_codes(std::span<const std::uint32_t> codes, unsigned bits, std:
 
 /// The inverse of pack_codes: unpacks codes.size() codes of `bits` bits.
 inline void unpack_codes(const std::byte* in, unsigned bits, std::span<std::uint32_t> codes) noexcept {
+  std::size_t done = 0;
+  switch (bits) {
+    case 1: done = unpack_whole_bytes<1>(in, codes); break;
+    case 2: done = unpack_whole_bytes<2>(in, codes); break;
+    case 4: done = unpack_whole_bytes<4>(in, codes); break;
+    default: break;
+  }
+  if (done != 0) {
+    codes = codes.subspan(done);
+    in += done * bits / 8;
+  }
   switch (bits) {
     case 8:
       for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint32_t>(in[i]);
