@@ -146,8 +146,8 @@ struct compressed_allreduce_state {
   std::vector<rank_t> ring_order;  // the ring the frames travel (route::ring)
   std::size_t position = 0;        // this rank's place on it
 
-  // Residuals double-buffered: a call encodes into the staging copy and makes it
-  // the committed one only once the whole call succeeded (failure atomicity).
+  // Residuals double-buffered: a call encodes from the committed residual into the
+  // staging one and swaps them only once the whole call succeeded (failure atomicity).
   std::vector<value_type> worker_residual[2];  // one value per buffer value
   std::vector<value_type> server_residual[2];  // one value per value of the own stripe
   unsigned committed = 0;
