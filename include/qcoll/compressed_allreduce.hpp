@@ -22,6 +22,7 @@
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/error.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
