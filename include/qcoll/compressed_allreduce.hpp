@@ -91,8 +91,6 @@ class compressed_allreduce_plan : private detail::pending_operation {
     state_.route = algorithms::route_for(topology);
     const std::span<const rank_t> order = topology.ring_order();
     state_.ring_order.assign(order.begin(), order.end());
-    for (std::size_t p = 0; p < order.size(); ++p)
-      if (order[p] == rank) state_.position = p;
     state_.build(count, options.chunk_values);
   }
 
@@ -173,9 +171,9 @@ class compressed_allreduce_plan : private detail::pending_operation {
       return total;
     }
     if (n == 1) return 0;
-    for (std::size_t k = 1; k < n; ++k)
-      total += (n - k) * l.stripe_frame_bytes(state_.ring_rank(static_cast<std::ptrdiff_t>(k)));
-    return total + l.total_frame_bytes() - l.stripe_frame_bytes(state_.ring_rank(1));
+    const algorithms::ring_view ring = state_.ring();
+    for (std::size_t k = 1; k < n; ++k) total += (n - k) * l.stripe_frame_bytes(ring.rank_at(static_cast<std::ptrdiff_t>(k)));
+    return total + l.total_frame_bytes() - l.stripe_frame_bytes(ring.next());
   }
 
   /// What the last call moved, as counted while it ran (a failed one: until it failed).

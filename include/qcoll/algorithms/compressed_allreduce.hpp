@@ -16,6 +16,7 @@
 /// its own, so chunks pipeline: encoding chunk k + 1 overlaps sending chunk k.
 
 #include <qcoll/algorithms/primitives.hpp>
+#include <qcoll/algorithms/ring.hpp>
 #include <qcoll/concepts.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
 #include <qcoll/partition.hpp>
@@ -144,7 +145,6 @@ struct compressed_allreduce_state {
   rank_t size = 1;
   stripe_route route = stripe_route::direct;
   std::vector<rank_t> ring_order;  // the ring the frames travel (route::ring)
-  std::size_t position = 0;        // this rank's place on it
 
   // Residuals double-buffered: a call encodes from the committed residual into the
   // staging one and swaps them only once the whole call succeeded (failure atomicity).
@@ -160,10 +160,8 @@ struct compressed_allreduce_state {
   std::uint64_t calls = 0;  // successful calls: keys stochastic rounding
   compressed_allreduce_statistics last_call{};
 
-  rank_t ring_rank(std::ptrdiff_t offset) const noexcept {
-    const auto n = static_cast<std::ptrdiff_t>(size);
-    return ring_order[static_cast<std::size_t>(((static_cast<std::ptrdiff_t>(position) + offset) % n + n) % n)];
-  }
+  /// This rank's place on the ring the frames travel.
+  ring_view ring() const { return ring_view(ring_order, rank); }
 
   /// Calls visit(source step s, destination rank d, chunk c) for every phase-1 frame
   /// this rank receives, in the order they arrive. Direct: stripe `rank` from rank
@@ -171,10 +169,11 @@ struct compressed_allreduce_state {
   /// back for the n − s ranks from this one on (the first is this rank's own).
   template <class Visit>
   void for_each_incoming(Visit&& visit) const {
+    const ring_view places = ring();
     for (std::size_t s = 1; s < size; ++s) {
       const std::size_t destinations = route == stripe_route::direct ? 1 : size - s;
       for (std::size_t k = 0; k < destinations; ++k) {
-        const rank_t d = route == stripe_route::direct ? rank : ring_rank(static_cast<std::ptrdiff_t>(k));
+        const rank_t d = route == stripe_route::direct ? rank : places.rank_at(static_cast<std::ptrdiff_t>(k));
         for (std::size_t c = 0; c < layout.chunks(d); ++c) visit(s, d, c);
       }
     }
@@ -379,8 +378,9 @@ class compressed_exchange {
   void run_ring() {
     const std::size_t n = s_.size;
     const rank_t own = s_.rank;
-    const rank_t next = s_.ring_rank(1);
-    const rank_t prev = s_.ring_rank(-1);
+    const ring_view ring = s_.ring();
+    const rank_t next = ring.next();
+    const rank_t prev = ring.prev();
     const std::size_t received = s_.incoming_frame.size() - 1;
     const std::size_t second_receives = received;
     const std::size_t first_sends = second_receives + layout().total_chunks();
@@ -394,14 +394,14 @@ class compressed_exchange {
     });
     // Phase 2 is a ring all-gather: at step s the stripe of the rank s places back arrives.
     for (std::size_t s = 1; s < n; ++s) {
-      const rank_t owner = s_.ring_rank(-static_cast<std::ptrdiff_t>(s));
+      const rank_t owner = ring.rank_at(-static_cast<std::ptrdiff_t>(s));
       for (std::size_t c = 0; c < layout().chunks(owner); ++c)
         receive(second_receives + layout().global_chunk(owner, c), prev, aggregate_tag, aggregate(owner, c));
     }
 
     // Step 1: this rank's contributions for the ranks 1 … n − 1 places on.
     for (std::size_t k = 1; k < n; ++k) {
-      const rank_t d = s_.ring_rank(static_cast<std::ptrdiff_t>(k));
+      const rank_t d = ring.rank_at(static_cast<std::ptrdiff_t>(k));
       for (std::size_t c = 0; c < layout().chunks(d); ++c) {
         encode_contribution(d, c);
         send(first_sends + layout().global_chunk(d, c), next, contribution_tag, contribution(d, c));
@@ -418,7 +418,7 @@ class compressed_exchange {
       const std::span<std::byte> frame = s_.incoming_slot(index);
       complete_receive(index, prev, frame.size());
       if (d == own)
-        add_to_sum(frame, c, s_.ring_rank(-static_cast<std::ptrdiff_t>(step)));
+        add_to_sum(frame, c, ring.rank_at(-static_cast<std::ptrdiff_t>(step)));
       else
         send(forwards + index, next, contribution_tag, frame);
       ++index;
@@ -428,7 +428,7 @@ class compressed_exchange {
       if (n > 1) send(second_sends + layout().global_chunk(own, c), next, aggregate_tag, aggregate(own, c));
     }
     for (std::size_t s = 1; s < n; ++s) {
-      const rank_t owner = s_.ring_rank(-static_cast<std::ptrdiff_t>(s));
+      const rank_t owner = ring.rank_at(-static_cast<std::ptrdiff_t>(s));
       for (std::size_t c = 0; c < layout().chunks(owner); ++c) {
         const std::size_t slot = layout().global_chunk(owner, c);
         complete_receive(second_receives + slot, prev, layout().frame_bytes(owner, c));
@@ -439,7 +439,7 @@ class compressed_exchange {
 
     // Every send posted above, in the same walks.
     for (std::size_t k = 1; k < n; ++k) {
-      const rank_t d = s_.ring_rank(static_cast<std::ptrdiff_t>(k));
+      const rank_t d = ring.rank_at(static_cast<std::ptrdiff_t>(k));
       for (std::size_t c = 0; c < layout().chunks(d); ++c)
         complete_send(first_sends + layout().global_chunk(d, c), next, layout().frame_bytes(d, c));
     }
@@ -449,7 +449,7 @@ class compressed_exchange {
       ++index;
     });
     for (std::size_t s = 0; s + 1 < n; ++s) {
-      const rank_t owner = s_.ring_rank(-static_cast<std::ptrdiff_t>(s));
+      const rank_t owner = ring.rank_at(-static_cast<std::ptrdiff_t>(s));
       for (std::size_t c = 0; c < layout().chunks(owner); ++c)
         complete_send(second_sends + layout().global_chunk(owner, c), next, layout().frame_bytes(owner, c));
     }
