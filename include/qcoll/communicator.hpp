@@ -21,6 +21,7 @@
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/grid_allreduce.hpp>
 #include <qcoll/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/progress_thread.hpp>
@@ -202,8 +203,11 @@ class communicator {
                                                   std::span<float>());
   }
 
-  /// out = in₀ + in₁ + … (or their average) through `plan`'s quantizer: the
-  /// two-phase striped exchange with error feedback (docs/compressed-allreduce.md).
+  /// out = in₀ + in₁ + … (or their average) through `plan`'s quantizer, with error
+  /// feedback. A compressed_allreduce_plan runs the two-phase striped exchange
+  /// (docs/compressed-allreduce.md); a grid_allreduce_plan runs its reduction_plan
+  /// over a mesh or torus with degraded nodes (docs/grid-allreduce.md: there `in₀ …`
+  /// are the included ranks, and avg divides by their number).
   /// The result is bitwise identical on every rank. `in` and `out` have plan.count()
   /// values and are the same range or disjoint. A failed call leaves the plan's
   /// residuals as they were; `in` too, unless it is `out`.
@@ -217,15 +221,15 @@ class communicator {
   /// or a plan made for another rank, size, topology or count; protocol_error for a
   /// frame this rank's quantizer cannot decode (ranks with different quantizers).
   /// Calling it on a plan in flight throws invalid_argument without aborting.
-  template <quantizer Q>
-  void allreduce(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
-                 std::span<typename Q::value_type> out, reduce_op op) {
+  template <detail::allreduce_plan Plan>
+  void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
+                 reduce_op op) {
     plan.require_idle("allreduce");
-    run_compressed(plan, in, out, op);
+    run_plan(plan, in, out, op);
   }
-  template <quantizer Q>
-  void allreduce(compressed_allreduce_plan<Q>& plan, std::span<typename Q::value_type> data, reduce_op op) {
-    allreduce(plan, std::span<const typename Q::value_type>(data), data, op);
+  template <detail::allreduce_plan Plan>
+  void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
+    allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
   }
 
   /// Starts the same call on the communicator's progress thread and returns at once;
@@ -235,18 +239,18 @@ class communicator {
   /// @par Errors
   /// invalid_argument at once for a plan already in flight; everything else is
   /// reported by plan.wait().
-  template <quantizer Q>
-  void start_allreduce(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
-                       std::span<typename Q::value_type> out, reduce_op op) {
+  template <detail::allreduce_plan Plan>
+  void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
+                       std::span<typename Plan::value_type> out, reduce_op op) {
     plan.require_idle("start_allreduce");
     plan.started_in_ = in;
     plan.started_out_ = out;
     plan.started_op_ = op;
-    progress_.get().submit(static_cast<detail::pending_operation&>(plan), &run_started<Q>, this);
+    progress_.get().submit(static_cast<detail::pending_operation&>(plan), &run_started<Plan>, this);
   }
-  template <quantizer Q>
-  void start_allreduce(compressed_allreduce_plan<Q>& plan, std::span<typename Q::value_type> data, reduce_op op) {
-    start_allreduce(plan, std::span<const typename Q::value_type>(data), data, op);
+  template <detail::allreduce_plan Plan>
+  void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
+    start_allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
   }
 
   /// Blocks until every call started without waiting has run (their outcomes stay
@@ -277,23 +281,22 @@ class communicator {
   void barrier(std::error_code& ec) noexcept {
     ec = capture([&] { barrier(); });
   }
-  template <quantizer Q>
-  void allreduce(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
-                 std::span<typename Q::value_type> out, reduce_op op, std::error_code& ec) noexcept {
+  template <detail::allreduce_plan Plan>
+  void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
+                 reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { allreduce(plan, in, out, op); });
   }
-  template <quantizer Q>
-  void allreduce(compressed_allreduce_plan<Q>& plan, std::span<typename Q::value_type> data, reduce_op op,
-                 std::error_code& ec) noexcept {
+  template <detail::allreduce_plan Plan>
+  void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { allreduce(plan, data, op); });
   }
-  template <quantizer Q>
-  void start_allreduce(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
-                       std::span<typename Q::value_type> out, reduce_op op, std::error_code& ec) noexcept {
+  template <detail::allreduce_plan Plan>
+  void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
+                       std::span<typename Plan::value_type> out, reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { start_allreduce(plan, in, out, op); });
   }
-  template <quantizer Q>
-  void start_allreduce(compressed_allreduce_plan<Q>& plan, std::span<typename Q::value_type> data, reduce_op op,
+  template <detail::allreduce_plan Plan>
+  void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op,
                        std::error_code& ec) noexcept {
     ec = capture([&] { start_allreduce(plan, data, op); });
   }
@@ -343,11 +346,11 @@ class communicator {
     return *route_;
   }
 
-  template <quantizer Q>
+  template <class Plan>
   static std::error_code run_started(void* self, detail::pending_operation& op, std::string& message) noexcept {
-    auto& plan = static_cast<compressed_allreduce_plan<Q>&>(op);
+    auto& plan = static_cast<Plan&>(op);
     try {
-      static_cast<communicator*>(self)->run_compressed(plan, plan.started_in_, plan.started_out_, plan.started_op_);
+      static_cast<communicator*>(self)->run_plan(plan, plan.started_in_, plan.started_out_, plan.started_op_);
       return {};
     } catch (const std::system_error& e) {
       message = e.what();
@@ -358,35 +361,33 @@ class communicator {
     }
   }
 
-  template <quantizer Q>
-  void run_compressed(compressed_allreduce_plan<Q>& plan, std::span<const typename Q::value_type> in,
-                      std::span<typename Q::value_type> out, reduce_op op) {
-    using T = typename Q::value_type;
-    auto step = begin(collective::compressed_allreduce, dtype_of<T>::value, op, in.size(), 0);
+  /// One call of a plan: the checks every plan shares, then the plan's own checks
+  /// and exchange (check_plan and exchange, overloaded per plan type).
+  template <class Plan>
+  void run_plan(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
+                reduce_op op) {
+    using T = typename Plan::value_type;
+    refuse_if_excluded(plan);
+    auto step = begin(Plan::collective_kind, dtype_of<T>::value, op, in.size(), header_root(plan));
     if (in.size() != out.size())
       step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
     if (!detail::same_range(in, out) && detail::overlaps(in, out))
       step.fail(errc::invalid_argument, "input and output overlap without being the same range");
     if (op != reduce_op::sum && op != reduce_op::avg)
-      step.fail(errc::invalid_argument, "a compressed allreduce sums or averages; {} is not supported", to_string(op));
-    const auto& state = plan.state_;
-    if (state.rank != rank() || state.size != size())
-      step.fail(errc::invalid_argument, "the plan was made for rank {} of {}", state.rank, state.size);
+      step.fail(errc::invalid_argument, "a quantized allreduce sums or averages; {} is not supported", to_string(op));
     if (in.size() != plan.count())
       step.fail(errc::invalid_argument, "the plan was made for {} elements", plan.count());
-    const std::span<const rank_t> order = topology_.ring_order();
-    if (!std::equal(order.begin(), order.end(), state.ring_order.begin(), state.ring_order.end()) ||
-        state.route != route())
-      step.fail(errc::invalid_argument, "the plan was made for another topology");
+    check_plan(step, plan);
 
-    if (request_capacity_ < state.requests_needed) {
-      requests_ = std::make_unique<request[]>(state.requests_needed);
-      request_capacity_ = state.requests_needed;
+    const std::size_t needed = plan.state_.requests_needed;
+    if (request_capacity_ < needed) {
+      requests_ = std::make_unique<request[]>(needed);
+      request_capacity_ = needed;
     }
-    const std::span<request> requests(requests_.get(), state.requests_needed);
+    const std::span<request> requests(requests_.get(), needed);
     plan.begin_call();
     try {
-      algorithms::compressed_exchange<Transport, Q>(step, plan.state_, requests, in, out, op).run();
+      exchange(step, plan, requests, in, out, op);
     } catch (const std::system_error& e) {
       // Make sure every rank hears of it, then take back what is still posted: the
       // buffers belong to the plan and the requests to the next call.
@@ -395,6 +396,58 @@ class communicator {
       throw;
     }
     plan.commit();
+  }
+
+  // ---- compressed_allreduce_plan ----
+
+  template <quantizer Q>
+  static void refuse_if_excluded(const compressed_allreduce_plan<Q>&) noexcept {}
+  template <quantizer Q>
+  static std::uint32_t header_root(const compressed_allreduce_plan<Q>&) noexcept { return 0; }
+
+  template <quantizer Q>
+  void check_plan(algorithms::primitives<Transport>& step, const compressed_allreduce_plan<Q>& plan) {
+    const auto& state = plan.state_;
+    if (state.rank != rank() || state.size != size())
+      step.fail(errc::invalid_argument, "the plan was made for rank {} of {}", state.rank, state.size);
+    const std::span<const rank_t> order = topology_.ring_order();
+    if (!std::equal(order.begin(), order.end(), state.ring_order.begin(), state.ring_order.end()) ||
+        state.route != route())
+      step.fail(errc::invalid_argument, "the plan was made for another topology");
+  }
+
+  template <quantizer Q>
+  void exchange(algorithms::primitives<Transport>& step, compressed_allreduce_plan<Q>& plan, std::span<typename Transport::request> requests,
+                std::span<const typename Q::value_type> in, std::span<typename Q::value_type> out, reduce_op op) {
+    algorithms::compressed_exchange<Transport, Q>(step, plan.state_, requests, in, out, op).run();
+  }
+
+  // ---- grid_allreduce_plan ----
+
+  /// A rank the plan excludes takes no part: it is told why, and nobody waits for it.
+  template <quantizer Q>
+  void refuse_if_excluded(const grid_allreduce_plan<Q>& plan) const {
+    if (plan.state_.rank == rank() && plan.state_.size == size() && !plan.included())
+      detail::throw_error(errc::invalid_argument, "qcoll grid allreduce on rank {} of {}: {}", rank(), size(),
+                          plan.exclusion_reason());
+  }
+  /// Ranks that run different plans disagree on the first message.
+  template <quantizer Q>
+  static std::uint32_t header_root(const grid_allreduce_plan<Q>& plan) noexcept {
+    return plan.state_.fingerprint;
+  }
+
+  template <quantizer Q>
+  void check_plan(algorithms::primitives<Transport>& step, const grid_allreduce_plan<Q>& plan) {
+    const auto& state = plan.state_;
+    if (state.rank != rank() || state.size != size())
+      step.fail(errc::invalid_argument, "the plan was made for rank {} of {}", state.rank, state.size);
+  }
+
+  template <quantizer Q>
+  void exchange(algorithms::primitives<Transport>& step, grid_allreduce_plan<Q>& plan, std::span<typename Transport::request> requests,
+                std::span<const typename Q::value_type> in, std::span<typename Q::value_type> out, reduce_op op) {
+    algorithms::grid_exchange<Transport, Q>(step, plan.state_, requests, in, out, op).run();
   }
 
   template <class Call>

@@ -19,7 +19,7 @@
 #include <qcoll/algorithms/compressed_allreduce.hpp>
 #include <qcoll/concepts.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/detail/progress_thread.hpp>
+#include <qcoll/detail/plan_handle.hpp>
 #include <qcoll/error.hpp>
 
 #include <algorithm>
@@ -62,10 +62,15 @@ struct compressed_allreduce_options {
 /// plan that is in flight is an error. Different plans may be in flight together on
 /// one communicator; they run in the order they were started.
 template <quantizer Q>
-class compressed_allreduce_plan : private detail::pending_operation {
+class compressed_allreduce_plan
+    : public detail::plan_handle<algorithms::compressed_allreduce_state<Q>, typename Q::value_type> {
+  using base = detail::plan_handle<algorithms::compressed_allreduce_state<Q>, typename Q::value_type>;
+  using base::state_;
+
  public:
   using quantizer_type = Q;
   using value_type = typename Q::value_type;
+  static constexpr collective collective_kind = collective::compressed_allreduce;
 
   /// A plan for this rank of `comm`: its route follows the communicator's topology
   /// (direct when every pair of ranks is linked, otherwise along its ring).
@@ -79,7 +84,8 @@ class compressed_allreduce_plan : private detail::pending_operation {
   /// qcoll::error (invalid_argument) for a rank outside the topology or chunk_values 0.
   template <ring_topology Topology>
   compressed_allreduce_plan(rank_t rank, const Topology& topology, std::size_t count, Q quantizer,
-                            compressed_allreduce_options options = {}) {
+                            compressed_allreduce_options options = {})
+      : base("compressed_allreduce_plan") {
     if (rank >= topology.size())
       qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: rank {} of a {}-rank topology",
                                  rank, topology.size());
@@ -92,27 +98,6 @@ class compressed_allreduce_plan : private detail::pending_operation {
     const std::span<const rank_t> order = topology.ring_order();
     state_.ring_order.assign(order.begin(), order.end());
     state_.build(count, options.chunk_values);
-  }
-
-  compressed_allreduce_plan(const compressed_allreduce_plan&) = delete;
-  compressed_allreduce_plan& operator=(const compressed_allreduce_plan&) = delete;
-
-  /// Plans move (so one per layer fits in a std::vector) while no call is in flight.
-  /// @throws qcoll::error (invalid_argument) when one is.
-  compressed_allreduce_plan(compressed_allreduce_plan&& other)
-      : state_((other.require_idle("move"), std::move(other.state_))), can_roll_back_(other.can_roll_back_) {}
-  compressed_allreduce_plan& operator=(compressed_allreduce_plan&& other) {
-    require_idle("move");
-    other.require_idle("move");
-    state_ = std::move(other.state_);
-    can_roll_back_ = other.can_roll_back_;
-    return *this;
-  }
-
-  /// Waits for a call still in flight (its buffers and this state are in use).
-  ~compressed_allreduce_plan() {
-    std::string ignored;
-    if (in_flight()) wait_done(ignored);
   }
 
   std::size_t count() const noexcept { return state_.layout.count(); }
@@ -132,29 +117,10 @@ class compressed_allreduce_plan : private detail::pending_operation {
   std::span<const value_type> server_residual() const noexcept { return state_.server_residual[state_.committed]; }
   /// Forgets both residuals (say, after the model was reloaded).
   void reset_residuals() {
-    require_idle("reset_residuals");
+    this->require_idle("reset_residuals");
     for (auto* residuals : {&state_.worker_residual, &state_.server_residual})
       for (auto& r : *residuals) std::fill(r.begin(), r.end(), value_type{});
-    can_roll_back_ = false;
-  }
-
-  /// Puts the residuals back as they were before the last successful call, once.
-  /// A failure can reach ranks at different points: a rank that already had every
-  /// frame it needed completes while another fails. To repeat the step everywhere,
-  /// the ranks whose call succeeded roll it back (the failed ones kept their
-  /// residuals), then all call again on a new communicator.
-  /// @par Errors
-  /// qcoll::error (invalid_argument) when there is no call to roll back (none
-  /// yet, already rolled back, or reset since) or the plan is in flight.
-  void roll_back_last_call() {
-    require_idle("roll_back_last_call");
-    if (!can_roll_back_)
-      qcoll::detail::throw_error(errc::invalid_argument,
-                                 "compressed_allreduce_plan::roll_back_last_call: no successful call to roll back");
-    // The previous residuals are intact in the staging buffers until the next call.
-    state_.committed = 1 - state_.committed;
-    --state_.calls;
-    can_roll_back_ = false;
+    this->forget_last_call();
   }
 
   /// Payload bytes this rank sends in one call (docs/compressed-allreduce.md), with
@@ -179,23 +145,6 @@ class compressed_allreduce_plan : private detail::pending_operation {
   /// What the last call moved, as counted while it ran (a failed one: until it failed).
   const compressed_allreduce_statistics& last_call() const noexcept { return state_.last_call; }
 
-  // ---- the handle of a call started with communicator::start_allreduce ----
-
-  /// True from start_allreduce until the call has finished (successfully or not).
-  bool in_flight() const noexcept { return pending_operation::in_flight(); }
-  /// True once the started call has finished; wait() then returns at once.
-  bool test() const noexcept { return !in_flight(); }
-  /// Blocks until the started call has finished; throws qcoll::error if it failed.
-  /// Every step of the call has the communicator's timeout, so this returns.
-  void wait() {
-    std::string message;
-    if (const std::error_code failure = wait_done(message)) throw error(failure, message);
-  }
-  void wait(std::error_code& ec) noexcept {
-    std::string message;
-    ec = wait_done(message);
-  }
-
  private:
   template <transport Transport, ring_topology Topology>
   friend class communicator;
@@ -205,28 +154,6 @@ class compressed_allreduce_plan : private detail::pending_operation {
       qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: rank {} of {}", r, state_.size);
     return r;
   }
-
-  void require_idle(const char* what) const {
-    if (in_flight())
-      qcoll::detail::throw_error(errc::invalid_argument,
-                                 "compressed_allreduce_plan::{}: the plan is in flight; wait() for it first", what);
-  }
-
-  /// A successful call makes its staged residuals the committed ones.
-  void commit() noexcept {
-    state_.committed = 1 - state_.committed;
-    ++state_.calls;
-    can_roll_back_ = true;
-  }
-  /// A call started: the staging buffers are about to be overwritten.
-  void begin_call() noexcept { can_roll_back_ = false; }
-
-  algorithms::compressed_allreduce_state<Q> state_;
-  bool can_roll_back_ = false;
-  // The call a start_allreduce queued (read by the progress thread).
-  std::span<const value_type> started_in_;
-  std::span<value_type> started_out_;
-  reduce_op started_op_ = reduce_op::sum;
 };
 
 template <class Communicator, class Q>

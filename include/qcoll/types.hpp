@@ -43,6 +43,7 @@ enum class collective : std::uint8_t {
   broadcast = 4,
   barrier = 5,
   compressed_allreduce = 6,  ///< allreduce through a quantizer (compressed_allreduce_plan)
+  grid_allreduce = 7,        ///< allreduce over a mesh or torus plan (grid_allreduce_plan)
 };
 
 constexpr std::string_view to_string(dtype type) noexcept {
@@ -73,6 +74,7 @@ constexpr std::string_view to_string(collective kind) noexcept {
     case collective::broadcast: return "broadcast";
     case collective::barrier: return "barrier";
     case collective::compressed_allreduce: return "compressed_allreduce";
+    case collective::grid_allreduce: return "grid_allreduce";
   }
   return "collective?";
 }

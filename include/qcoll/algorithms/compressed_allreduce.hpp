@@ -16,6 +16,7 @@
 /// its own, so chunks pipeline: encoding chunk k + 1 overlaps sending chunk k.
 
 #include <qcoll/algorithms/primitives.hpp>
+#include <qcoll/algorithms/quantized_steps.hpp>
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/concepts.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
@@ -264,32 +265,13 @@ class compressed_exchange {
     decode(aggregate(s_.rank, c), sum, false, s_.rank);
   }
 
-  /// Encodes `values` into `frame` with error feedback from part `at` of the committed
-  /// residual into the same part of the staging one, which becomes the committed one
-  /// only once the whole call succeeded. The encode reads one and writes the other:
-  /// no copy (a quantizer with only the concept's in-place encode gets one).
   void staged(std::span<const T> values, std::vector<T> (&residual)[2], block_range at, std::span<std::byte> frame,
               quantizers::encode_position position) {
-    if constexpr (!Q::keeps_residual) {
-      s_.quantizer.encode(values, std::span<T>(), frame, position);
-    } else {
-      const std::span<const T> committed = at.of(std::span<const T>(residual[s_.committed]));
-      const std::span<T> staging = at.of(std::span(residual[1 - s_.committed]));
-      if constexpr (requires { s_.quantizer.encode(values, committed, staging, frame, position); }) {
-        s_.quantizer.encode(values, committed, staging, frame, position);
-      } else {
-        std::copy(committed.begin(), committed.end(), staging.begin());
-        s_.quantizer.encode(values, staging, frame, position);
-      }
-    }
+    staged_encode(s_.quantizer, values, residual, s_.committed, at, frame, position);
   }
 
   void decode(std::span<const std::byte> frame, std::span<T> into, bool accumulate, rank_t from) {
-    const std::error_code failure =
-        accumulate ? s_.quantizer.decode_accumulate(frame, into) : s_.quantizer.decode(frame, into);
-    if (failure)
-      step_.fail(errc::protocol_error, "the {}-byte frame from rank {} does not decode as {} values of {}: {}",
-                 frame.size(), from, into.size(), Q::name, failure.message());
+    decode_or_fail(step_, s_.quantizer, frame, into, accumulate, from);
   }
 
   void send(std::size_t slot, rank_t to, transports::tag_t tag, std::span<const std::byte> frame) {

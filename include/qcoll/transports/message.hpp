@@ -78,6 +78,9 @@ inline std::string describe(const message_header& h) {
     case collective::allreduce:
     case collective::reduce_scatter:
     case collective::compressed_allreduce: break;
+    case collective::grid_allreduce:
+      return fmt::format("grid_allreduce(count={}, {}, {}, plan {:08x}) #{}", h.count, to_string(h.type),
+                         to_string(h.op), h.root, h.sequence);
   }
   return fmt::format("{}(count={}, {}, {}) #{}", to_string(h.kind), h.count, to_string(h.type),
                      to_string(h.op), h.sequence);

@@ -1,0 +1,257 @@
+#pragma once
+/// @file
+/// A reduction_plan laid out for a buffer: every message of one allreduce, in the
+/// order they happen, with the values or frames each carries and its size. The
+/// executor (grid_allreduce.hpp) runs each rank's part of this list; the cost model
+/// (grid_cost.hpp) adds it up per link and per node. Non-template: only the
+/// quantizer's group size and encoded sizes enter.
+///
+/// The phases, with the leaves of the plan (one per core node) cutting the buffer:
+///   forward      stage by stage, every sub-network's tree sends its sums towards
+///                the exits (deepest members first), and each exit to its receiver;
+///   reduce       along each dimension of the order in turn, a ring reduce-scatter
+///                on every core line (the core's healthy bandwidth-optimal part);
+///   gather       the leaf owners' frames go round the same rings in reverse order;
+///   distribute   stage by stage in reverse, receivers send every frame to their
+///                exits, which pass them down their trees.
+/// Values that move in `forward` and `reduce` are encoded (with error feedback) by
+/// the sender and added by the receiver; every rank decodes the same leaf frames.
+
+#include <qcoll/partition.hpp>
+#include <qcoll/topologies/planner.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+namespace qcoll::algorithms {
+
+enum class grid_phase : std::uint8_t { forward, reduce, gather, distribute };
+
+struct grid_transfer {
+  std::size_t step = 0;  ///< transfers of one step run together; steps run in order
+  grid_phase phase = grid_phase::forward;
+  rank_t from = 0;  ///< nodes of the grid
+  rank_t to = 0;
+  std::size_t dimension = 0;  ///< the stage's (forward, distribute) or ring's dimension
+  block_range values{};       ///< forward, reduce: the values encoded and added
+  std::size_t first_leaf = 0;  ///< gather, distribute: the frames of leaves [first, last)
+  std::size_t last_leaf = 0;
+  std::size_t bytes = 0;
+};
+
+class grid_schedule {
+ public:
+  using encoded_size_function = std::function<std::size_t(std::size_t values)>;
+
+  /// `unit`: values per quantizer group (leaves are cut at whole groups; 0 or 1: anywhere).
+  grid_schedule(const topologies::reduction_plan& plan, std::size_t count, std::size_t unit,
+                const encoded_size_function& encoded_size)
+      : plan_(&plan), count_(count) {
+    unit_ = unit == 0 ? 1 : unit;
+    lay_out_leaves(encoded_size);
+    add_forward(encoded_size);
+    add_reduce(encoded_size);
+    add_gather();
+    add_distribute();
+  }
+
+  const topologies::reduction_plan& plan() const noexcept { return *plan_; }
+  std::size_t count() const noexcept { return count_; }
+  std::span<const grid_transfer> transfers() const noexcept { return transfers_; }
+  std::size_t steps() const noexcept { return steps_; }
+
+  std::size_t leaves() const noexcept { return leaf_values_.size(); }
+  block_range leaf_values(std::size_t leaf) const noexcept { return leaf_values_[leaf]; }
+  /// Byte offsets of the leaf frames laid end to end in leaf order, and the total.
+  std::size_t frame_offset(std::size_t leaf) const noexcept { return frame_offset_[leaf]; }
+  std::size_t total_frame_bytes() const noexcept { return frame_offset_.back(); }
+  /// The values the core node of leaf `leaf` holds after reducing along the first
+  /// `level` dimensions of the order (its leaves' union).
+  block_range range_at(rank_t core_node, std::size_t level) const {
+    const auto [first, last] = leaves_at(core_node, level);
+    if (first == last) return {0, 0};
+    return {leaf_values_[first].offset,
+            leaf_values_[last - 1].offset + leaf_values_[last - 1].size - leaf_values_[first].offset};
+  }
+  /// The leaves [first, last) under a core node's first `level` digits.
+  std::pair<std::size_t, std::size_t> leaves_at(rank_t core_node, std::size_t level) const {
+    const auto order = plan_->dimension_order();
+    std::size_t span = plan_->leaves();
+    std::size_t first = 0;
+    for (std::size_t k = 0; k < level; ++k) {
+      span /= plan_->core_indices(order[k]).size();
+      first += plan_->index_along(core_node, order[k]) * span;
+    }
+    return {first, first + span};
+  }
+
+  /// The nodes a transfer crosses, from its sender to its receiver: the tree edge or
+  /// the exit's route (forward, distribute), the core line's path (reduce, gather).
+  std::vector<rank_t> hops(const grid_transfer& t) const {
+    if (t.phase == grid_phase::reduce || t.phase == grid_phase::gather) return plan_->core_path(t.from, t.to, t.dimension);
+    for (const topologies::plan_stage& stage : plan_->stages())
+      if (stage.dimension == t.dimension)
+        for (const topologies::sub_network& s : stage.sub_networks)
+          for (const topologies::forwarding_exit& e : s.exits) {
+            if (t.phase == grid_phase::forward && e.exit == t.from && e.receiver == t.to) return e.path;
+            if (t.phase == grid_phase::distribute && e.receiver == t.from && e.exit == t.to)
+              return {e.path.rbegin(), e.path.rend()};
+          }
+    return {t.from, t.to};  // a tree edge: neighbours
+  }
+
+ private:
+  /// Leaf values: the buffer's groups split among the first dimension's core
+  /// indices, each part among the second's, and so on (block_of at every level), so
+  /// the values a node holds after each reduce-scatter are contiguous.
+  void lay_out_leaves(const encoded_size_function& encoded_size) {
+    const auto order = plan_->dimension_order();
+    const std::size_t leaves = plan_->leaves();
+    leaf_values_.assign(leaves, {});
+    const std::size_t units = (count_ + unit_ - 1) / unit_;
+    for (std::size_t leaf = 0; leaf < leaves; ++leaf) {
+      block_range r{0, units};
+      std::size_t rest = leaf, span = leaves;
+      for (std::size_t d : order) {
+        const std::size_t parts = plan_->core_indices(d).size();
+        span /= parts;
+        const block_range part = block_of(r.size, parts, rest / span);
+        r = {r.offset + part.offset, part.size};
+        rest %= span;
+      }
+      const std::size_t begin = std::min(count_, r.offset * unit_);
+      const std::size_t end = std::min(count_, (r.offset + r.size) * unit_);
+      leaf_values_[leaf] = {begin, end - begin};
+    }
+    frame_offset_.assign(leaves + 1, 0);
+    for (std::size_t leaf = 0; leaf < leaves; ++leaf)
+      frame_offset_[leaf + 1] = frame_offset_[leaf] + encoded_size(leaf_values_[leaf].size);
+  }
+
+  std::size_t frame_bytes(std::size_t first, std::size_t last) const {
+    return frame_offset_[last] - frame_offset_[first];
+  }
+
+  void add(grid_transfer t) { transfers_.push_back(t); }
+
+  void add_forward(const encoded_size_function& encoded_size) {
+    const block_range all{0, count_};
+    for (const topologies::plan_stage& stage : plan_->stages()) {
+      std::size_t deepest = 0;
+      for (const topologies::sub_network& s : stage.sub_networks)
+        for (std::size_t depth : s.depth) deepest = std::max(deepest, depth);
+      bool any = false;
+      for (std::size_t level = deepest; level >= 1; --level) {
+        for (const topologies::sub_network& s : stage.sub_networks) {
+          if (!included(s)) continue;
+          for (std::size_t i = 0; i < s.members.size(); ++i)
+            if (s.depth[i] == level)
+              add({steps_, grid_phase::forward, s.members[i], s.parent[i], stage.dimension, all, 0, 0,
+                   encoded_size(count_)}),
+                  any = true;
+        }
+        if (any) ++steps_, any = false;
+      }
+      for (const topologies::sub_network& s : stage.sub_networks) {
+        if (!included(s)) continue;
+        for (const topologies::forwarding_exit& e : s.exits)
+          add({steps_, grid_phase::forward, e.exit, e.receiver, stage.dimension, all, 0, 0, encoded_size(count_)}),
+              any = true;
+      }
+      if (any) ++steps_;
+    }
+  }
+
+  bool included(const topologies::sub_network& s) const { return plan_->is_included(s.members.front()); }
+
+  /// The core's lines along d: each as its members in ring order, one per line.
+  std::vector<std::vector<rank_t>> lines_along(std::size_t d) const {
+    std::vector<std::vector<rank_t>> lines;
+    const std::size_t first_index = plan_->core_indices(d).front();
+    for (rank_t v : plan_->core())
+      if (plan_->shape().coordinate(v, d) == first_index) lines.push_back(plan_->core_line(v, d));
+    return lines;
+  }
+
+  void add_reduce(const encoded_size_function& encoded_size) {
+    const auto order = plan_->dimension_order();
+    for (std::size_t level = 0; level < order.size(); ++level) {
+      const std::size_t d = order[level];
+      const auto lines = lines_along(d);
+      const std::size_t m = plan_->core_indices(d).size();
+      for (std::size_t s = 0; s + 1 < m; ++s) {
+        // Ring position q sends the partial of the block of position q − 1 − s.
+        for (const auto& line : lines)
+          for (std::size_t q = 0; q < m; ++q) {
+            const rank_t owner = line[(q + 2 * m - 1 - s) % m];
+            const block_range values = range_at(owner, level + 1);
+            add({steps_, grid_phase::reduce, line[q], line[(q + 1) % m], d, values, 0, 0,
+                 encoded_size(values.size)});
+          }
+        ++steps_;
+      }
+    }
+  }
+
+  void add_gather() {
+    const auto order = plan_->dimension_order();
+    for (std::size_t level = order.size(); level-- > 0;) {
+      const std::size_t d = order[level];
+      const auto lines = lines_along(d);
+      const std::size_t m = plan_->core_indices(d).size();
+      for (std::size_t s = 0; s + 1 < m; ++s) {
+        // Ring position q sends the frames of position q − s's block.
+        for (const auto& line : lines)
+          for (std::size_t q = 0; q < m; ++q) {
+            const auto [first, last] = leaves_at(line[(q + m - s) % m], level + 1);
+            add({steps_, grid_phase::gather, line[q], line[(q + 1) % m], d, {}, first, last,
+                 frame_bytes(first, last)});
+          }
+        ++steps_;
+      }
+    }
+  }
+
+  void add_distribute() {
+    const std::size_t all = plan_->leaves();
+    const auto stages = plan_->stages();
+    for (std::size_t k = stages.size(); k-- > 0;) {
+      const topologies::plan_stage& stage = stages[k];
+      bool any = false;
+      std::size_t deepest = 0;
+      for (const topologies::sub_network& s : stage.sub_networks) {
+        if (!included(s)) continue;
+        for (const topologies::forwarding_exit& e : s.exits)
+          add({steps_, grid_phase::distribute, e.receiver, e.exit, stage.dimension, {}, 0, all, total_frame_bytes()}),
+              any = true;
+        for (std::size_t depth : s.depth) deepest = std::max(deepest, depth);
+      }
+      if (any) ++steps_, any = false;
+      for (std::size_t level = 1; level <= deepest; ++level) {
+        for (const topologies::sub_network& s : stage.sub_networks) {
+          if (!included(s)) continue;
+          for (std::size_t i = 0; i < s.members.size(); ++i)
+            if (s.depth[i] == level)
+              add({steps_, grid_phase::distribute, s.parent[i], s.members[i], stage.dimension, {}, 0, all,
+                   total_frame_bytes()}),
+                  any = true;
+        }
+        if (any) ++steps_, any = false;
+      }
+    }
+  }
+
+  const topologies::reduction_plan* plan_;
+  std::size_t count_ = 0;
+  std::size_t unit_ = 1;
+  std::vector<block_range> leaf_values_;
+  std::vector<std::size_t> frame_offset_;
+  std::vector<grid_transfer> transfers_;
+  std::size_t steps_ = 0;
+};
+
+}  // namespace qcoll::algorithms
