@@ -42,7 +42,7 @@ namespace qcoll {
 /// when it has one rank per node that is not fully degraded (the survivors of a
 /// failure, re-joined), rank r is the r-th of those nodes in node order.
 struct grid_allreduce_options {
-  std::vector<rank_t> node_of_rank;  ///< empty: the default above
+  std::vector<rank_t> node_of_rank = {};  ///< empty: the default above
 };
 
 /// State and handle of a grid allreduce of `count` values on one rank.
@@ -131,6 +131,24 @@ class grid_allreduce_plan
   }
   /// What the last call moved, as counted while it ran (a failed one: until it failed).
   const compressed_allreduce_statistics& last_call() const noexcept { return state_.last_call; }
+
+  /// Adds to `into` (count() values), value by value, the quantization error this
+  /// rank still owes: the sum of its residuals over that value. Over calls the
+  /// result telescopes: Σ_t out_t = Σ_t exact_t − Σ_ranks residual mass (for sum).
+  /// After a re-plan (a new plan starts with zero residuals), adding the old plan's
+  /// mass to the next contribution keeps that gradient mass.
+  void add_residual_mass(std::span<value_type> into) const {
+    if (into.size() != state_.count)
+      qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan::add_residual_mass: {} values for {}",
+                                 into.size(), state_.count);
+    if constexpr (Q::keeps_residual) {
+      const std::vector<value_type>& residual = state_.residual[state_.committed];
+      for (const algorithms::grid_op& op : state_.ops)
+        if (op.kind == algorithms::grid_op_kind::encode_send || op.kind == algorithms::grid_op_kind::finish_leaf)
+          for (std::size_t i = 0; i < op.values.size; ++i)
+            into[op.values.offset + i] += residual[op.residual_offset + i];
+    }
+  }
 
   /// Forgets every residual (say, after the model was reloaded).
   void reset_residuals() {

@@ -10,11 +10,14 @@
 #include <qcoll/partition.hpp>
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/grid_allreduce.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>
 #include <qcoll/quantizers/lazy_update.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
+#include <qcoll/topologies/grid.hpp>
+#include <qcoll/topologies/planner.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/inproc.hpp>

@@ -53,6 +53,7 @@ class grid_schedule {
       : plan_(&plan), count_(count) {
     unit_ = unit == 0 ? 1 : unit;
     lay_out_leaves(encoded_size);
+    if (plan.leaves() == 0) return;  // nothing reaches a core: nobody is included
     add_forward(encoded_size);
     add_reduce(encoded_size);
     add_gather();

@@ -118,8 +118,8 @@ struct degraded_node {
 
 /// What is wrong with a grid.
 struct grid_faults {
-  std::vector<degraded_node> nodes;
-  std::vector<std::pair<rank_t, rank_t>> broken_links;  ///< between neighbours
+  std::vector<degraded_node> nodes = {};
+  std::vector<std::pair<rank_t, rank_t>> broken_links = {};  ///< between neighbours
   /// Treat every partially degraded node as fully degraded (spec §2's option).
   bool partial_as_full = false;
 };

@@ -52,7 +52,7 @@ enum class forwarding : std::uint8_t {
 struct planner_options {
   /// The dimensions in the order they are reduced; empty: the spec's heuristics (see
   /// plan_reduction).
-  std::vector<std::size_t> dimension_order;
+  std::vector<std::size_t> dimension_order = {};
   forwarding mode = forwarding::sub_networks;
 };
 
@@ -195,7 +195,7 @@ class reduction_plan {
                           stage.critical_groups, stage.forwarding_groups);
       for (const sub_network& s : stage.sub_networks) {
         text += "  sub-network {";
-        for (std::size_t i = 0; i < s.members.size(); ++i) text += (i ? " " : "") + shape_.name(s.members[i]);
+        for (std::size_t i = 0; i < s.members.size(); ++i) text += fmt::format("{}{}", i ? " " : "", shape_.name(s.members[i]));
         text += "}";
         for (std::size_t i = 0; i < s.members.size(); ++i)
           if (s.parent[i] != s.members[i])
@@ -203,7 +203,7 @@ class reduction_plan {
         text += ";";
         for (const forwarding_exit& e : s.exits) {
           text += fmt::format(" {}→{} via", shape_.name(e.exit), shape_.name(e.receiver));
-          for (rank_t v : e.path) text += " " + shape_.name(v);
+          for (rank_t v : e.path) text += fmt::format(" {}", shape_.name(v));
           text += ";";
         }
         text += "\n";
@@ -226,7 +226,7 @@ class reduction_plan {
   std::string draw() const {
     if (shape_.dimensions() != 2) return describe();
     const std::size_t rows = shape_.extent(0), columns = shape_.extent(1);
-    const std::size_t height = 2 * rows + 1, width = 4 * columns + 4;
+    const std::size_t height = 2 * rows, width = 4 * columns + 4;
     std::vector<std::string> canvas(height, std::string(width, ' '));
     auto cell = [&](rank_t v) -> char& {
       return canvas[1 + 2 * shape_.coordinate(v, 0)][4 + 4 * shape_.coordinate(v, 1)];
@@ -257,7 +257,8 @@ class reduction_plan {
     std::string text;
     for (const std::string& line : canvas) {
       const std::size_t end = line.find_last_not_of(' ');
-      text += (end == std::string::npos ? std::string() : line.substr(0, end + 1)) + "\n";
+      if (end != std::string::npos) text.append(line, 0, end + 1);
+      text += '\n';
     }
     return text;
   }
@@ -506,8 +507,8 @@ class planner {
     }
   }
 
-  /// The last resort of a stage: keep the positions along d that every remaining
-  /// line can use, then the largest run of them every line connects.
+  /// The last resort of a stage: keep the positions along d where every remaining
+  /// line has a contribution, then the largest set of them every line connects.
   void shrink_line(std::size_t d) {
     auto lines = [&] {
       std::vector<rank_t> result;
@@ -520,11 +521,11 @@ class planner {
       }
       return result;
     }();
+    // Positions where some line has no contribution go; a position degraded along d
+    // can still stay alone (a line of one needs no link).
     for (std::size_t c = 0; c < shape_.extent(d); ++c)
       for (rank_t v : lines)
-        if (keep_[d][c] && g_.degraded_along(shape_.with_coordinate(v, d, c), d) &&
-            !(kept_count(d) == 1 && g_.alive(shape_.with_coordinate(v, d, c))))
-          keep_[d][c] = false;
+        if (!g_.alive(shape_.with_coordinate(v, d, c))) keep_[d][c] = false;
     for (rank_t v : lines) {
       while (kept_count(d) > 0 && !critical(v, d)) {
         // Keep the largest set of members joined along this line; drop the rest.
