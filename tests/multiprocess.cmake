@@ -85,6 +85,11 @@ foreach(transport shm tcp)
     qcoll_job_test(compressed_allreduce_${ranks}_ranks RANKS ${ranks} TRANSPORT ${transport}
       ARGS compressed ${compressed_values} LINES "${verdicts}")
   endforeach()
+  # The grid allreduce on a 2×4 torus with one degraded node, every quantizer, both
+  # forwarding modes: the degraded node's rank is refused, the 7 others agree.
+  qcoll_line_from_each_rank(verdicts 0 5 "grid ok")
+  qcoll_job_test(grid_allreduce_2x4_torus RANKS 8 TRANSPORT ${transport} ARGS grid ${compressed_values}
+    LINES "${verdicts}|1:^\\[6\\] rank 6: grid excluded as expected|1:^\\[7\\] rank 7: grid ok")
   # A rank killed in the middle of a compressed allreduce, blocking or started: every
   # survivor's call fails naming it and leaves the plan's residuals as they were.
   qcoll_line_from_each_rank(verdicts 0 2 "residuals unchanged after the loss of peer 3")

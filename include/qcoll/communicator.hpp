@@ -367,8 +367,8 @@ class communicator {
   void run_plan(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
                 reduce_op op) {
     using T = typename Plan::value_type;
-    refuse_if_excluded(plan);
     auto step = begin(Plan::collective_kind, dtype_of<T>::value, op, in.size(), header_root(plan));
+    refuse_if_excluded(plan);  // after begin: the rank's later collectives stay numbered like everyone's
     if (in.size() != out.size())
       step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
     if (!detail::same_range(in, out) && detail::overlaps(in, out))
@@ -424,7 +424,8 @@ class communicator {
 
   // ---- grid_allreduce_plan ----
 
-  /// A rank the plan excludes takes no part: it is told why, and nobody waits for it.
+  /// A rank the plan excludes takes no part: it is told why (without aborting the
+  /// communicator), and nobody waits for it.
   template <quantizer Q>
   void refuse_if_excluded(const grid_allreduce_plan<Q>& plan) const {
     if (plan.state_.rank == rank() && plan.state_.size == size() && !plan.included())

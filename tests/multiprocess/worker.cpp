@@ -5,11 +5,14 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/grid_allreduce.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/rendezvous/join.hpp>
+#include <qcoll/topologies/grid.hpp>
+#include <qcoll/topologies/planner.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
@@ -24,6 +27,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -427,6 +431,90 @@ void compressed(endpoint_ref transport, communicator_options options, std::size_
              checks.cases(), checks.calls(), checks.ring_route_seen() ? "ring" : "direct (two ranks)", largest);
 }
 
+/// The grid allreduce on a 2×4 torus of the job's 8 ranks with node 6 fully degraded,
+/// both forwarding modes, every quantizer, counts up to `largest`: rank 6 is refused
+/// at once, saying why; identity sums the other 7 exactly; the lossy quantizers agree
+/// bitwise on every included rank; every call sends what bytes_sent_per_call() says.
+void grid(endpoint_ref transport, communicator_options options, std::size_t largest) {
+  communicator comm(transport, options);
+  if (comm.size() != 8) fail("the grid scenario needs 8 ranks");
+  const rank_t me = comm.rank(), degraded = 6;
+  const topologies::torus torus({2, 4}, {.nodes = {topologies::degraded_node::fully(degraded)}});
+  std::vector<double> hashes;
+  std::size_t calls = 0;
+  for (const auto mode : {topologies::forwarding::sub_networks, topologies::forwarding::per_node}) {
+    topologies::planner_options planner;
+    planner.mode = mode;
+    const topologies::reduction_plan schedule = topologies::plan_reduction(torus, planner);
+    auto run = [&](const auto& quantizer, std::size_t count) {
+      using Q = std::decay_t<decltype(quantizer)>;
+      constexpr bool exact = std::is_same_v<Q, quantizers::identity<float>>;
+      grid_allreduce_plan plan(comm, schedule, count, quantizer);
+      std::vector<float> in(count), out(count);
+      for (unsigned call = 0; call < 2; ++call) {
+        for (std::size_t i = 0; i < count; ++i) in[i] = exact ? integer_input(me, call, i) : noise_input(me, call, i);
+        const auto name = fmt::format("grid {} {} count {} call {}", Q::name,
+                                      mode == topologies::forwarding::per_node ? "per node" : "by sub-network", count,
+                                      call);
+        try {
+          if (call == 0) {
+            comm.allreduce(plan, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+          } else {
+            comm.start_allreduce(plan, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+            plan.wait();
+          }
+          if (me == degraded) fail(fmt::format("{}: the degraded node's rank took part", name));
+        } catch (const qcoll::error& e) {
+          if (me != degraded || e.code() != errc::invalid_argument ||
+              std::string_view(e.what()).find("excludes") == std::string_view::npos)
+            throw;
+          hashes.push_back(std::numeric_limits<double>::quiet_NaN());  // replaced below: takes no part in the check
+          hashes.push_back(std::numeric_limits<double>::quiet_NaN());
+          continue;
+        }
+        if (plan.last_call().bytes_sent != plan.bytes_sent_per_call())
+          fail(fmt::format("{}: sent {} bytes, but bytes_sent_per_call() is {}", name, plan.last_call().bytes_sent,
+                           plan.bytes_sent_per_call()));
+        if constexpr (exact) {
+          for (std::size_t i = 0; i < count; ++i) {
+            double sum = 0;
+            for (rank_t r = 0; r < comm.size(); ++r)
+              if (r != degraded) sum += integer_input(r, call, i);
+            if (static_cast<double>(out[i]) != sum) fail(fmt::format("{}: element {} is {}, not {}", name, i, out[i], sum));
+          }
+        }
+        const std::uint64_t hash = fnv1a(out);
+        hashes.push_back(static_cast<double>(hash >> 32));
+        hashes.push_back(static_cast<double>(hash & 0xffffffffu));
+        ++calls;
+      }
+    };
+    auto k_level = quantizers::k_level_options::with_bits(4);
+    k_level.rounding = quantizers::rounding::stochastic;
+    k_level.seed = 1 + me;
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{2049}, largest}) {
+      run(quantizers::identity<float>{}, count);
+      run(quantizers::one_bit{}, count);
+      run(quantizers::k_level(k_level), count);
+      run(quantizers::bfp{}, count);
+    }
+  }
+  // Every included rank got bitwise the same results: the least and greatest hash of
+  // each call over them are this rank's own (the degraded rank offers neutral values).
+  std::vector<double> least = hashes, greatest = hashes;
+  for (double& h : least) h = std::isnan(h) ? std::numeric_limits<double>::infinity() : h;
+  for (double& h : greatest) h = std::isnan(h) ? -std::numeric_limits<double>::infinity() : h;
+  comm.allreduce(std::span<double>(least), reduce_op::min);
+  comm.allreduce(std::span<double>(greatest), reduce_op::max);
+  if (me == degraded) {
+    fmt::print("rank {}: grid excluded as expected\n", me);
+    return;
+  }
+  for (std::size_t k = 0; k < hashes.size(); ++k)
+    if (least[k] != hashes[k] || greatest[k] != hashes[k]) fail(fmt::format("grid call {}: the ranks' results differ", k / 2));
+  fmt::print("rank {}: grid ok ({} calls, up to {} values)\n", me, calls, largest);
+}
+
 /// The last rank kills itself in the middle of a large one_bit compressed allreduce,
 /// as in kill_a_rank: in its third call, half as long into it as its second one took
 /// (a fixed delay may miss the call; the first call, which touches every page of the
@@ -498,6 +586,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "kill") kill_a_rank(comm);
   else if (scenario == "freeze") freeze_a_rank(comm);
   else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);
+  else if (scenario == "grid") grid(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "compressed_kill" || scenario == "compressed_kill_started")
     kill_during_compressed(endpoint_ref(comm.transport()), comm.options(), amount, scenario.ends_with("started"));
   else fail(fmt::format("unknown scenario '{}'", scenario));
