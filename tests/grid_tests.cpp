@@ -10,6 +10,7 @@
 #include "support/reference.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -33,12 +34,17 @@ topo::grid_faults fully(std::initializer_list<const char*> names) {
   return faults;
 }
 
-topo::planner_options options(std::vector<std::size_t> order, topo::forwarding mode) {
+/// The spec's process (no hosting) unless `hosting`.
+topo::planner_options options(std::vector<std::size_t> order, topo::forwarding mode, bool hosting = false) {
   topo::planner_options o;
   o.dimension_order = std::move(order);
   o.mode = mode;
+  o.host_degraded = hosting ? topo::hosting::always : topo::hosting::never;
   return o;
 }
+
+/// The node that plays a schedule's end: the host of a core place.
+rank_t player(const topo::reduction_plan& plan, rank_t v) { return plan.in_core(v) ? plan.host_of(v) : v; }
 
 /// Every route of a stage as "exit→receiver via n1 n2 …", and every tree edge as "m→parent".
 std::set<std::string> routes_of(const topo::reduction_plan& plan, std::size_t stage) {
@@ -311,7 +317,7 @@ BOOST_AUTO_TEST_CASE(figure_5c_non_contiguous_faults) {
   BOOST_TEST(plan.divisor() == 13u);
   // The heuristic: the degraded set is not contiguous, so the first dimension must
   // have a clean group (both do here: row c, column 3).
-  const auto heuristic = topo::plan_reduction(grid);
+  const auto heuristic = topo::plan_reduction(grid, options({}, topo::forwarding::sub_networks));
   BOOST_TEST(heuristic.stages()[0].critical_groups >= 1u);
   check_exact_sums(plan);
   check_exact_sums(heuristic);
@@ -323,7 +329,7 @@ BOOST_AUTO_TEST_CASE(figure_5c_non_contiguous_faults) {
 // exit carrying only its own tree (itself), so nothing is counted twice.
 BOOST_AUTO_TEST_CASE(figure_6_sub_networks_with_several_receivers) {
   const topo::mesh grid({4, 4}, fully({"b2", "a3", "b3"}));
-  const auto plan = topo::plan_reduction(grid);
+  const auto plan = topo::plan_reduction(grid, options({}, topo::forwarding::sub_networks));
   BOOST_TEST(plan.dimension_order()[0] == 0u);  // the heuristic picks columns, as the figure
   const auto& stage = plan.stages()[0];
   BOOST_TEST(stage.critical_groups == 2u);
@@ -360,15 +366,50 @@ BOOST_AUTO_TEST_CASE(figure_7_torus_sub_network) {
 
 BOOST_AUTO_TEST_CASE(unreachable_nodes_are_excluded_with_the_reason) {
   // d1 is walled in by c1 and d2 on a mesh: alive but cut off.
-  const auto plan = topo::plan_reduction(topo::mesh({4, 4}, fully({"c1", "d2"})));
-  BOOST_TEST(!plan.is_included(node("d1")));
-  bool reported = false;
-  for (const auto& e : plan.excluded())
-    if (e.node == node("d1")) reported = e.reason.find("no route") != std::string::npos;
-  BOOST_TEST(reported);
-  BOOST_TEST(plan.describe().find("excluded d1: no route") != std::string::npos);
-  BOOST_TEST(plan.divisor() == 13u);
+  const topo::mesh grid({4, 4}, fully({"c1", "d2"}));
+  auto reason_of_d1 = [](const topo::reduction_plan& plan) {
+    for (const auto& e : plan.excluded())
+      if (e.node == node("d1")) return e.reason;
+    return std::string("(included)");
+  };
+  const auto spec = topo::plan_reduction(grid, options({}, topo::forwarding::sub_networks));
+  BOOST_TEST(reason_of_d1(spec) == "no route from it to the core at the stage of dimension 0");
+  BOOST_TEST(spec.describe().find("excluded d1: no route") != std::string::npos);
+  // The neighbour rule marks d1 degraded too, so the degraded set {c1, d1, d2} is
+  // contiguous and the default forwards; hosting must be asked for.
+  const auto hosted = topo::plan_reduction(grid, options({}, topo::forwarding::sub_networks, true));
+  BOOST_TEST(reason_of_d1(hosted) == "cut off: no usable links join it to the largest part of the grid");
+  BOOST_TEST(hosted.hosted() == 3u);  // c1, d2 and the cut-off d1 keep their places
+  for (const auto* plan : {&spec, &hosted}) {
+    BOOST_TEST(plan->divisor() == 13u);
+    check_exact_sums(*plan);
+  }
+}
+
+// Hosting (the default): a fully degraded node keeps its place in the core, played
+// by the alive node before it along the first dimension, so scattered faults cost a
+// few hosts some extra work instead of whole groups forwarding.
+BOOST_AUTO_TEST_CASE(degraded_nodes_are_hosted_by_default) {
+  const auto plan = topo::plan_reduction(topo::torus({4, 4}, fully({"b2", "d3"})));
+  const std::size_t first = plan.dimension_order()[0];
+  BOOST_TEST(plan.core().size() == 16u);
+  BOOST_TEST(plan.hosted() == 2u);
+  for (const auto& stage : plan.stages()) BOOST_TEST(stage.sub_networks.empty());
+  // The host is the alive node before it along the first dimension.
+  const rank_t b2 = node("b2");
+  const rank_t expected_host = plan.shape().with_coordinate(b2, first, plan.shape().coordinate(b2, first) - 1);
+  BOOST_TEST(plan.host_of(b2) == expected_host);
+  BOOST_TEST(plan.host_of(node("a1")) == node("a1"));
+  BOOST_TEST(plan.describe().find("2 hosted: b2 by") != std::string::npos);
+  BOOST_TEST(plan.divisor() == 14u);
   check_exact_sums(plan);
+  // A 3-D torus with scattered faults keeps every place.
+  topo::grid_faults faults;
+  for (rank_t v : {5u, 22u, 40u}) faults.nodes.push_back(topo::degraded_node::fully(v));
+  const auto cube = topo::plan_reduction(topo::torus({4, 4, 3}, faults));
+  BOOST_TEST(cube.core().size() == 48u);
+  BOOST_TEST(cube.hosted() == 3u);
+  check_exact_sums(cube);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -405,6 +446,8 @@ random_case make_random_case(std::mt19937_64& gen, std::size_t max_nodes) {
   }
   topo::planner_options o;
   o.mode = uniform(gen) < 0.5 ? topo::forwarding::sub_networks : topo::forwarding::per_node;
+  o.host_degraded = std::array{topo::hosting::automatic, topo::hosting::always,
+                                topo::hosting::never}[std::uniform_int_distribution<int>(0, 2)(gen)];
   if (uniform(gen) < 0.3) {
     o.dimension_order.resize(extents.size());
     std::iota(o.dimension_order.begin(), o.dimension_order.end(), std::size_t{0});
@@ -416,8 +459,9 @@ random_case make_random_case(std::mt19937_64& gen, std::size_t max_nodes) {
 /// Alive nodes connected to the core over usable links.
 std::vector<bool> connected_to_core(const topo::grid& g, const topo::reduction_plan& plan) {
   std::vector<bool> seen(g.size(), false);
-  std::vector<rank_t> queue(plan.core().begin(), plan.core().end());
-  for (rank_t v : queue) seen[v] = true;
+  std::vector<rank_t> queue;
+  for (rank_t v : plan.core())
+    if (!seen[plan.host_of(v)]) queue.push_back(plan.host_of(v)), seen[plan.host_of(v)] = true;
   for (std::size_t i = 0; i < queue.size(); ++i)
     for (std::size_t d = 0; d < g.shape().dimensions(); ++d)
       for (int direction : {+1, -1})
@@ -459,26 +503,27 @@ void check_schedule(const topo::grid& g, const topo::reduction_plan& plan) {
     for (std::size_t i = begin; i < end; ++i) {
       const algorithms::grid_transfer& t = transfers[i];
       // Every route crosses usable links only, so never a degraded node.
+      const rank_t from = player(plan, t.from), to = player(plan, t.to);
       const std::vector<rank_t> hops = schedule.hops(t);
       BOOST_TEST_REQUIRE(hops.size() >= 2u);
-      BOOST_TEST(hops.front() == t.from);
-      BOOST_TEST(hops.back() == t.to);
+      BOOST_TEST(hops.front() == from);
+      BOOST_TEST(hops.back() == to);
       for (std::size_t h = 0; h + 1 < hops.size(); ++h) BOOST_TEST(g.linked(hops[h], hops[h + 1]));
-      BOOST_TEST(plan.is_included(t.from));
-      BOOST_TEST(plan.is_included(t.to));
+      BOOST_TEST(plan.is_included(from));
+      BOOST_TEST(plan.is_included(to));
+      BOOST_TEST(from != to);
       if (t.phase == algorithms::grid_phase::forward || t.phase == algorithms::grid_phase::reduce) {
         const auto [first, last] = leaves_of(t.values);
         BOOST_TEST(first < last);
         for (std::size_t l = first; l < last; ++l)
-          for (rank_t c = 0; c < n; ++c) counts[t.to][l][c] += before[t.from][l][c];
+          for (rank_t c = 0; c < n; ++c) counts[to][l][c] += before[from][l][c];
       } else {
-        if (plan.in_core(t.from) && t.phase == algorithms::grid_phase::gather)
-          frames_before[t.from][plan.leaf_of(t.from)] = true;
         for (std::size_t l = t.first_leaf; l < t.last_leaf; ++l) {
-          const bool own_leaf = plan.in_core(t.from) && plan.leaf_of(t.from) == l;
-          BOOST_TEST((frames_before[t.from][l] || own_leaf));  // it has what it sends
-          BOOST_TEST(!has_frame[t.to][l]);                     // and nobody gets a frame twice
-          has_frame[t.to][l] = true;
+          const bool own_leaf = plan.host_of(plan.core_of_leaf(l)) == from;  // it finished that leaf itself
+          BOOST_TEST((frames_before[from][l] || own_leaf));  // it has what it sends
+          BOOST_TEST(!has_frame[to][l]);                     // and nobody gets a frame twice
+          BOOST_TEST(plan.host_of(plan.core_of_leaf(l)) != to);
+          has_frame[to][l] = true;
         }
       }
     }
@@ -486,7 +531,7 @@ void check_schedule(const topo::grid& g, const topo::reduction_plan& plan) {
   }
   // Exactly once: each leaf's owner holds every included contribution once, nothing else.
   for (std::size_t l = 0; l < leaves; ++l) {
-    const rank_t owner = plan.core_of_leaf(l);
+    const rank_t owner = plan.host_of(plan.core_of_leaf(l));
     for (rank_t c = 0; c < n; ++c) {
       BOOST_TEST_INFO("leaf " << l << " contribution of " << g.shape().name(c));
       BOOST_TEST(counts[owner][l][c] == (plan.is_included(c) ? 1 : 0));
@@ -517,7 +562,7 @@ BOOST_AUTO_TEST_CASE(random_plans_count_every_contribution_once_over_usable_link
       BOOST_TEST(plan.divisor() == included);
       BOOST_TEST(plan.included().size() + plan.excluded().size() == c.grid.size());
       for (const auto& e : plan.excluded()) BOOST_TEST(!e.reason.empty());
-      for (rank_t v : plan.core()) BOOST_TEST(c.grid.alive(v));
+      for (rank_t v : plan.core()) BOOST_TEST(c.grid.alive(plan.host_of(v)));
       check_schedule(c.grid, plan);
       ++planned;
       for (const auto& stage : plan.stages()) with_forwarding += stage.sub_networks.empty() ? 0 : 1;
@@ -550,7 +595,8 @@ BOOST_AUTO_TEST_CASE(a_large_torus_plans_quickly) {
   const topo::torus grid({32, 32, 16}, faults);
   const auto plan = topo::plan_reduction(grid);
   BOOST_TEST(plan.divisor() == 32u * 32u * 16u - 164u);  // a torus this size leaves nobody cut off
-  for (rank_t v : plan.core()) BOOST_TEST_REQUIRE(grid.alive(v));
+  BOOST_TEST(plan.core().size() > 32u * 32u * 16u * 9 / 10);  // hosting keeps the core (without: ~10 %)
+  for (rank_t v : plan.core()) BOOST_TEST_REQUIRE(grid.alive(plan.host_of(v)));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -561,7 +607,9 @@ BOOST_AUTO_TEST_SUITE(grid_allreduce_quantized)
 namespace {
 
 const topo::reduction_plan& figure_7_plan() {
-  static const auto plan = topo::plan_reduction(topo::torus({4, 4}, fully({"a1", "a2", "b1", "b2"})));
+  // The spec's process: c1, c2, d1, d2 forward as a sub-network.
+  static const auto plan = topo::plan_reduction(topo::torus({4, 4}, fully({"a1", "a2", "b1", "b2"})),
+                                                options({}, topo::forwarding::sub_networks));
   return plan;
 }
 
@@ -619,6 +667,9 @@ BOOST_AUTO_TEST_CASE(lossy_results_are_bitwise_identical_on_every_rank) {
                             quantizers::k_level(quantizers::k_level_options::with_bits(8)), 0.05);
   check_identical_and_close(topo::plan_reduction(topo::torus({2, 3, 3}, {.nodes = {topo::degraded_node::fully(4)}})),
                             quantizers::bfp({.mantissa_bits = 8, .block_size = 32}), 0.05);
+  // Hosted places: b2 and c3 played by their hosts.
+  check_identical_and_close(topo::plan_reduction(topo::torus({4, 4}, fully({"b2", "c3"}))),
+                            quantizers::one_bit({.group_size = 128}), 2.0);
 }
 
 // With error feedback the running sum telescopes: Σ_t out_t = Σ_t exact_t − Σ_ranks

@@ -93,7 +93,7 @@ struct grid_allreduce_state {
       const bool values = t.phase == grid_phase::forward || t.phase == grid_phase::reduce;
       op.kind = values ? (sending ? grid_op_kind::encode_send : grid_op_kind::receive_add)
                        : (sending ? grid_op_kind::send_frames : grid_op_kind::receive_frames);
-      op.peer = rank_of_node[sending ? t.to : t.from];
+      op.peer = rank_of_node[player(plan, sending ? t.to : t.from)];
       op.values = t.values;
       op.first_leaf = t.first_leaf;
       op.last_leaf = t.last_leaf;
@@ -107,23 +107,27 @@ struct grid_allreduce_state {
       }
       ops.push_back(op);
     };
+    // The leaves this node finishes: those of the core places it plays.
+    std::vector<std::size_t> own_leaves;
+    for (std::size_t leaf = 0; leaf < plan.leaves(); ++leaf)
+      if (plan.host_of(plan.core_of_leaf(leaf)) == node) own_leaves.push_back(leaf);
+    auto finish_leaves = [&] {
+      for (std::size_t leaf : own_leaves) add_finish_leaf(leaf, residual_values);
+      own_leaves.clear();
+    };
     const std::span<const grid_transfer> transfers = schedule.transfers();
-    bool leaf_finished = !plan.in_core(node);
     for (std::size_t begin = 0; begin < transfers.size();) {
       std::size_t end = begin;
       while (end < transfers.size() && transfers[end].step == transfers[begin].step) ++end;
       const grid_phase phase = transfers[begin].phase;
-      if (!leaf_finished && (phase == grid_phase::gather || phase == grid_phase::distribute)) {
-        add_finish_leaf(plan.leaf_of(node), residual_values);
-        leaf_finished = true;
-      }
+      if (phase == grid_phase::gather || phase == grid_phase::distribute) finish_leaves();
       for (std::size_t i = begin; i < end; ++i)
-        if (transfers[i].from == node) add_transfer(transfers[i], true);
+        if (player(plan, transfers[i].from) == node) add_transfer(transfers[i], true);
       for (std::size_t i = begin; i < end; ++i)
-        if (transfers[i].to == node) add_transfer(transfers[i], false);
+        if (player(plan, transfers[i].to) == node) add_transfer(transfers[i], false);
       begin = end;
     }
-    if (!leaf_finished) add_finish_leaf(plan.leaf_of(node), residual_values);
+    finish_leaves();
     requests_needed = requests;
     if constexpr (Q::keeps_residual)
       for (auto& r : residual) r.assign(residual_values, value_type{});
@@ -139,6 +143,11 @@ struct grid_allreduce_state {
   }
 
  private:
+  /// The node that sends or receives for a transfer's end: the host of a core place.
+  static rank_t player(const topologies::reduction_plan& plan, rank_t node) {
+    return plan.in_core(node) ? plan.host_of(node) : node;
+  }
+
   void add_finish_leaf(std::size_t leaf, std::size_t& residual_values) {
     grid_op op;
     op.kind = grid_op_kind::finish_leaf;

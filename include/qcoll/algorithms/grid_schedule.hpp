@@ -54,6 +54,11 @@ class grid_schedule {
     unit_ = unit == 0 ? 1 : unit;
     lay_out_leaves(encoded_size);
     if (plan.leaves() == 0) return;  // nothing reaches a core: nobody is included
+    for (const topologies::plan_stage& stage : plan.stages())
+      for (const topologies::sub_network& s : stage.sub_networks)
+        for (const topologies::forwarding_exit& e : s.exits) exit_routes_.push_back({{e.exit, e.receiver}, &e.path});
+    std::sort(exit_routes_.begin(), exit_routes_.end(),
+              [](const exit_route& a, const exit_route& b) { return a.key < b.key; });
     add_forward(encoded_size);
     add_reduce(encoded_size);
     add_gather();
@@ -70,14 +75,6 @@ class grid_schedule {
   /// Byte offsets of the leaf frames laid end to end in leaf order, and the total.
   std::size_t frame_offset(std::size_t leaf) const noexcept { return frame_offset_[leaf]; }
   std::size_t total_frame_bytes() const noexcept { return frame_offset_.back(); }
-  /// The values the core node of leaf `leaf` holds after reducing along the first
-  /// `level` dimensions of the order (its leaves' union).
-  block_range range_at(rank_t core_node, std::size_t level) const {
-    const auto [first, last] = leaves_at(core_node, level);
-    if (first == last) return {0, 0};
-    return {leaf_values_[first].offset,
-            leaf_values_[last - 1].offset + leaf_values_[last - 1].size - leaf_values_[first].offset};
-  }
   /// The leaves [first, last) under a core node's first `level` digits.
   std::pair<std::size_t, std::size_t> leaves_at(rank_t core_node, std::size_t level) const {
     const auto order = plan_->dimension_order();
@@ -90,18 +87,19 @@ class grid_schedule {
     return {first, first + span};
   }
 
-  /// The nodes a transfer crosses, from its sender to its receiver: the tree edge or
-  /// the exit's route (forward, distribute), the core line's path (reduce, gather).
+  /// The nodes a transfer crosses, from the node that sends it to the node that
+  /// receives it: the tree edge or the exit's route (forward, distribute), the path
+  /// between the players of two core places (reduce, gather).
   std::vector<rank_t> hops(const grid_transfer& t) const {
     if (t.phase == grid_phase::reduce || t.phase == grid_phase::gather) return plan_->core_path(t.from, t.to, t.dimension);
-    for (const topologies::plan_stage& stage : plan_->stages())
-      if (stage.dimension == t.dimension)
-        for (const topologies::sub_network& s : stage.sub_networks)
-          for (const topologies::forwarding_exit& e : s.exits) {
-            if (t.phase == grid_phase::forward && e.exit == t.from && e.receiver == t.to) return e.path;
-            if (t.phase == grid_phase::distribute && e.receiver == t.from && e.exit == t.to)
-              return {e.path.rbegin(), e.path.rend()};
-          }
+    const bool forward = t.phase == grid_phase::forward;
+    const auto found = std::lower_bound(exit_routes_.begin(), exit_routes_.end(),
+                                        std::pair(forward ? t.from : t.to, forward ? t.to : t.from),
+                                        [](const exit_route& e, std::pair<rank_t, rank_t> key) { return e.key < key; });
+    if (found != exit_routes_.end() && found->key == std::pair(forward ? t.from : t.to, forward ? t.to : t.from)) {
+      const std::vector<rank_t>& path = *found->path;
+      return forward ? path : std::vector<rank_t>(path.rbegin(), path.rend());
+    }
     return {t.from, t.to};  // a tree edge: neighbours
   }
 
@@ -169,30 +167,66 @@ class grid_schedule {
 
   bool included(const topologies::sub_network& s) const { return plan_->is_included(s.members.front()); }
 
-  /// The core's lines along d: each as its members in ring order, one per line.
-  std::vector<std::vector<rank_t>> lines_along(std::size_t d) const {
-    std::vector<std::vector<rank_t>> lines;
-    const std::size_t first_index = plan_->core_indices(d).front();
-    for (rank_t v : plan_->core())
-      if (plan_->shape().coordinate(v, d) == first_index) lines.push_back(plan_->core_line(v, d));
-    return lines;
+  /// A ring of the core along the dimension of level `level`: its members in ring
+  /// order and the leaves each ends up owning. On the first level only the nodes
+  /// that play themselves are members; each owns the places from its own up to the
+  /// next member's (the hosted ones after it, and before the first member, the
+  /// first's), a contiguous run of leaves. Later levels ring every place.
+  struct core_ring {
+    std::vector<rank_t> members;
+    std::vector<std::pair<std::size_t, std::size_t>> leaves;
+  };
+
+  std::vector<core_ring> rings_at(std::size_t level) const {
+    const std::size_t d = plan_->dimension_order()[level];
+    const auto indices = plan_->core_indices(d);
+    std::vector<core_ring> rings;
+    for (rank_t v : plan_->core()) {
+      if (plan_->shape().coordinate(v, d) != indices.front()) continue;
+      const std::vector<rank_t> line = plan_->core_line(v, d);
+      core_ring ring;
+      for (rank_t place : line)
+        if (level != 0 || plan_->host_of(place) == place) ring.members.push_back(place);
+      for (rank_t member : ring.members) {
+        auto [first, last] = leaves_at(member, level + 1);
+        if (level == 0) {
+          // Extend over the hosted places it plays: they are contiguous along d.
+          for (rank_t place : line)
+            if (plan_->host_of(place) == member && place != member) {
+              const auto [f, l] = leaves_at(place, level + 1);
+              first = std::min(first, f), last = std::max(last, l);
+            }
+        }
+        ring.leaves.emplace_back(first, last);
+      }
+      rings.push_back(std::move(ring));
+    }
+    return rings;
+  }
+
+  block_range values_of(std::pair<std::size_t, std::size_t> leaves) const {
+    if (leaves.first == leaves.second) return {0, 0};
+    const block_range first = leaf_values_[leaves.first], last = leaf_values_[leaves.second - 1];
+    return {first.offset, last.offset + last.size - first.offset};
   }
 
   void add_reduce(const encoded_size_function& encoded_size) {
     const auto order = plan_->dimension_order();
     for (std::size_t level = 0; level < order.size(); ++level) {
-      const std::size_t d = order[level];
-      const auto lines = lines_along(d);
-      const std::size_t m = plan_->core_indices(d).size();
-      for (std::size_t s = 0; s + 1 < m; ++s) {
-        // Ring position q sends the partial of the block of position q − 1 − s.
-        for (const auto& line : lines)
+      const auto rings = rings_at(level);
+      std::size_t steps = 0;
+      for (const core_ring& ring : rings) steps = std::max(steps, ring.members.size());
+      for (std::size_t s = 0; s + 1 < steps; ++s) {
+        // Ring position q sends the partial of what position q − 1 − s will own.
+        for (const core_ring& ring : rings) {
+          const std::size_t m = ring.members.size();
+          if (s + 1 >= m) continue;
           for (std::size_t q = 0; q < m; ++q) {
-            const rank_t owner = line[(q + 2 * m - 1 - s) % m];
-            const block_range values = range_at(owner, level + 1);
-            add({steps_, grid_phase::reduce, line[q], line[(q + 1) % m], d, values, 0, 0,
+            const block_range values = values_of(ring.leaves[(q + 2 * m - 1 - s) % m]);
+            add({steps_, grid_phase::reduce, ring.members[q], ring.members[(q + 1) % m], order[level], values, 0, 0,
                  encoded_size(values.size)});
           }
+        }
         ++steps_;
       }
     }
@@ -201,17 +235,20 @@ class grid_schedule {
   void add_gather() {
     const auto order = plan_->dimension_order();
     for (std::size_t level = order.size(); level-- > 0;) {
-      const std::size_t d = order[level];
-      const auto lines = lines_along(d);
-      const std::size_t m = plan_->core_indices(d).size();
-      for (std::size_t s = 0; s + 1 < m; ++s) {
-        // Ring position q sends the frames of position q − s's block.
-        for (const auto& line : lines)
+      const auto rings = rings_at(level);
+      std::size_t steps = 0;
+      for (const core_ring& ring : rings) steps = std::max(steps, ring.members.size());
+      for (std::size_t s = 0; s + 1 < steps; ++s) {
+        // Ring position q sends the frames position q − s owns.
+        for (const core_ring& ring : rings) {
+          const std::size_t m = ring.members.size();
+          if (s + 1 >= m) continue;
           for (std::size_t q = 0; q < m; ++q) {
-            const auto [first, last] = leaves_at(line[(q + m - s) % m], level + 1);
-            add({steps_, grid_phase::gather, line[q], line[(q + 1) % m], d, {}, first, last,
-                 frame_bytes(first, last)});
+            const auto [first, last] = ring.leaves[(q + m - s) % m];
+            add({steps_, grid_phase::gather, ring.members[q], ring.members[(q + 1) % m], order[level], {}, first,
+                 last, frame_bytes(first, last)});
           }
+        }
         ++steps_;
       }
     }
@@ -246,7 +283,13 @@ class grid_schedule {
     }
   }
 
+  struct exit_route {
+    std::pair<rank_t, rank_t> key;  // (exit, receiver)
+    const std::vector<rank_t>* path;
+  };
+
   const topologies::reduction_plan* plan_;
+  std::vector<exit_route> exit_routes_;  // sorted: hops() finds a route in log time
   std::size_t count_ = 0;
   std::size_t unit_ = 1;
   std::vector<block_range> leaf_values_;

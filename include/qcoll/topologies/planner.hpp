@@ -49,11 +49,27 @@ enum class forwarding : std::uint8_t {
   per_node,      ///< every forwarding node sends its own vector to its nearest receiver (process 800)
 };
 
+/// What becomes of a fully degraded node's place in the core.
+enum class hosting : std::uint8_t {
+  /// hosted when the degraded set is not contiguous (scattered faults), forwarded
+  /// when it is (a failed region): measured, each is the better one there
+  /// (docs/grid-allreduce.md, benchmarks/grid_plan_bench)
+  automatic,
+  always,  ///< played by the alive node before it along the first dimension (its host)
+  never,   ///< its groups forward, as in the spec's process (its figures)
+};
+
 struct planner_options {
   /// The dimensions in the order they are reduced; empty: the spec's heuristics (see
   /// plan_reduction).
   std::vector<std::size_t> dimension_order = {};
   forwarding mode = forwarding::sub_networks;
+  /// Keep a fully degraded node's place in the core, played by the alive node before
+  /// it along the first dimension (its *host*), instead of making its whole group
+  /// forward. Scattered faults then cost a few hosts some extra work instead of a
+  /// smaller core; a failed region is cheaper forwarded. `never` gives the spec's
+  /// process exactly (its figures).
+  hosting host_degraded = hosting::automatic;
 };
 
 /// An exit of a sub-network: `exit` sends the sum of its part of the sub-network
@@ -106,30 +122,109 @@ class reduction_plan {
   /// The core's indices along d, ascending.
   std::span<const std::size_t> core_indices(std::size_t d) const noexcept { return core_indices_[d]; }
   bool in_core(rank_t node) const noexcept { return core_position_[node] != npos; }
-  /// Nodes of the core, ascending.
+  /// The places of the core, ascending: every node of the product of core_indices,
+  /// degraded ones included when they are hosted.
   std::span<const rank_t> core() const noexcept { return core_; }
+  /// Who plays a core place: the node itself, or for a fully degraded one its host
+  /// (the alive core node before it along the first dimension of the order).
+  rank_t host_of(rank_t core_node) const noexcept { return host_[core_node]; }
+  /// Core places a node other than themselves plays.
+  std::size_t hosted() const noexcept {
+    std::size_t count = 0;
+    for (rank_t v : core_) count += host_[v] != v ? 1 : 0;
+    return count;
+  }
 
   /// The core's members on `node`'s line along d, in ring order: consecutive members
   /// (and the last with the first) are joined by the path core_path gives.
+  ///
+  /// A ring with hosted places runs the other way round: its detours around them
+  /// then take the directions of the neighbouring lines' links that those lines'
+  /// own rings leave idle (each ring uses one direction of its links).
   std::vector<rank_t> core_line(rank_t node, std::size_t d) const {
     std::vector<rank_t> line;
     for (std::size_t c : core_indices_[d]) line.push_back(shape_.with_coordinate(node, d, c));
     rotate_after_break(line, d);
+    if (reversed(node, d)) std::reverse(line.begin(), line.end());
     return line;
   }
-  /// The nodes from `from` to `to` (neighbours on the core line along d) over usable
-  /// links: forward along d when it is open, else back.
+  /// The nodes a message from core place `from` to core place `to` (neighbours on
+  /// a core line along d) crosses, between the nodes that play them: along d the
+  /// shorter way that is open; when both are cut (a hole, a broken link), round the
+  /// cut through a neighbouring line, preferably one whose own ring runs the other
+  /// way (so it uses the direction that ring leaves idle); else a shortest path.
   std::vector<rank_t> core_path(rank_t from, rank_t to, std::size_t d) const {
+    const rank_t a = host_[from], b = host_[to];
+    std::vector<rank_t> shorter;
     for (int direction : {+1, -1}) {
-      std::vector<rank_t> path{from};
-      while (path.back() != to) {
-        const std::optional<rank_t> next = links_.usable_neighbour(path.back(), d, direction);
-        if (!next || path.size() > shape_.extent(d)) break;
-        path.push_back(*next);
-      }
-      if (path.back() == to) return path;
+      std::vector<rank_t> path = straight(a, b, d, direction);
+      if (!path.empty() && (shorter.empty() || path.size() < shorter.size())) shorter = std::move(path);
     }
-    return {};  // unreachable for a core line: the planner checked it
+    if (!shorter.empty()) return shorter;
+    std::vector<rank_t> detour;
+    bool detour_idle = false;
+    const bool one_line = shape_.with_coordinate(a, d, shape_.coordinate(b, d)) == b;
+    for (std::size_t e = 0; e < shape_.dimensions() && one_line; ++e) {
+      if (e == d) continue;
+      for (int side : {+1, -1}) {
+        const std::optional<rank_t> a_side = links_.usable_neighbour(a, e, side);
+        const std::optional<rank_t> b_side = links_.usable_neighbour(b, e, side);
+        if (!a_side || !b_side || !links_.linked(*b_side, b)) continue;
+        for (int direction : {+1, -1}) {
+          const std::vector<rank_t> middle = straight(*a_side, *b_side, d, direction);
+          if (middle.empty()) continue;
+          // This ring's hops run `direction`; the other line's ring runs the other
+          // way if exactly one of the two lines is reversed.
+          const bool idle = reversed(a, d) != reversed(*a_side, d);
+          const std::size_t hops = middle.size() + 1;
+          if (detour.empty() || (idle && !detour_idle) || (idle == detour_idle && hops + 1 < detour.size())) {
+            detour.assign(1, a);
+            detour.insert(detour.end(), middle.begin(), middle.end());
+            detour.push_back(b);
+            detour_idle = idle;
+          }
+        }
+      }
+    }
+    return detour.empty() ? shortest_path(a, b) : detour;
+  }
+
+  /// Whether the ring of `node`'s core line along d runs backwards (it has hosted places).
+  bool reversed(rank_t node, std::size_t d) const {
+    for (std::size_t c : core_indices_[d]) {
+      const rank_t place = shape_.with_coordinate(node, d, c);
+      if (core_position_[place] != npos && host_[place] != place) return true;
+    }
+    return false;
+  }
+
+  /// From a to b along d in one direction over usable links (empty when cut).
+  std::vector<rank_t> straight(rank_t a, rank_t b, std::size_t d, int direction) const {
+    std::vector<rank_t> path{a};
+    while (path.back() != b) {
+      const std::optional<rank_t> next = links_.usable_neighbour(path.back(), d, direction);
+      if (!next || path.size() > shape_.extent(d)) return {};
+      path.push_back(*next);
+    }
+    return path;
+  }
+
+  /// A shortest path over usable links (empty when there is none).
+  std::vector<rank_t> shortest_path(rank_t from, rank_t to) const {
+    std::vector<rank_t> parent(shape_.size(), npos);
+    std::vector<rank_t> queue{from};
+    parent[from] = from;
+    for (std::size_t i = 0; i < queue.size() && parent[to] == npos; ++i)
+      for (std::size_t d = 0; d < shape_.dimensions(); ++d)
+        for (int direction : {+1, -1})
+          if (auto w = links_.usable_neighbour(queue[i], d, direction); w && parent[*w] == npos) {
+            parent[*w] = queue[i];
+            queue.push_back(*w);
+          }
+    if (parent[to] == npos) return {};
+    std::vector<rank_t> path{to};
+    while (path.back() != from) path.push_back(parent[path.back()]);
+    return {path.rbegin(), path.rend()};
   }
 
   /// The reduce-scatter leaves: leaf ℓ is held by core node core_of_leaf(ℓ). The
@@ -173,7 +268,7 @@ class reduction_plan {
     mix(shape_.size());
     mix(shape_.wraps());
     for (std::size_t d : order_) mix(d);
-    for (rank_t v : core_) mix(v);
+    for (rank_t v : core_) mix(v * 31 + host_[v]);
     for (const plan_stage& stage : stages_)
       for (const sub_network& s : stage.sub_networks) {
         for (rank_t m : s.members) mix(m);
@@ -209,9 +304,14 @@ class reduction_plan {
         text += "\n";
       }
     }
-    text += fmt::format("core: {} nodes", core_.size());
+    text += fmt::format("core: {} places", core_.size());
     for (std::size_t d = 0; d < shape_.dimensions(); ++d)
       text += fmt::format(", {} of {} along {}", core_indices_[d].size(), shape_.extent(d), d);
+    if (hosted() != 0) {
+      text += fmt::format("; {} hosted:", hosted());
+      for (rank_t v : core_)
+        if (host_[v] != v) text += fmt::format(" {} by {}", shape_.name(v), shape_.name(host_[v]));
+    }
     text += fmt::format("\nincluded: {} of {} contributions (avg divides by {})\n", included_.size(), shape_.size(),
                         divisor());
     for (const excluded_node& e : excluded_) text += fmt::format("excluded {}: {}\n", shape_.name(e.node), e.reason);
@@ -220,9 +320,10 @@ class reduction_plan {
 
   /// A 2-D plan as a picture: rows a, b, … top to bottom, columns 1, 2, … left to
   /// right. `#` core, `A`, `B`, … forwarding sub-networks (per stage, in order),
-  /// `X` fully degraded, `?` alive but excluded; `-` and `|` usable links, blank a
-  /// broken one; `<` `>` `^` `v` the hops of forwarding routes; arrows at the border
-  /// are wraparound hops. Other dimension counts get describe().
+  /// `X` fully degraded (describe() says who hosts its place), `?` alive but
+  /// excluded; `-` and `|` usable links, blank a broken one; `<` `>` `^` `v` the hops
+  /// of forwarding routes; arrows at the border are wraparound hops. Other dimension
+  /// counts get describe().
   std::string draw() const {
     if (shape_.dimensions() != 2) return describe();
     const std::size_t rows = shape_.extent(0), columns = shape_.extent(1);
@@ -237,7 +338,7 @@ class reduction_plan {
     }
     for (std::size_t r = 0; r < rows; ++r) canvas[1 + 2 * r][0] = static_cast<char>(r < 26 ? 'a' + r : '*');
     for (rank_t v = 0; v < shape_.size(); ++v) {
-      cell(v) = !links_.alive(v) ? 'X' : in_core(v) ? '#' : included_flag_[v] ? 'o' : '?';
+      cell(v) = !links_.alive(v) ? 'X' : !included_flag_[v] ? '?' : in_core(v) ? '#' : 'o';
       if (auto right = shape_.neighbour(v, 1, +1); right && *right > v && links_.linked(v, *right))
         canvas[1 + 2 * shape_.coordinate(v, 0)][6 + 4 * shape_.coordinate(v, 1)] = '-';
       if (auto down = shape_.neighbour(v, 0, +1); down && *down > v && links_.linked(v, *down))
@@ -319,6 +420,7 @@ class reduction_plan {
   std::vector<plan_stage> stages_;
   std::vector<std::vector<std::size_t>> core_indices_;
   std::vector<rank_t> core_;
+  std::vector<rank_t> host_;                // who plays each core place, npos elsewhere
   std::vector<std::size_t> core_position_;  // leaf of each core node, npos elsewhere
   std::vector<rank_t> leaf_node_;
   std::vector<rank_t> included_;
@@ -356,7 +458,8 @@ class planner {
 
  private:
   static bool better(const reduction_plan& a, const reduction_plan& b) {
-    if (a.core().size() != b.core().size()) return a.core().size() > b.core().size();
+    const std::size_t a_core = a.core().size() - a.hosted(), b_core = b.core().size() - b.hosted();
+    if (a_core != b_core) return a_core > b_core;
     if (a.included().size() != b.included().size()) return a.included().size() > b.included().size();
     return a.forwarding_hops() < b.forwarding_hops();
   }
@@ -375,37 +478,42 @@ class planner {
     return order;
   }
 
+  /// Spec §2: every degraded node (along any dimension) reaches every other through
+  /// degraded nodes only.
+  bool degraded_set_contiguous() const {
+    const std::size_t n = shape_.size();
+    std::vector<bool> degraded(n, false);
+    std::vector<rank_t> any;
+    for (rank_t v = 0; v < n; ++v) {
+      for (std::size_t d = 0; d < shape_.dimensions(); ++d)
+        if (g_.degraded_along(v, d)) degraded[v] = true;
+      if (degraded[v]) any.push_back(v);
+    }
+    if (any.empty()) return true;
+    std::vector<bool> seen(n, false);
+    std::deque<rank_t> queue{any[0]};
+    seen[any[0]] = true;
+    std::size_t reached = 0;
+    while (!queue.empty()) {
+      const rank_t v = queue.front();
+      queue.pop_front();
+      ++reached;
+      for (std::size_t d = 0; d < shape_.dimensions(); ++d)
+        for (int direction : {+1, -1})
+          if (auto w = shape_.neighbour(v, d, direction); w && degraded[*w] && !seen[*w]) {
+            seen[*w] = true;
+            queue.push_back(*w);
+          }
+    }
+    return reached == any.size();
+  }
+
   /// Spec §4's order: a dimension with no clean group goes last when the degraded
   /// set is not contiguous; then fewer nodes degraded along it first. Extent-1
   /// dimensions are trivial and go last.
   std::vector<std::size_t> heuristic_keys() const {
     const std::size_t n = shape_.size();
-    std::vector<bool> degraded(n, false);
-    std::vector<rank_t> any;
-    for (rank_t v = 0; v < n; ++v)
-      for (std::size_t d = 0; d < shape_.dimensions(); ++d)
-        if (g_.degraded_along(v, d)) degraded[v] = true;
-    for (rank_t v = 0; v < n; ++v)
-      if (degraded[v]) any.push_back(v);
-    bool contiguous = true;
-    if (!any.empty()) {  // every degraded node reaches every other through degraded nodes only
-      std::vector<bool> seen(n, false);
-      std::deque<rank_t> queue{any[0]};
-      seen[any[0]] = true;
-      std::size_t reached = 0;
-      while (!queue.empty()) {
-        const rank_t v = queue.front();
-        queue.pop_front();
-        ++reached;
-        for (std::size_t d = 0; d < shape_.dimensions(); ++d)
-          for (int direction : {+1, -1})
-            if (auto w = shape_.neighbour(v, d, direction); w && degraded[*w] && !seen[*w]) {
-              seen[*w] = true;
-              queue.push_back(*w);
-            }
-      }
-      contiguous = reached == any.size();
-    }
+    const bool contiguous = degraded_set_contiguous();
     std::vector<std::size_t> keys(shape_.dimensions());
     for (std::size_t d = 0; d < shape_.dimensions(); ++d) {
       std::size_t along = 0;
@@ -436,12 +544,29 @@ class planner {
 
   /// A line along d (through `v`) is critical when its kept nodes are alive, not
   /// degraded along d (unless alone), and connected over the line's usable links.
+  ///
+  /// With hosting, a line is critical when every member is alive or hosted (on the
+  /// first dimension: has an alive member to host it) and one is alive: its ring
+  /// goes along the line where that is open and by shortest paths around holes,
+  /// broken links and nodes degraded along d (that all hosts are joined is checked
+  /// once the core is known).
   bool critical(rank_t v, std::size_t d) const {
-    std::vector<std::size_t> members;
+    std::vector<std::size_t> members, holes;
     for (std::size_t c = 0; c < shape_.extent(d); ++c)
-      if (keep_[d][c]) members.push_back(c);
+      if (keep_[d][c]) {
+        const rank_t node = shape_.with_coordinate(v, d, c);
+        if (hosting_ && !alive(node) && (d == first_dimension_ || host_[node] != npos))
+          holes.push_back(c);
+        else
+          members.push_back(c);
+      }
     if (members.empty()) return false;
-    if (members.size() == 1) return g_.alive(shape_.with_coordinate(v, d, members[0]));
+    if (hosting_) {
+      for (std::size_t c : members)
+        if (!alive(shape_.with_coordinate(v, d, c))) return false;
+      return true;
+    }
+    if (members.size() == 1) return alive(shape_.with_coordinate(v, d, members[0]));
     for (std::size_t c : members)
       if (g_.degraded_along(shape_.with_coordinate(v, d, c), d)) return false;
     // Walk the usable links from the first member both ways; every member must be met.
@@ -485,7 +610,8 @@ class planner {
       if (forwarding_lines.empty() || lines.empty()) return;
       std::size_t best_e = 0, best_c = 0, best_count = 0, best_cost = 0;
       for (std::size_t e = 0; e < shape_.dimensions(); ++e) {
-        if (e == d || kept_count(e) < 2) continue;
+        // With hosting, first-dimension indices stay: a host may sit at any of them.
+        if (e == d || kept_count(e) < 2 || (hosting_ && e == first_dimension_)) continue;
         std::vector<std::size_t> count(shape_.extent(e), 0);
         for (rank_t v : forwarding_lines) ++count[shape_.coordinate(v, e)];
         const std::size_t cost = product_size() / kept_count(e);  // nodes an index of e removes
@@ -525,7 +651,7 @@ class planner {
     // can still stay alone (a line of one needs no link).
     for (std::size_t c = 0; c < shape_.extent(d); ++c)
       for (rank_t v : lines)
-        if (!g_.alive(shape_.with_coordinate(v, d, c))) keep_[d][c] = false;
+        if (!alive(shape_.with_coordinate(v, d, c))) keep_[d][c] = false;
     for (rank_t v : lines) {
       while (kept_count(d) > 0 && !critical(v, d)) {
         // Keep the largest set of members joined along this line; drop the rest.
@@ -643,7 +769,90 @@ class planner {
   }
 
   reduction_plan plan_in(const std::vector<std::size_t>& order) {
+    const bool host = options_.host_degraded == hosting::always ||
+                      (options_.host_degraded == hosting::automatic && !degraded_set_contiguous());
+    if (host) {
+      reduction_plan hosted = plan_in(order, true);
+      // Hosts talk to their places' ring neighbours over shortest paths: they must
+      // all be joined (broken links may split them); otherwise plan without hosting.
+      if (hosts_joined(hosted)) return hosted;
+    }
+    return plan_in(order, false);
+  }
+
+  bool hosts_joined(const reduction_plan& p) const {
+    if (p.core().empty()) return true;
+    std::vector<bool> core(shape_.size(), false);
+    for (rank_t v : p.core()) core[p.host_of(v)] = true;
+    std::vector<bool> seen(shape_.size(), false);
+    std::vector<rank_t> queue{p.host_of(p.core().front())};
+    seen[queue[0]] = true;
+    for (std::size_t i = 0; i < queue.size(); ++i)
+      for (std::size_t d = 0; d < shape_.dimensions(); ++d)
+        for (int direction : {+1, -1})
+          if (auto w = g_.usable_neighbour(queue[i], d, direction); w && !seen[*w]) {
+            seen[*w] = true;
+            queue.push_back(*w);
+          }
+    for (rank_t v = 0; v < shape_.size(); ++v)
+      if (core[v] && !seen[v]) return false;
+    return true;
+  }
+
+  /// After the first stage: every fully degraded node left in the product is played
+  /// by the alive node before it on its first-dimension line (the first alive one
+  /// when none is before it), so the places a node plays are one contiguous run.
+  void assign_hosts() {
+    const std::size_t d = first_dimension_;
+    for (rank_t v = 0; v < shape_.size(); ++v) {
+      if (shape_.coordinate(v, d) != 0 || !in_product(v)) continue;
+      rank_t host = npos;
+      for (std::size_t c = 0; c < shape_.extent(d); ++c) {
+        if (!keep_[d][c]) continue;
+        const rank_t node = shape_.with_coordinate(v, d, c);
+        if (alive(node)) {
+          if (host == npos)  // the holes before the first alive member are its
+            for (std::size_t b = 0; b < c; ++b)
+              if (keep_[d][b]) host_[shape_.with_coordinate(v, d, b)] = node;
+          host = node;
+        } else if (host != npos) {
+          host_[node] = host;
+        }
+      }
+    }
+  }
+
+  /// A node that takes part. With hosting, only the largest set of alive nodes joined
+  /// by usable links does (rings there may take any path): the others are cut off.
+  bool alive(rank_t v) const { return hosting_ ? joined_[v] : g_.alive(v); }
+
+  void find_largest_part() {
     const std::size_t n = shape_.size();
+    joined_.assign(n, false);
+    std::vector<std::size_t> part(n, npos);
+    std::size_t best = npos, best_size = 0;
+    for (rank_t start = 0; start < n; ++start) {
+      if (!g_.alive(start) || part[start] != npos) continue;
+      std::vector<rank_t> queue{start};
+      part[start] = start;
+      for (std::size_t i = 0; i < queue.size(); ++i)
+        for (std::size_t d = 0; d < shape_.dimensions(); ++d)
+          for (int direction : {+1, -1})
+            if (auto w = g_.usable_neighbour(queue[i], d, direction); w && part[*w] == npos) {
+              part[*w] = start;
+              queue.push_back(*w);
+            }
+      if (queue.size() > best_size) best = start, best_size = queue.size();
+    }
+    for (rank_t v = 0; v < n; ++v) joined_[v] = best != npos && part[v] == best;
+  }
+
+  reduction_plan plan_in(const std::vector<std::size_t>& order, bool hosting) {
+    const std::size_t n = shape_.size();
+    hosting_ = hosting;
+    if (hosting_ && joined_.empty()) find_largest_part();
+    first_dimension_ = order.front();
+    host_.assign(n, npos);
     reduction_plan p;
     p.shape_ = shape_;
     p.links_ = g_;
@@ -658,11 +867,12 @@ class planner {
       plan_stage stage;
       stage.dimension = d;
       classify(d, stage);
+      if (hosting_ && d == first_dimension_) assign_hosts();
       std::vector<bool> leaving(n, false);
       bool any = false;
       for (rank_t v = 0; v < n; ++v) {
         after[v] = in_product(v);
-        leaving[v] = before[v] && !after[v] && g_.alive(v);
+        leaving[v] = before[v] && !after[v] && alive(v);
         any = any || leaving[v];
       }
       if (any) forward(stage, leaving, after);
@@ -676,8 +886,12 @@ class planner {
       for (std::size_t c = 0; c < shape_.extent(d); ++c)
         if (keep_[d][c]) p.core_indices_[d].push_back(c);
     p.core_position_.assign(n, reduction_plan::npos);
+    p.host_.assign(n, reduction_plan::npos);
     for (rank_t v = 0; v < n; ++v)
-      if (after[v] && g_.alive(v)) p.core_.push_back(v);
+      if (after[v] && (alive(v) || host_[v] != npos)) {
+        p.core_.push_back(v);
+        p.host_[v] = alive(v) ? v : host_[v];
+      }
     p.leaf_node_.assign(p.core_.size(), 0);
     for (rank_t v : p.core_) {
       std::size_t leaf = 0;
@@ -691,7 +905,7 @@ class planner {
     // excluded with everything it carries.
     std::vector<bool> reaches(n, false);
     std::vector<std::string> reason(n);
-    for (rank_t v : p.core_) reaches[v] = true;
+    for (rank_t v : p.core_) reaches[v] = alive(v);
     for (std::size_t k = p.stages_.size(); k-- > 0;) {
       for (sub_network& s : p.stages_[k].sub_networks) {
         std::erase_if(s.exits, [&](const forwarding_exit& e) { return !reaches[e.receiver]; });
@@ -710,6 +924,10 @@ class planner {
     for (rank_t v = 0; v < n; ++v) {
       if (!g_.alive(v)) {
         p.excluded_.push_back({v, "fully degraded"});
+        continue;
+      }
+      if (!alive(v)) {
+        p.excluded_.push_back({v, "cut off: no usable links join it to the largest part of the grid"});
         continue;
       }
       if (reaches[v]) {
@@ -760,6 +978,10 @@ class planner {
   grid_shape shape_;
   planner_options options_;
   std::vector<std::vector<bool>> keep_;
+  bool hosting_ = false;
+  std::size_t first_dimension_ = 0;
+  std::vector<rank_t> host_;  // during planning: the host of each hosted place
+  std::vector<bool> joined_;  // the largest part of the grid joined by usable links
 };
 
 /// Plans the reduction of every alive node's vector on `g` (see the file comment).
