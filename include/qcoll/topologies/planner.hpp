@@ -291,17 +291,17 @@ class reduction_plan {
       for (const sub_network& s : stage.sub_networks) {
         text += "  sub-network {";
         for (std::size_t i = 0; i < s.members.size(); ++i) text += fmt::format("{}{}", i ? " " : "", shape_.name(s.members[i]));
-        text += "}";
+        text += "}:";
         for (std::size_t i = 0; i < s.members.size(); ++i)
           if (s.parent[i] != s.members[i])
-            text += fmt::format("{} {}→{}", i ? "," : ":", shape_.name(s.members[i]), shape_.name(s.parent[i]));
-        text += ";";
+            text += fmt::format(" {}→{} (tree);", shape_.name(s.members[i]), shape_.name(s.parent[i]));
         for (const forwarding_exit& e : s.exits) {
           text += fmt::format(" {}→{} via", shape_.name(e.exit), shape_.name(e.receiver));
           for (rank_t v : e.path) text += fmt::format(" {}", shape_.name(v));
           text += ";";
         }
-        text += "\n";
+        if (s.exits.empty()) text += " no route to the core;";
+        text.back() = '\n';
       }
     }
     text += fmt::format("core: {} places", core_.size());
