@@ -141,24 +141,8 @@ inline grid_cost cost_of(const grid_schedule& schedule) {
 inline std::vector<rank_t> flat_ring_order(const topologies::grid& g) {
   const topologies::grid_shape& shape = g.shape();
   const std::size_t n = g.size();
-  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
-  std::vector<std::size_t> component(n, none);
-  std::size_t largest = none, largest_size = 0;
-  for (rank_t start = 0; start < n; ++start) {
-    if (!g.alive(start) || component[start] != none) continue;
-    std::vector<rank_t> queue{start};
-    component[start] = start;
-    for (std::size_t i = 0; i < queue.size(); ++i)
-      for (std::size_t d = 0; d < shape.dimensions(); ++d)
-        for (int direction : {+1, -1})
-          if (auto w = g.usable_neighbour(queue[i], d, direction); w && g.alive(*w) && component[*w] == none) {
-            component[*w] = start;
-            queue.push_back(*w);
-          }
-    if (queue.size() > largest_size) largest = start, largest_size = queue.size();
-  }
+  const std::vector<bool> joined = g.largest_joined_part();
   std::vector<rank_t> order;
-  order.reserve(largest_size);
   for (std::size_t position = 0; position < n; ++position) {
     // The digits of `position` (row-major), each flipped when the prefix before it is odd.
     rank_t node = 0;
@@ -171,7 +155,7 @@ inline std::vector<rank_t> flat_ring_order(const topologies::grid& g) {
       node = shape.with_coordinate(node, d, coordinate);
       prefix = prefix * shape.extent(d) + digit;
     }
-    if (component[node] == largest && largest != none) order.push_back(node);
+    if (joined[node]) order.push_back(node);
   }
   return order;
 }
@@ -179,28 +163,6 @@ inline std::vector<rank_t> flat_ring_order(const topologies::grid& g) {
 }  // namespace qcoll::algorithms
 
 namespace qcoll::detail {
-
-/// A shortest route from `from` to `to` over usable links (breadth-first, dimensions
-/// in order, +1 before −1); the two are known to be connected.
-inline std::vector<rank_t> grid_shortest_route(const topologies::grid& g, rank_t from, rank_t to) {
-  constexpr rank_t unseen = std::numeric_limits<rank_t>::max();
-  std::vector<rank_t> parent(g.size(), unseen);
-  std::deque<rank_t> queue{from};
-  parent[from] = from;
-  while (!queue.empty() && parent[to] == unseen) {
-    const rank_t v = queue.front();
-    queue.pop_front();
-    for (std::size_t d = 0; d < g.shape().dimensions(); ++d)
-      for (int direction : {+1, -1})
-        if (auto w = g.usable_neighbour(v, d, direction); w && parent[*w] == unseen) {
-          parent[*w] = v;
-          queue.push_back(*w);
-        }
-  }
-  std::vector<rank_t> route{to};
-  while (route.back() != from) route.push_back(parent[route.back()]);
-  return {route.rbegin(), route.rend()};
-}
 
 /// The ring's traffic. Position q sends, in the reduce-scatter, every block but its
 /// own (it ends holding block q) and, in the all-gather, every block but block q + 1
@@ -222,7 +184,7 @@ inline algorithms::grid_traffic grid_ring_traffic(
       const rank_t hop[] = {from, to};
       traffic.charge(hop, bytes);
     } else {
-      traffic.charge(grid_shortest_route(g, from, to), bytes);
+      traffic.charge(g.shortest_path(from, to), bytes);
     }
   }
   return traffic;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <tuple>
 #include <vector>
 
 namespace qcoll::algorithms {
@@ -210,48 +211,53 @@ class grid_schedule {
     return {first.offset, last.offset + last.size - first.offset};
   }
 
-  void add_reduce(const encoded_size_function& encoded_size) {
-    const auto order = plan_->dimension_order();
-    for (std::size_t level = 0; level < order.size(); ++level) {
-      const auto rings = rings_at(level);
-      std::size_t steps = 0;
-      for (const core_ring& ring : rings) steps = std::max(steps, ring.members.size());
-      for (std::size_t s = 0; s + 1 < steps; ++s) {
-        // Ring position q sends the partial of what position q − 1 − s will own.
-        for (const core_ring& ring : rings) {
-          const std::size_t m = ring.members.size();
-          if (s + 1 >= m) continue;
-          for (std::size_t q = 0; q < m; ++q) {
-            const block_range values = values_of(ring.leaves[(q + 2 * m - 1 - s) % m]);
-            add({steps_, grid_phase::reduce, ring.members[q], ring.members[(q + 1) % m], order[level], values, 0, 0,
-                 encoded_size(values.size)});
-          }
+  /// The steps of one ring phase at `level`: at step s, position q of every ring
+  /// sends position q + 1 what `what(ring, q, s)` gives (values or frames).
+  template <class What>
+  void add_ring_steps(std::size_t level, grid_phase phase, What&& what) {
+    const auto rings = rings_at(level);
+    std::size_t steps = 0;
+    for (const core_ring& ring : rings) steps = std::max(steps, ring.members.size());
+    for (std::size_t s = 0; s + 1 < steps; ++s) {
+      for (const core_ring& ring : rings) {
+        const std::size_t m = ring.members.size();
+        if (s + 1 >= m) continue;
+        for (std::size_t q = 0; q < m; ++q) {
+          grid_transfer t = what(ring, q, s);
+          t.step = steps_;
+          t.phase = phase;
+          t.from = ring.members[q];
+          t.to = ring.members[(q + 1) % m];
+          t.dimension = plan_->dimension_order()[level];
+          add(t);
         }
-        ++steps_;
       }
+      ++steps_;
     }
   }
 
+  void add_reduce(const encoded_size_function& encoded_size) {
+    // Position q sends the partial of what position q − 1 − s will own.
+    for (std::size_t level = 0; level < plan_->dimension_order().size(); ++level)
+      add_ring_steps(level, grid_phase::reduce, [&](const core_ring& ring, std::size_t q, std::size_t s) {
+        const std::size_t m = ring.members.size();
+        grid_transfer t;
+        t.values = values_of(ring.leaves[(q + 2 * m - 1 - s) % m]);
+        t.bytes = encoded_size(t.values.size);
+        return t;
+      });
+  }
+
   void add_gather() {
-    const auto order = plan_->dimension_order();
-    for (std::size_t level = order.size(); level-- > 0;) {
-      const auto rings = rings_at(level);
-      std::size_t steps = 0;
-      for (const core_ring& ring : rings) steps = std::max(steps, ring.members.size());
-      for (std::size_t s = 0; s + 1 < steps; ++s) {
-        // Ring position q sends the frames position q − s owns.
-        for (const core_ring& ring : rings) {
-          const std::size_t m = ring.members.size();
-          if (s + 1 >= m) continue;
-          for (std::size_t q = 0; q < m; ++q) {
-            const auto [first, last] = ring.leaves[(q + m - s) % m];
-            add({steps_, grid_phase::gather, ring.members[q], ring.members[(q + 1) % m], order[level], {}, first,
-                 last, frame_bytes(first, last)});
-          }
-        }
-        ++steps_;
-      }
-    }
+    // Position q sends the frames position q − s owns.
+    for (std::size_t level = plan_->dimension_order().size(); level-- > 0;)
+      add_ring_steps(level, grid_phase::gather, [&](const core_ring& ring, std::size_t q, std::size_t s) {
+        const std::size_t m = ring.members.size();
+        grid_transfer t;
+        std::tie(t.first_leaf, t.last_leaf) = ring.leaves[(q + m - s) % m];
+        t.bytes = frame_bytes(t.first_leaf, t.last_leaf);
+        return t;
+      });
   }
 
   void add_distribute() {

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -158,6 +159,55 @@ class grid {
     const std::optional<rank_t> next = shape_.neighbour(node, d, direction);
     if (!next || !usable(node, *next, d)) return std::nullopt;
     return next;
+  }
+
+  /// Calls visit(neighbour) for every usable link of `node`: dimensions in order,
+  /// +1 before −1 (breadth-first searches over the grid break ties this way).
+  template <class Visit>
+  void for_each_usable_neighbour(rank_t node, Visit&& visit) const {
+    for (std::size_t d = 0; d < shape_.dimensions(); ++d)
+      for (int direction : {+1, -1})
+        if (const std::optional<rank_t> next = usable_neighbour(node, d, direction)) visit(*next);
+  }
+
+  /// A shortest path from `from` to `to` over usable links, both ends included
+  /// (breadth-first, ties as for_each_usable_neighbour); empty when there is none.
+  std::vector<rank_t> shortest_path(rank_t from, rank_t to) const {
+    constexpr rank_t unseen = std::numeric_limits<rank_t>::max();
+    std::vector<rank_t> parent(size(), unseen);
+    std::vector<rank_t> queue{from};
+    parent[from] = from;
+    for (std::size_t i = 0; i < queue.size() && parent[to] == unseen; ++i)
+      for_each_usable_neighbour(queue[i], [&](rank_t w) {
+        if (parent[w] == unseen) parent[w] = queue[i], queue.push_back(w);
+      });
+    if (parent[to] == unseen) return {};
+    std::vector<rank_t> path{to};
+    while (path.back() != from) path.push_back(parent[path.back()]);
+    return {path.rbegin(), path.rend()};
+  }
+
+  /// The largest set of alive nodes that usable links join (the one with the lowest
+  /// node id on a tie): where a reduction can include everyone.
+  std::vector<bool> largest_joined_part() const {
+    const std::size_t n = size();
+    constexpr rank_t none = std::numeric_limits<rank_t>::max();
+    std::vector<rank_t> part(n, none);
+    rank_t largest = none;
+    std::size_t largest_size = 0;
+    for (rank_t start = 0; start < n; ++start) {
+      if (!alive(start) || part[start] != none) continue;
+      std::vector<rank_t> queue{start};
+      part[start] = start;
+      for (std::size_t i = 0; i < queue.size(); ++i)
+        for_each_usable_neighbour(queue[i], [&](rank_t w) {
+          if (part[w] == none) part[w] = start, queue.push_back(w);
+        });
+      if (queue.size() > largest_size) largest = start, largest_size = queue.size();
+    }
+    std::vector<bool> joined(n, false);
+    for (rank_t v = 0; v < n; ++v) joined[v] = largest != none && part[v] == largest;
+    return joined;
   }
 
   /// Exact collectives run over ranks in their natural order (every transport

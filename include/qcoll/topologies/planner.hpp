@@ -186,7 +186,7 @@ class reduction_plan {
         }
       }
     }
-    return detour.empty() ? shortest_path(a, b) : detour;
+    return detour.empty() ? links_.shortest_path(a, b) : detour;
   }
 
   /// Whether the ring of `node`'s core line along d runs backwards (it has hosted places).
@@ -207,24 +207,6 @@ class reduction_plan {
       path.push_back(*next);
     }
     return path;
-  }
-
-  /// A shortest path over usable links (empty when there is none).
-  std::vector<rank_t> shortest_path(rank_t from, rank_t to) const {
-    std::vector<rank_t> parent(shape_.size(), npos);
-    std::vector<rank_t> queue{from};
-    parent[from] = from;
-    for (std::size_t i = 0; i < queue.size() && parent[to] == npos; ++i)
-      for (std::size_t d = 0; d < shape_.dimensions(); ++d)
-        for (int direction : {+1, -1})
-          if (auto w = links_.usable_neighbour(queue[i], d, direction); w && parent[*w] == npos) {
-            parent[*w] = queue[i];
-            queue.push_back(*w);
-          }
-    if (parent[to] == npos) return {};
-    std::vector<rank_t> path{to};
-    while (path.back() != from) path.push_back(parent[path.back()]);
-    return {path.rbegin(), path.rend()};
   }
 
   /// The reduce-scatter leaves: leaf ℓ is held by core node core_of_leaf(ℓ). The
@@ -548,8 +530,8 @@ class planner {
   /// With hosting, a line is critical when every member is alive or hosted (on the
   /// first dimension: has an alive member to host it) and one is alive: its ring
   /// goes along the line where that is open and by shortest paths around holes,
-  /// broken links and nodes degraded along d (that all hosts are joined is checked
-  /// once the core is known).
+  /// broken links and nodes degraded along d. (Alive, with hosting, means in the
+  /// grid's largest joined part, so such a path always exists.)
   bool critical(rank_t v, std::size_t d) const {
     std::vector<std::size_t> members, holes;
     for (std::size_t c = 0; c < shape_.extent(d); ++c)
@@ -741,13 +723,9 @@ class planner {
       std::vector<rank_t> members{v};
       member_of[v] = groups;
       for (std::size_t i = 0; i < members.size() && options_.mode == forwarding::sub_networks; ++i)
-        for (std::size_t d = 0; d < shape_.dimensions(); ++d)
-          for (int direction : {+1, -1})
-            if (auto w = g_.usable_neighbour(members[i], d, direction);
-                w && leaving[*w] && member_of[*w] == npos) {
-              member_of[*w] = groups;
-              members.push_back(*w);
-            }
+        g_.for_each_usable_neighbour(members[i], [&](rank_t w) {
+          if (leaving[w] && member_of[w] == npos) member_of[w] = groups, members.push_back(w);
+        });
       std::sort(members.begin(), members.end());
       sub_network s;
       s.members = members;
@@ -771,32 +749,7 @@ class planner {
   reduction_plan plan_in(const std::vector<std::size_t>& order) {
     const bool host = options_.host_degraded == hosting::always ||
                       (options_.host_degraded == hosting::automatic && !degraded_set_contiguous());
-    if (host) {
-      reduction_plan hosted = plan_in(order, true);
-      // Hosts talk to their places' ring neighbours over shortest paths: they must
-      // all be joined (broken links may split them); otherwise plan without hosting.
-      if (hosts_joined(hosted)) return hosted;
-    }
-    return plan_in(order, false);
-  }
-
-  bool hosts_joined(const reduction_plan& p) const {
-    if (p.core().empty()) return true;
-    std::vector<bool> core(shape_.size(), false);
-    for (rank_t v : p.core()) core[p.host_of(v)] = true;
-    std::vector<bool> seen(shape_.size(), false);
-    std::vector<rank_t> queue{p.host_of(p.core().front())};
-    seen[queue[0]] = true;
-    for (std::size_t i = 0; i < queue.size(); ++i)
-      for (std::size_t d = 0; d < shape_.dimensions(); ++d)
-        for (int direction : {+1, -1})
-          if (auto w = g_.usable_neighbour(queue[i], d, direction); w && !seen[*w]) {
-            seen[*w] = true;
-            queue.push_back(*w);
-          }
-    for (rank_t v = 0; v < shape_.size(); ++v)
-      if (core[v] && !seen[v]) return false;
-    return true;
+    return plan_in(order, host);
   }
 
   /// After the first stage: every fully degraded node left in the product is played
@@ -826,31 +779,10 @@ class planner {
   /// by usable links does (rings there may take any path): the others are cut off.
   bool alive(rank_t v) const { return hosting_ ? joined_[v] : g_.alive(v); }
 
-  void find_largest_part() {
-    const std::size_t n = shape_.size();
-    joined_.assign(n, false);
-    std::vector<std::size_t> part(n, npos);
-    std::size_t best = npos, best_size = 0;
-    for (rank_t start = 0; start < n; ++start) {
-      if (!g_.alive(start) || part[start] != npos) continue;
-      std::vector<rank_t> queue{start};
-      part[start] = start;
-      for (std::size_t i = 0; i < queue.size(); ++i)
-        for (std::size_t d = 0; d < shape_.dimensions(); ++d)
-          for (int direction : {+1, -1})
-            if (auto w = g_.usable_neighbour(queue[i], d, direction); w && part[*w] == npos) {
-              part[*w] = start;
-              queue.push_back(*w);
-            }
-      if (queue.size() > best_size) best = start, best_size = queue.size();
-    }
-    for (rank_t v = 0; v < n; ++v) joined_[v] = best != npos && part[v] == best;
-  }
-
   reduction_plan plan_in(const std::vector<std::size_t>& order, bool hosting) {
     const std::size_t n = shape_.size();
     hosting_ = hosting;
-    if (hosting_ && joined_.empty()) find_largest_part();
+    if (hosting_ && joined_.empty()) joined_ = g_.largest_joined_part();
     first_dimension_ = order.front();
     host_.assign(n, npos);
     reduction_plan p;
@@ -958,15 +890,13 @@ class planner {
     while (!queue.empty()) {
       const std::size_t i = queue.front();
       queue.pop_front();
-      for (std::size_t d = 0; d < shape_.dimensions(); ++d)
-        for (int direction : {+1, -1})
-          if (auto w = g_.usable_neighbour(s.members[i], d, direction)) {
-            const std::size_t j = index(*w);
-            if (j == npos || s.parent[j] != npos) continue;
-            s.parent[j] = s.members[i];
-            s.depth[j] = s.depth[i] + 1;
-            queue.push_back(j);
-          }
+      g_.for_each_usable_neighbour(s.members[i], [&](rank_t w) {
+        const std::size_t j = index(w);
+        if (j == npos || s.parent[j] != npos) return;
+        s.parent[j] = s.members[i];
+        s.depth[j] = s.depth[i] + 1;
+        queue.push_back(j);
+      });
     }
     for (std::size_t i = 0; i < s.members.size(); ++i)
       if (s.parent[i] == npos) s.parent[i] = s.members[i];  // no exit: the whole sub-network is excluded
