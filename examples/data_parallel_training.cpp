@@ -22,6 +22,8 @@
 
 #include <fmt/format.h>
 
+#include "synthetic_classification.hpp"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -38,6 +40,10 @@
 #include <vector>
 
 namespace {
+
+using qcoll_examples::cluster_problem;
+using qcoll_examples::dataset;
+using qcoll_examples::random_stream;
 
 constexpr double accuracy_limit_pp = 0.5;
 
@@ -84,96 +90,29 @@ settings parse(int argc, char** argv) {
   return s;
 }
 
-/// splitmix64: the same numbers from every standard library, which
-/// std::normal_distribution does not promise.
-class random_stream {
- public:
-  /// Different `purpose`s give unrelated streams from one seed.
-  random_stream(std::uint64_t seed, std::uint64_t purpose) : state_(seed * 0x9e3779b97f4a7c15u ^ purpose) {}
-
-  std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-  }
-  double uniform() noexcept { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  std::size_t below(std::size_t n) noexcept { return std::size_t(next() % n); }
-  double normal() noexcept {  // Box–Muller; 1 − u keeps the logarithm finite
-    const double radius = std::sqrt(-2.0 * std::log(1.0 - uniform()));
-    return radius * std::cos(2.0 * std::numbers::pi * uniform());
-  }
-
- private:
-  std::uint64_t state_;
-};
-
 // Epoch e shuffles with shuffle_stream + 16 · e, clear of the others.
 enum stream_purpose : std::uint64_t { problem_stream = 1, init_stream = 2, shuffle_stream = 3 };
 
-struct dataset {
-  std::size_t features = 0;
-  std::vector<float> inputs;  // sample i at [i · features, (i + 1) · features)
-  std::vector<std::uint8_t> labels;
-
-  std::size_t size() const noexcept { return labels.size(); }
-  const float* input(std::size_t i) const noexcept { return inputs.data() + i * features; }
-};
-
-struct problem {
-  static constexpr std::size_t features = 32;
-  static constexpr std::size_t classes = 10;
-  static constexpr std::size_t clusters_per_class = 3;
-  // Centres spread this far (per coordinate; the noise is 1) overlap enough that even
-  // the best classifier misses 5–7.5 % of the samples (seeds 1–10): the accuracy levels
-  // off clearly below 100 % instead of creeping towards it, so two runs compare well.
-  static constexpr double center_spread = 0.7;
-
-  std::vector<float> centers;  // cluster c of class k at (k · clusters_per_class + c) · features
-  dataset train, test;
-};
-
-/// Gaussian clusters: each class owns a few centres scattered over the space (so no
-/// linear classifier separates the classes); a sample is one of its class's centres
-/// plus unit noise. Every rank draws the same problem from the seed.
-problem make_problem(const settings& s) {
-  problem p;
-  random_stream random(s.seed, problem_stream);
-  p.centers.resize(problem::classes * problem::clusters_per_class * problem::features);
-  for (float& c : p.centers) c = float(problem::center_spread * random.normal());
-  auto draw = [&](std::size_t samples) {
-    dataset d;
-    d.features = problem::features;
-    d.inputs.resize(samples * problem::features);
-    d.labels.resize(samples);
-    for (std::size_t i = 0; i < samples; ++i) {
-      const std::size_t label = random.below(problem::classes);
-      const std::size_t cluster = label * problem::clusters_per_class + random.below(problem::clusters_per_class);
-      for (std::size_t f = 0; f < problem::features; ++f)
-        d.inputs[i * problem::features + f] = p.centers[cluster * problem::features + f] + float(random.normal());
-      d.labels[i] = std::uint8_t(label);
-    }
-    return d;
-  };
-  p.train = draw(s.train_samples);
-  p.test = draw(s.test_samples);
-  return p;
-}
+// Centres spread 0.7 (per coordinate; the noise is 1) overlap enough that even the best
+// classifier misses 5–7.5 % of the samples (seeds 1–10): the accuracy levels off
+// clearly below 100 % instead of creeping towards it, so two runs compare well.
+constexpr qcoll_examples::cluster_problem_shape problem_shape{
+    .features = 32, .classes = 10, .clusters_per_class = 3, .center_spread = 0.7};
 
 /// The accuracy of the best possible classifier, which knows the centres: the class
 /// whose clusters make the sample most likely. No training can beat it on average.
-double bayes_accuracy(const problem& p) {
+double bayes_accuracy(const cluster_problem& p) {
   std::size_t correct = 0;
   for (std::size_t i = 0; i < p.test.size(); ++i) {
     const float* x = p.test.input(i);
-    std::array<double, problem::classes> likelihood{};
-    for (std::size_t cluster = 0; cluster < problem::classes * problem::clusters_per_class; ++cluster) {
+    std::array<double, problem_shape.classes> likelihood{};
+    for (std::size_t cluster = 0; cluster < problem_shape.classes * problem_shape.clusters_per_class; ++cluster) {
       double squared_distance = 0;
-      for (std::size_t f = 0; f < problem::features; ++f) {
-        const double d = double(x[f]) - double(p.centers[cluster * problem::features + f]);
+      for (std::size_t f = 0; f < problem_shape.features; ++f) {
+        const double d = double(x[f]) - double(p.centers[cluster * problem_shape.features + f]);
         squared_distance += d * d;
       }
-      likelihood[cluster / problem::clusters_per_class] += std::exp(-0.5 * squared_distance);
+      likelihood[cluster / problem_shape.clusters_per_class] += std::exp(-0.5 * squared_distance);
     }
     const auto best = std::max_element(likelihood.begin(), likelihood.end());
     correct += std::size_t(best - likelihood.begin()) == p.test.labels[i];
@@ -435,7 +374,7 @@ struct epoch_result {
 template <class Communicator, template <class> class Exchange>
 class training_run {
  public:
-  training_run(Communicator& comm, const problem& p, const settings& s, std::span<const std::size_t> widths)
+  training_run(Communicator& comm, const cluster_problem& p, const settings& s, std::span<const std::size_t> widths)
       : comm_(comm), problem_(p), settings_(s), model_(widths, s.batch / comm.size(), s.seed),
         exchange_(comm, model_) {}
 
@@ -486,7 +425,7 @@ class training_run {
   }
 
   Communicator& comm_;
-  const problem& problem_;
+  const cluster_problem& problem_;
   const settings& settings_;
   mlp model_;
   sgd optimizer_;
@@ -499,8 +438,9 @@ int train_and_compare(Communicator& comm, const settings& s, std::string_view tr
   if (s.batch % n != 0)
     throw std::invalid_argument(fmt::format("--batch {} does not split evenly over {} ranks", s.batch, n));
   const bool printing = comm.rank() == 0;
-  const problem p = make_problem(s);
-  const std::array<std::size_t, 4> widths{problem::features, s.hidden, s.hidden, problem::classes};
+  const cluster_problem p =
+      qcoll_examples::make_cluster_problem(problem_shape, s.seed, problem_stream, s.train_samples, s.test_samples);
+  const std::array<std::size_t, 4> widths{problem_shape.features, s.hidden, s.hidden, problem_shape.classes};
 
   training_run<Communicator, exact_exchange> exact(comm, p, s, widths);
   training_run<Communicator, one_bit_exchange> one_bit(comm, p, s, widths);

@@ -64,6 +64,8 @@
 
 #include <fmt/format.h>
 
+#include "synthetic_classification.hpp"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -90,6 +92,9 @@ namespace {
 namespace topo = qcoll::topologies;
 namespace inproc = qcoll::transports::inproc;
 using qcoll::rank_t;
+using qcoll_examples::cluster_problem;
+using qcoll_examples::dataset;
+using qcoll_examples::random_stream;
 using clock_type = std::chrono::steady_clock;
 using communicator = qcoll::communicator<inproc::transport>;
 
@@ -171,77 +176,17 @@ settings parse(int argc, char** argv) {
   return s;
 }
 
-/// splitmix64: the same numbers from every standard library.
-class random_stream {
- public:
-  random_stream(std::uint64_t seed, std::uint64_t purpose) : state_(seed * 0x9e3779b97f4a7c15u ^ purpose) {}
-
-  std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-  }
-  double uniform() noexcept { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  std::size_t below(std::size_t n) noexcept { return std::size_t(next() % n); }
-  double normal() noexcept {  // Box–Muller; 1 − u keeps the logarithm finite
-    return std::sqrt(-2.0 * std::log(1.0 - uniform())) * std::cos(2.0 * std::numbers::pi * uniform());
-  }
-
- private:
-  std::uint64_t state_;
-};
-
 // The batch of rank r at step t of a group of n draws from batch_stream + 16 · (t · 2^12 + r).
 enum stream_purpose : std::uint64_t { problem_stream = 1, init_stream = 2, batch_stream = 3 };
 
-struct dataset {
-  static constexpr std::size_t features = 16;
-  std::vector<float> inputs;  // sample i at [i · features, (i + 1) · features)
-  std::vector<std::uint8_t> labels;
-
-  std::size_t size() const noexcept { return labels.size(); }
-  const float* input(std::size_t i) const noexcept { return inputs.data() + i * features; }
-};
-
-/// Gaussian clusters, two per class, scattered so that no linear classifier separates
-/// the classes; a sample is one of its class's centres plus unit noise. Every rank
-/// reads the same problem; each trains on its shard of `train`.
-struct problem {
-  static constexpr std::size_t classes = 8;
-  static constexpr std::size_t clusters_per_class = 3;
-  static constexpr double center_spread = 1.2;  // per coordinate; the noise is 1
-  dataset train, test;
-};
-
-problem make_problem(const settings& s) {
-  random_stream random(s.seed, problem_stream);
-  std::vector<float> centers(problem::classes * problem::clusters_per_class * dataset::features);
-  for (float& c : centers) c = float(problem::center_spread * random.normal());
-  auto draw = [&](std::size_t samples) {
-    dataset d;
-    d.inputs.resize(samples * dataset::features);
-    d.labels.resize(samples);
-    for (std::size_t i = 0; i < samples; ++i) {
-      const std::size_t label = random.below(problem::classes);
-      const std::size_t cluster = label * problem::clusters_per_class + random.below(problem::clusters_per_class);
-      for (std::size_t f = 0; f < dataset::features; ++f)
-        d.inputs[i * dataset::features + f] = centers[cluster * dataset::features + f] + float(random.normal());
-      d.labels[i] = std::uint8_t(label);
-    }
-    return d;
-  };
-  problem p;
-  p.train = draw(s.train_samples);
-  p.test = draw(s.test_samples);
-  return p;
-}
+constexpr qcoll_examples::cluster_problem_shape problem_shape{
+    .features = 16, .classes = 8, .clusters_per_class = 3, .center_spread = 1.2};
 
 /// features → hidden (ReLU) → classes (softmax cross-entropy). Parameters and
 /// gradients are one vector each: W1 (features × hidden), b1, W2 (hidden × classes), b2.
 class mlp {
  public:
-  static constexpr std::size_t features = dataset::features, hidden = 64, classes = problem::classes;
+  static constexpr std::size_t features = problem_shape.features, hidden = 64, classes = problem_shape.classes;
   static constexpr std::size_t w1 = 0, b1 = w1 + features * hidden, w2 = b1 + hidden, b2 = w2 + hidden * classes,
                                size = b2 + classes;
 
@@ -463,7 +408,7 @@ struct node_outcome {
 
 struct shared_setup {
   const settings& s;
-  const problem& p;
+  const cluster_problem& p;
   membership_service& membership;
   failure_script& script;
   clock_type::time_point start;
@@ -747,7 +692,9 @@ class node_process {
 
 int main(int argc, char** argv) try {
   const settings s = parse(argc, argv);
-  const problem p = make_problem(s);
+  // Every rank reads the same problem; each trains on its shard of `train`.
+  const cluster_problem p =
+      qcoll_examples::make_cluster_problem(problem_shape, s.seed, problem_stream, s.train_samples, s.test_samples);
   membership_service membership(s.timeout);
   failure_script script;
   const shared_setup setup{s, p, membership, script, clock_type::now()};
