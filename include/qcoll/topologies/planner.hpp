@@ -25,6 +25,9 @@
 ///    to the core is excluded, and so is what it carried; both are reported.
 ///  - The result goes back along the same routes to every included node, and the
 ///    divisor of an average is the number of included contributions.
+///  - Hosting (qcoll's addition, planner_options::host_degraded): a fully degraded
+///    node may keep its place in the core, played by a neighbour, instead of making
+///    its groups forward; by default when the faults are scattered.
 
 #include <qcoll/partition.hpp>
 #include <qcoll/topologies/grid.hpp>
@@ -45,7 +48,7 @@ namespace qcoll::topologies {
 
 /// How the nodes of forwarding groups reach the core (spec processes 800 and 900).
 enum class forwarding : std::uint8_t {
-  sub_networks,  ///< contiguous forwarding nodes sum internally first, then forward shares (process 900)
+  sub_networks,  ///< contiguous forwarding nodes sum along trees onto their exits first (process 900)
   per_node,      ///< every forwarding node sends its own vector to its nearest receiver (process 800)
 };
 
@@ -209,9 +212,10 @@ class reduction_plan {
     return path;
   }
 
-  /// The reduce-scatter leaves: leaf ℓ is held by core node core_of_leaf(ℓ). The
-  /// first dimension of the order is the most significant digit, so the leaves
-  /// a node holds after reducing along the first k dimensions are contiguous.
+  /// The reduce-scatter leaves: leaf ℓ belongs to core place core_of_leaf(ℓ), played
+  /// by host_of(that place). The first dimension of the order is the most
+  /// significant digit, so the leaves a place holds after reducing along the first k
+  /// dimensions are contiguous.
   std::size_t leaves() const noexcept { return core_.size(); }
   rank_t core_of_leaf(std::size_t leaf) const noexcept { return leaf_node_[leaf]; }
   std::size_t leaf_of(rank_t core_node) const noexcept { return core_position_[core_node]; }
