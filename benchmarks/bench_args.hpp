@@ -77,11 +77,11 @@ inline compressed_variant parse_compressed_variant(std::string_view text) {
 }
 
 /// Splits "a,b,c" (empty items are refused).
-inline std::vector<std::string> split_list(const std::string& text, const char* flag) {
+inline std::vector<std::string> split_list(const std::string& text, const char* flag, char separator = ',') {
   std::vector<std::string> items;
   std::size_t begin = 0;
   while (true) {
-    const std::size_t comma = text.find(',', begin);
+    const std::size_t comma = text.find(separator, begin);
     items.push_back(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
     if (items.back().empty()) throw std::invalid_argument(std::string(flag) + ": empty item in '" + text + "'");
     if (comma == std::string::npos) return items;
@@ -120,6 +120,7 @@ struct collective_options {
   std::vector<compressed_variant> compressed;  // --compressed: empty = the exact table only
   std::vector<std::size_t> chunk_values;       // --chunk: values per chunk, whole_stripe, or empty = library default
   static constexpr std::size_t whole_stripe = 0;
+  std::vector<std::size_t> grid_extents;       // --grid: also run each variant as a grid allreduce on this torus
 };
 
 inline constexpr std::string_view collective_usage =
@@ -142,6 +143,8 @@ inline constexpr std::string_view collective_usage =
     "  --chunk LIST             compressed_allreduce_options::chunk_values, in values (K/M suffixes, 1K = 1024),\n"
     "                           or 'whole' (one chunk per stripe); a list runs every variant at each (default:\n"
     "                           the library's default)\n"
+    "  --grid EXTENTS           also run each variant as a grid_allreduce_plan on a healthy torus of these\n"
+    "                           extents, e.g. 4x4 (their product must be the number of ranks)\n"
     "job-mode transport knobs, for experiments:\n"
     "  --spin-us US             how long a wait polls before it sleeps (library default 50)\n"
     "  --shm-pipe BYTES         shm ring bytes per pair (power of two >= 64K; default 2M)\n"
@@ -196,6 +199,12 @@ inline collective_options parse_collective_options(int argc, char** argv) {
         if (item != "whole" && values == 0) throw std::invalid_argument("--chunk: '" + item + "' values per chunk");
         o.chunk_values.push_back(values);
       }
+    else if (flag == "--grid")
+      for (const std::string& item : split_list(value, "--grid", 'x')) {
+        const std::size_t extent = parse_bytes(item);
+        if (extent == 0) throw std::invalid_argument("--grid: extents are positive, not '" + item + "'");
+        o.grid_extents.push_back(extent);
+      }
     else throw std::invalid_argument("unknown option '" + std::string(flag) + "'");
   }
   if (o.op_name == "allreduce") o.op = operation::allreduce;
@@ -205,6 +214,7 @@ inline collective_options parse_collective_options(int argc, char** argv) {
   if (!o.compressed.empty() && o.op != operation::allreduce)
     throw std::invalid_argument("--compressed needs -o allreduce");
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
+  if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");
   // The peers' corrections, so the same arguments give the same sweep.
   if (o.factor < 2) throw std::invalid_argument("-f must be ≥ 2");
   o.min_bytes = std::max<std::size_t>(o.min_bytes, 4);

@@ -24,7 +24,8 @@
 // included, so its error-feedback residuals carry over from call to call as in
 // training. Lossy variants cannot be checked with ==: each rank hashes its result, and
 // the check is that every rank holds the same bits; relerr says how far they are from
-// the exact sum.
+// the exact sum. --grid EXTENTS (e.g. 4x4) runs every variant once more as a
+// grid_allreduce_plan on a healthy torus of those extents (rows "grid:…").
 //
 // Only rank 0 prints. Exit status: 0, 1 if any element was wrong, 2 on errors.
 
@@ -33,6 +34,8 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/grid_allreduce.hpp>
+#include <qcoll/topologies/planner.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>
@@ -272,6 +275,12 @@ std::string values_text(std::size_t values) {
   return std::to_string(values);
 }
 
+std::string grid_text(const std::vector<std::size_t>& extents) {
+  std::string text;
+  for (std::size_t e : extents) text += (text.empty() ? "" : "x") + std::to_string(e);
+  return text;
+}
+
 /// The --compressed sweep on one rank: per size, the exact allreduce, then every
 /// variant at every chunk size, each by timed_iterations.
 template <class Communicator>
@@ -340,6 +349,25 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
               if (table) table->compressed_row(bytes, row);
             },
             v.quantizer);
+
+    // --grid: the same variants through the grid allreduce on a healthy torus.
+    if (!o.grid_extents.empty()) {
+      const qcoll::topologies::reduction_plan schedule =
+          qcoll::topologies::plan_reduction(qcoll::topologies::torus(o.grid_extents));
+      for (const variant_spec& v : ctx.variants)
+        std::visit(
+            [&](const auto& quantizer) {
+              using Q = std::decay_t<decltype(quantizer)>;
+              qcoll::grid_allreduce_plan<Q> plan(comm, schedule, count, quantizer);
+              bench::compressed_table::row_data row =
+                  measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy());
+              row.variant = "grid:" + v.variant.name;
+              row.chunk = grid_text(o.grid_extents);
+              row.wire_bytes = static_cast<double>(plan.last_call().bytes_sent);
+              if (table) table->compressed_row(bytes, row);
+            },
+            v.quantizer);
+    }
   }
   if (table) table->finish();
   return all_right;
