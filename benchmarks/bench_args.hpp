@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <functional>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -215,6 +217,9 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     throw std::invalid_argument("--compressed needs -o allreduce");
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");
+  if (!o.grid_extents.empty() && !o.job &&
+      std::accumulate(o.grid_extents.begin(), o.grid_extents.end(), std::size_t{1}, std::multiplies<>()) != o.threads)
+    throw std::invalid_argument("--grid: the extents' product must be NRANKS");
   // The peers' corrections, so the same arguments give the same sweep.
   if (o.factor < 2) throw std::invalid_argument("-f must be ≥ 2");
   o.min_bytes = std::max<std::size_t>(o.min_bytes, 4);
