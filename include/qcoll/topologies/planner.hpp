@@ -417,7 +417,8 @@ class reduction_plan {
 /// Builds plans; plan_reduction() is the entry point.
 class planner {
  public:
-  planner(const grid& g, planner_options options) : g_(g), shape_(g.shape()), options_(std::move(options)) {}
+  planner(const grid& g, planner_options options)
+      : g_(g), shape_(g.shape()), options_(std::move(options)), contiguous_(degraded_set_contiguous()) {}
 
   reduction_plan run() {
     if (!options_.dimension_order.empty()) return plan_in(checked_order(options_.dimension_order));
@@ -499,7 +500,7 @@ class planner {
   /// dimensions are trivial and go last.
   std::vector<std::size_t> heuristic_keys() const {
     const std::size_t n = shape_.size();
-    const bool contiguous = degraded_set_contiguous();
+    const bool contiguous = contiguous_;
     std::vector<std::size_t> keys(shape_.dimensions());
     for (std::size_t d = 0; d < shape_.dimensions(); ++d) {
       std::size_t along = 0;
@@ -752,7 +753,7 @@ class planner {
 
   reduction_plan plan_in(const std::vector<std::size_t>& order) {
     const bool host = options_.host_degraded == hosting::always ||
-                      (options_.host_degraded == hosting::automatic && !degraded_set_contiguous());
+                      (options_.host_degraded == hosting::automatic && !contiguous_);
     return plan_in(order, host);
   }
 
@@ -912,6 +913,7 @@ class planner {
   grid_shape shape_;
   planner_options options_;
   std::vector<std::vector<bool>> keep_;
+  bool contiguous_;  // the degraded set's shape decides the order's first dimension and the hosting
   bool hosting_ = false;
   std::size_t first_dimension_ = 0;
   std::vector<rank_t> host_;  // during planning: the host of each hosted place
