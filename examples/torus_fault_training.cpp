@@ -54,9 +54,9 @@
 // 2 on errors.
 
 #include <qcoll/communicator.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/grid_allreduce.hpp>
-#include <qcoll/partition.hpp>
+#include <qcoll/core/partition.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/topologies/grid.hpp>
 #include <qcoll/topologies/planner.hpp>

@@ -6,7 +6,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <qcoll/algorithms/grid_cost.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 
 #include <fmt/format.h>
 

@@ -22,15 +22,15 @@
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/grid_allreduce.hpp>
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/progress_thread.hpp>
-#include <qcoll/error.hpp>
-#include <qcoll/partition.hpp>
+#include <qcoll/core/error.hpp>
+#include <qcoll/core/partition.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/message.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -17,10 +17,10 @@
 /// it guarantees.
 
 #include <qcoll/algorithms/compressed_allreduce.hpp>
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/plan_handle.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 
 #include <algorithm>
 #include <cstddef>

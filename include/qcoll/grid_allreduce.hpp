@@ -18,10 +18,10 @@
 
 #include <qcoll/algorithms/grid_allreduce.hpp>
 #include <qcoll/algorithms/grid_schedule.hpp>
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/plan_handle.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/topologies/planner.hpp>
 

@@ -4,10 +4,10 @@
 /// (TCP over Boost.Asio, CUDA peer) are included on their own.
 
 #include <qcoll/version.hpp>
-#include <qcoll/types.hpp>
-#include <qcoll/error.hpp>
-#include <qcoll/concepts.hpp>
-#include <qcoll/partition.hpp>
+#include <qcoll/core/types.hpp>
+#include <qcoll/core/error.hpp>
+#include <qcoll/core/concepts.hpp>
+#include <qcoll/core/partition.hpp>
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/grid_allreduce.hpp>

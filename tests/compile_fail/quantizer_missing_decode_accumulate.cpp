@@ -1,5 +1,5 @@
 // Must not compile: the policy lacks decode_accumulate, and the concept says so.
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 
 struct quantizer_without_decode_accumulate {
   using value_type = float;

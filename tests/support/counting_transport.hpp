@@ -3,8 +3,8 @@
 // after a number of sends: the tests' view of the bytes an algorithm really sends,
 // and a way to break a collective at a chosen point.
 
-#include <qcoll/concepts.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/concepts.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/transports/inproc.hpp>
 
 #include <cstddef>

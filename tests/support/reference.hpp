@@ -2,8 +2,8 @@
 // Sequential references for the collectives, written independently of the
 // library's kernels and in the order the library documents.
 
-#include <qcoll/partition.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/partition.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <cmath>
 #include <cstddef>

@@ -18,9 +18,9 @@
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/quantized_steps.hpp>
 #include <qcoll/algorithms/ring.hpp>
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
-#include <qcoll/partition.hpp>
+#include <qcoll/core/partition.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -9,9 +9,9 @@
 #include <qcoll/algorithms/grid_schedule.hpp>
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/quantized_steps.hpp>
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
-#include <qcoll/partition.hpp>
+#include <qcoll/core/partition.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -18,7 +18,7 @@
 
 #include <qcoll/algorithms/grid_schedule.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/partition.hpp>
+#include <qcoll/core/partition.hpp>
 #include <qcoll/topologies/grid.hpp>
 
 #include <cstddef>

@@ -17,7 +17,7 @@
 /// Values that move in `forward` and `reduce` are encoded (with error feedback) by
 /// the sender and added by the receiver; every rank decodes the same leaf frames.
 
-#include <qcoll/partition.hpp>
+#include <qcoll/core/partition.hpp>
 #include <qcoll/topologies/planner.hpp>
 
 #include <algorithm>

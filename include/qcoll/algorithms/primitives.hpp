@@ -5,8 +5,8 @@
 /// checks what arrived, and turns any failure into an abort of the communicator
 /// plus an exception that names the call, this rank, the peer and the sizes.
 
-#include <qcoll/concepts.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/concepts.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
 #include <qcoll/transports/message.hpp>
 

@@ -5,8 +5,8 @@
 /// Shared by the compressed allreduce and the grid allreduce.
 
 #include <qcoll/algorithms/primitives.hpp>
-#include <qcoll/concepts.hpp>
-#include <qcoll/partition.hpp>
+#include <qcoll/core/concepts.hpp>
+#include <qcoll/core/partition.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -11,9 +11,9 @@
 /// bits, and the same inputs give the same bits on every run.
 
 #include <qcoll/algorithms/primitives.hpp>
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
-#include <qcoll/partition.hpp>
+#include <qcoll/core/partition.hpp>
 
 #include <cstddef>
 #include <span>

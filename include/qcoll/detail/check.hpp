@@ -2,7 +2,7 @@
 /// @file
 /// Argument checks shared by the public constructors and collectives.
 
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 
 #include <fmt/format.h>
 

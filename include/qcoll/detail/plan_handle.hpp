@@ -5,11 +5,11 @@
 /// handle of a call started without waiting. `State` has `committed` (which of its
 /// two residual buffers holds the committed residuals) and `calls` (successful calls).
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/progress_thread.hpp>
-#include <qcoll/error.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/error.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <concepts>
 #include <span>

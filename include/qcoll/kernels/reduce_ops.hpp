@@ -9,7 +9,7 @@
 #define QCOLL_HOST_DEVICE
 #endif
 
-#include <qcoll/types.hpp>
+#include <qcoll/core/types.hpp>
 
 namespace qcoll::kernels::ops {
 

@@ -5,8 +5,8 @@
 /// header fields, its record layout, and its kernels (CRTP).
 
 #include <qcoll/detail/check.hpp>
-#include <qcoll/quantizers/options.hpp>
-#include <qcoll/quantizers/wire.hpp>
+#include <qcoll/quantizers/format/options.hpp>
+#include <qcoll/quantizers/format/wire.hpp>
 
 #include <cstddef>
 #include <span>

@@ -4,7 +4,7 @@
 /// quantizer's. It is the reference that makes quantized collectives exactly
 /// checkable.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/quantizers/framed.hpp>
 
 #include <cstddef>

@@ -51,7 +51,7 @@
 /// const and stateless: one object may encode and decode from many threads, each
 /// with its own residual.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/kernels/cpu/codes.hpp>
 #include <qcoll/kernels/cpu/dispatch.hpp>

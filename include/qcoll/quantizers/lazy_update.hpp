@@ -61,7 +61,7 @@
 /// other, not with apply().
 
 #include <qcoll/detail/check.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/kernels/cpu/bfp_common.hpp>
 
 #include <cstddef>

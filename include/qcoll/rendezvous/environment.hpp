@@ -43,8 +43,8 @@
 /// errc::invalid_argument whose message names the variable and its value.
 
 #include <qcoll/detail/check.hpp>
-#include <qcoll/error.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/error.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <fmt/format.h>
 

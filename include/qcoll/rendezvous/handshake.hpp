@@ -45,13 +45,13 @@
 /// version, status, flags) and sends anything new after the ack, so a version-1 rank can
 /// always read a newer peer's hello in full and report the version mismatch.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/little_endian.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/hmac.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <boost/asio.hpp>
 #include <fmt/format.h>

@@ -16,7 +16,7 @@
 /// `fn` is instantiated for both transports, so it is usually a generic lambda, and
 /// both instantiations must return the same type.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/store.hpp>

@@ -27,13 +27,13 @@
 ///   crossed a cancel is recognised as stale and skipped, and the stream stays in step.
 /// - A malformed request closes that connection (logged); the server serves on.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/log.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <boost/asio.hpp>
 #include <fmt/format.h>

@@ -2,7 +2,7 @@
 /// @file
 /// Every rank is linked to every other (a crossbar, a switch, shared memory).
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 
 #include <cstddef>

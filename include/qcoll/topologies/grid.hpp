@@ -10,7 +10,7 @@
 /// along dimension d is the line of nodes whose other coordinates are equal: on a
 /// 2-D grid the groups along dimension 1 are the rows, along dimension 0 the columns.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 
 #include <fmt/format.h>

@@ -29,7 +29,7 @@
 ///    node may keep its place in the core, played by a neighbour, instead of making
 ///    its groups forward; by default when the faults are scattered.
 
-#include <qcoll/partition.hpp>
+#include <qcoll/core/partition.hpp>
 #include <qcoll/topologies/grid.hpp>
 
 #include <fmt/format.h>

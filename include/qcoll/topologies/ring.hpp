@@ -2,7 +2,7 @@
 /// @file
 /// Ranks on a ring: each rank is linked to the one before and the one after it.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 
 #include <cstddef>

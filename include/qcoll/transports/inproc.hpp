@@ -8,9 +8,9 @@
 /// receiver's: whichever side posts second performs the copy, so progress never
 /// depends on the other side calling wait.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/transports/message.hpp>
 
 #include <condition_variable>

@@ -1,11 +1,9 @@
 #pragma once
 /// @file
-/// The header every message of a collective carries. A receiver compares it with
-/// the header it expects, so ranks that disagree about the call (count, type,
-/// operation, root, or how many collectives they have run) are told precisely,
-/// instead of reducing mismatched bytes.
+/// What every transport's request shares, and how error messages name a call.
 
-#include <qcoll/types.hpp>
+#include <qcoll/core/message.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <fmt/format.h>
 
@@ -15,21 +13,6 @@
 #include <system_error>
 
 namespace qcoll::transports {
-
-/// Tags separate concurrent streams of messages between one pair of ranks.
-using tag_t = std::uint32_t;
-
-struct message_header {
-  std::uint64_t sequence = 0;  ///< how many collectives this communicator ran before
-  std::uint64_t count = 0;     ///< element count as the caller passed it
-  std::uint32_t root = 0;      ///< broadcast root; 0 for the others
-  collective kind = collective::barrier;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  std::uint8_t reserved = 0;
-
-  friend bool operator==(const message_header&, const message_header&) = default;
-};
 
 /// What every transport's request reports: the header that arrived with a received
 /// message and the bytes moved (for a receive of the wrong size: the size the sender
@@ -57,13 +40,6 @@ class request_base {
   std::byte* recv_data_ = nullptr;
   std::size_t size_ = 0;  // bytes to send, or capacity of the receive buffer
   std::error_code result_{};
-};
-
-/// Why a transport can no longer deliver: the first abort's code and words.
-/// An empty code means the transport is intact.
-struct failure {
-  std::error_code code;
-  std::string reason;
 };
 
 /// "allreduce(count=1000, f32, sum) #3", as error messages name a call.

@@ -21,9 +21,9 @@
 /// wrote; a peer process that dies is noticed through a pidfd within one sleep slice
 /// (10 ms). Either way the requests waiting on it fail with errc::peer_lost.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>

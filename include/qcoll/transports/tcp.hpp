@@ -18,10 +18,10 @@
 /// dies resets or closes its connections, which fails the requests waiting on it with
 /// errc::peer_lost at once.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/log.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake.hpp>
 #include <qcoll/rendezvous/store.hpp>

@@ -22,8 +22,8 @@
 ///   residual = v − decoded. Error ≤ 2^e / 2 except for saturated values (≤ 2^e).
 
 #include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/quantizers/options.hpp>
-#include <qcoll/quantizers/wire.hpp>
+#include <qcoll/quantizers/format/options.hpp>
+#include <qcoll/quantizers/format/wire.hpp>
 
 #include <cstddef>
 #include <cstdint>

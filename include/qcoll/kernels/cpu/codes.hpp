@@ -4,7 +4,7 @@
 /// backend (the arithmetic is vectorised; the bit packing is this one piece of code).
 
 #include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/quantizers/wire.hpp>
+#include <qcoll/quantizers/format/wire.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -10,7 +10,7 @@
 /// either the same range (in place) or disjoint. A group that keeps its residual
 /// (NaN or Inf) copies residual_in to residual_out.
 
-#include <qcoll/quantizers/options.hpp>
+#include <qcoll/quantizers/format/options.hpp>
 
 #include <cstddef>
 #include <span>

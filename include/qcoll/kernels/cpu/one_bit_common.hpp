@@ -8,8 +8,8 @@
 #include <qcoll/kernels/cpu/abi.hpp>
 #include <qcoll/kernels/cpu/codes.hpp>
 #include <qcoll/kernels/cpu/lanes.hpp>
-#include <qcoll/quantizers/options.hpp>
-#include <qcoll/quantizers/wire.hpp>
+#include <qcoll/quantizers/format/options.hpp>
+#include <qcoll/quantizers/format/wire.hpp>
 
 #include <cmath>
 #include <cstddef>

@@ -3,7 +3,7 @@
 /// Scalar reduce kernels: the reference (the test oracle) for every other backend.
 
 #include <qcoll/kernels/reduce_ops.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <cstddef>
 #include <span>

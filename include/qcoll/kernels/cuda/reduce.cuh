@@ -5,7 +5,7 @@
 /// bit for bit — except NaN payloads, which the GPU canonicalises; NaN stays NaN.
 
 #include <qcoll/kernels/reduce_ops.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <cuda_runtime.h>
 

@@ -17,9 +17,9 @@
 /// program must post receives from a peer in the order that peer sends — which every
 /// qcoll algorithm does.
 
-#include <qcoll/concepts.hpp>
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/transports/message.hpp>
 #include <qcoll/transports/stream/records.hpp>
 

@@ -16,9 +16,9 @@
 /// chose, and only writes into a posted buffer of exactly the announced length.
 
 #include <qcoll/detail/little_endian.hpp>
-#include <qcoll/error.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/transports/message.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <array>
 #include <cstddef>

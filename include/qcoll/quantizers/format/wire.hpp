@@ -18,8 +18,8 @@
 ///       24       group records: [table][packed codes], groups of `group size`
 ///                values, the last one possibly shorter
 
-#include <qcoll/error.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/error.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <algorithm>
 #include <bit>

@@ -4,9 +4,9 @@
 /// operations a model must provide, so a policy that lacks one is rejected with a
 /// diagnostic naming it. docs/concepts.md states what each operation must do.
 
-#include <qcoll/quantizers/options.hpp>
-#include <qcoll/transports/message.hpp>
-#include <qcoll/types.hpp>
+#include <qcoll/core/encode_position.hpp>
+#include <qcoll/core/message.hpp>
+#include <qcoll/core/types.hpp>
 
 #include <chrono>
 #include <concepts>
