@@ -17,20 +17,18 @@
 /// progress thread, in the order they were started; any other call first waits
 /// until they have run, so every rank still runs its collectives in program order.
 
-#include <qcoll/algorithms/compressed_allreduce.hpp>
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/ring.hpp>
-#include <qcoll/compressed_allreduce.hpp>
-#include <qcoll/grid_allreduce.hpp>
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/detail/check.hpp>
-#include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/partition.hpp>
+#include <qcoll/core/types.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/detail/progress_thread.hpp>
+#include <qcoll/plan.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/message.hpp>
-#include <qcoll/core/types.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -204,7 +202,8 @@ class communicator {
   }
 
   /// out = in₀ + in₁ + … (or their average) through `plan`'s quantizer, with error
-  /// feedback. A compressed_allreduce_plan runs the two-phase striped exchange
+  /// feedback. Any model of allreduce_plan (plan.hpp) runs here; qcoll's two are
+  /// these. A compressed_allreduce_plan runs the two-phase striped exchange
   /// (docs/compressed-allreduce.md); a grid_allreduce_plan runs its reduction_plan
   /// over a mesh or torus with degraded nodes (docs/grid-allreduce.md: there `in₀ …`
   /// are the included ranks, and avg divides by their number).
@@ -221,13 +220,13 @@ class communicator {
   /// or a plan made for another rank, size, topology or count; protocol_error for a
   /// frame this rank's quantizer cannot decode (ranks with different quantizers).
   /// Calling it on a plan in flight throws invalid_argument without aborting.
-  template <detail::allreduce_plan Plan>
+  template <allreduce_plan<Transport> Plan>
   void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
                  reduce_op op) {
     plan.require_idle("allreduce");
     run_plan(plan, in, out, op);
   }
-  template <detail::allreduce_plan Plan>
+  template <allreduce_plan<Transport> Plan>
   void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
     allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
   }
@@ -239,16 +238,13 @@ class communicator {
   /// @par Errors
   /// invalid_argument at once for a plan already in flight; everything else is
   /// reported by plan.wait().
-  template <detail::allreduce_plan Plan>
+  template <allreduce_plan<Transport> Plan>
   void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
                        std::span<typename Plan::value_type> out, reduce_op op) {
     plan.require_idle("start_allreduce");
-    plan.started_in_ = in;
-    plan.started_out_ = out;
-    plan.started_op_ = op;
-    progress_.get().submit(static_cast<detail::pending_operation&>(plan), &run_started<Plan>, this);
+    progress_.get().submit(plan.queue_call(in, out, op), &run_started<Plan>, this, &plan);
   }
-  template <detail::allreduce_plan Plan>
+  template <allreduce_plan<Transport> Plan>
   void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
     start_allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
   }
@@ -281,21 +277,21 @@ class communicator {
   void barrier(std::error_code& ec) noexcept {
     ec = capture([&] { barrier(); });
   }
-  template <detail::allreduce_plan Plan>
+  template <allreduce_plan<Transport> Plan>
   void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
                  reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { allreduce(plan, in, out, op); });
   }
-  template <detail::allreduce_plan Plan>
+  template <allreduce_plan<Transport> Plan>
   void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { allreduce(plan, data, op); });
   }
-  template <detail::allreduce_plan Plan>
+  template <allreduce_plan<Transport> Plan>
   void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
                        std::span<typename Plan::value_type> out, reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { start_allreduce(plan, in, out, op); });
   }
-  template <detail::allreduce_plan Plan>
+  template <allreduce_plan<Transport> Plan>
   void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op,
                        std::error_code& ec) noexcept {
     ec = capture([&] { start_allreduce(plan, data, op); });
@@ -340,17 +336,26 @@ class communicator {
 
   void quiesce() { progress_.wait_idle(); }
 
-  /// The compressed allreduce's route over this topology, found once.
-  stripe_route route() {
-    if (!route_) route_ = algorithms::route_for(topology_);
-    return *route_;
+  /// What a plan is checked against; whether every pair is linked is found once (O(n²)).
+  group_view group() {
+    if (!fully_linked_) {
+      fully_linked_ = true;
+      for (rank_t a = 0; a < size() && *fully_linked_; ++a)
+        for (rank_t b = 0; b < size(); ++b)
+          if (a != b && !topology_.linked(a, b)) {
+            fully_linked_ = false;
+            break;
+          }
+    }
+    return {rank(), size(), topology_.ring_order(), *fully_linked_};
   }
 
   template <class Plan>
-  static std::error_code run_started(void* self, detail::pending_operation& op, std::string& message) noexcept {
-    auto& plan = static_cast<Plan&>(op);
+  static std::error_code run_started(void* self, void* subject, std::string& message) noexcept {
+    auto& plan = *static_cast<Plan*>(subject);
     try {
-      static_cast<communicator*>(self)->run_plan(plan, plan.started_in_, plan.started_out_, plan.started_op_);
+      const plan_call<typename Plan::value_type> call = plan.queued_call();
+      static_cast<communicator*>(self)->run_plan(plan, call.in, call.out, call.op);
       return {};
     } catch (const std::system_error& e) {
       message = e.what();
@@ -361,14 +366,14 @@ class communicator {
     }
   }
 
-  /// One call of a plan: the checks every plan shares, then the plan's own checks
-  /// and exchange (check_plan and exchange, overloaded per plan type).
+  /// One call of a plan: the checks every plan shares, then the plan's own, then the call.
   template <class Plan>
   void run_plan(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
                 reduce_op op) {
     using T = typename Plan::value_type;
-    auto step = begin(Plan::collective_kind, dtype_of<T>::value, op, in.size(), header_root(plan));
-    refuse_if_excluded(plan);  // after begin: the rank's later collectives stay numbered like everyone's
+    auto step = begin(Plan::collective_kind, dtype_of<T>::value, op, in.size(), plan.header_root());
+    const group_view facts = group();
+    plan.refuse_if_excluded(facts);  // after begin: the rank's later collectives stay numbered like everyone's
     if (in.size() != out.size())
       step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
     if (!detail::same_range(in, out) && detail::overlaps(in, out))
@@ -377,78 +382,8 @@ class communicator {
       step.fail(errc::invalid_argument, "a quantized allreduce sums or averages; {} is not supported", to_string(op));
     if (in.size() != plan.count())
       step.fail(errc::invalid_argument, "the plan was made for {} elements", plan.count());
-    check_plan(step, plan);
-
-    const std::size_t needed = plan.state_.requests_needed;
-    if (request_capacity_ < needed) {
-      requests_ = std::make_unique<request[]>(needed);
-      request_capacity_ = needed;
-    }
-    const std::span<request> requests(requests_.get(), needed);
-    plan.begin_call();
-    try {
-      exchange(step, plan, requests, in, out, op);
-    } catch (const std::system_error& e) {
-      // Make sure every rank hears of it, then take back what is still posted: the
-      // buffers belong to the plan and the requests to the next call.
-      if (!transport_.failure().code) transport_.abort(e.code(), e.what());
-      for (request& r : requests) transport_.wait(r, clock::now());
-      throw;
-    }
-    plan.commit();
-  }
-
-  // ---- compressed_allreduce_plan ----
-
-  template <quantizer Q>
-  static void refuse_if_excluded(const compressed_allreduce_plan<Q>&) noexcept {}
-  template <quantizer Q>
-  static std::uint32_t header_root(const compressed_allreduce_plan<Q>&) noexcept { return 0; }
-
-  template <quantizer Q>
-  void check_plan(algorithms::primitives<Transport>& step, const compressed_allreduce_plan<Q>& plan) {
-    const auto& state = plan.state_;
-    if (state.rank != rank() || state.size != size())
-      step.fail(errc::invalid_argument, "the plan was made for rank {} of {}", state.rank, state.size);
-    const std::span<const rank_t> order = topology_.ring_order();
-    if (!std::equal(order.begin(), order.end(), state.ring_order.begin(), state.ring_order.end()) ||
-        state.route != route())
-      step.fail(errc::invalid_argument, "the plan was made for another topology");
-  }
-
-  template <quantizer Q>
-  void exchange(algorithms::primitives<Transport>& step, compressed_allreduce_plan<Q>& plan, std::span<typename Transport::request> requests,
-                std::span<const typename Q::value_type> in, std::span<typename Q::value_type> out, reduce_op op) {
-    algorithms::compressed_exchange<Transport, Q>(step, plan.state_, requests, in, out, op).run();
-  }
-
-  // ---- grid_allreduce_plan ----
-
-  /// A rank the plan excludes takes no part: it is told why (without aborting the
-  /// communicator), and nobody waits for it.
-  template <quantizer Q>
-  void refuse_if_excluded(const grid_allreduce_plan<Q>& plan) const {
-    if (plan.state_.rank == rank() && plan.state_.size == size() && !plan.included())
-      detail::throw_error(errc::invalid_argument, "qcoll grid allreduce on rank {} of {}: {}", rank(), size(),
-                          plan.exclusion_reason());
-  }
-  /// Ranks that run different plans disagree on the first message.
-  template <quantizer Q>
-  static std::uint32_t header_root(const grid_allreduce_plan<Q>& plan) noexcept {
-    return plan.state_.fingerprint;
-  }
-
-  template <quantizer Q>
-  void check_plan(algorithms::primitives<Transport>& step, const grid_allreduce_plan<Q>& plan) {
-    const auto& state = plan.state_;
-    if (state.rank != rank() || state.size != size())
-      step.fail(errc::invalid_argument, "the plan was made for rank {} of {}", state.rank, state.size);
-  }
-
-  template <quantizer Q>
-  void exchange(algorithms::primitives<Transport>& step, grid_allreduce_plan<Q>& plan, std::span<typename Transport::request> requests,
-                std::span<const typename Q::value_type> in, std::span<typename Q::value_type> out, reduce_op op) {
-    algorithms::grid_exchange<Transport, Q>(step, plan.state_, requests, in, out, op).run();
+    plan.check(step, facts);
+    plan.run(step, in, out, op);
   }
 
   template <class Call>
@@ -465,7 +400,6 @@ class communicator {
     }
   }
 
-  using request = typename Transport::request;
 
   /// The progress thread, started by the first start_allreduce. Moving a
   /// communicator first lets its started calls finish (they point at it).
@@ -499,10 +433,7 @@ class communicator {
   communicator_options options_;
   std::uint64_t sequence_ = 0;
   std::vector<std::byte> scratch_[2];
-  // Requests of the compressed collectives, grown once to the largest plan's need.
-  std::unique_ptr<request[]> requests_;
-  std::size_t request_capacity_ = 0;
-  std::optional<stripe_route> route_;  // found by the first compressed call
+  std::optional<bool> fully_linked_;  // found by the first plan call
 };
 
 }  // namespace qcoll

@@ -17,10 +17,12 @@
 /// it guarantees.
 
 #include <qcoll/algorithms/compressed_allreduce.hpp>
+#include <qcoll/core/archetypes.hpp>
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/detail/check.hpp>
-#include <qcoll/detail/plan_handle.hpp>
 #include <qcoll/core/error.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/plan.hpp>
+#include <qcoll/quantizers/identity.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -31,9 +33,6 @@
 #include <vector>
 
 namespace qcoll {
-
-template <transport Transport, ring_topology Topology>
-class communicator;
 
 struct compressed_allreduce_options {
   /// Values per pipelined chunk, rounded up to whole quantizer groups. Each chunk is
@@ -62,9 +61,8 @@ struct compressed_allreduce_options {
 /// plan that is in flight is an error. Different plans may be in flight together on
 /// one communicator; they run in the order they were started.
 template <quantizer Q>
-class compressed_allreduce_plan
-    : public detail::plan_handle<algorithms::compressed_allreduce_state<Q>, typename Q::value_type> {
-  using base = detail::plan_handle<algorithms::compressed_allreduce_state<Q>, typename Q::value_type>;
+class compressed_allreduce_plan : public plan_handle<Q> {
+  using base = plan_handle<Q>;
   using base::state_;
 
  public:
@@ -91,36 +89,33 @@ class compressed_allreduce_plan
                                  rank, topology.size());
     if (options.chunk_values == 0)
       qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: chunk_values must be positive");
-    state_.quantizer = std::move(quantizer);
-    state_.rank = rank;
-    state_.size = topology.size();
-    state_.route = algorithms::route_for(topology);
+    rank_ = rank;
+    size_ = topology.size();
+    route_ = algorithms::route_for(topology);
     const std::span<const rank_t> order = topology.ring_order();
-    state_.ring_order.assign(order.begin(), order.end());
-    state_.build(count, options.chunk_values);
+    ring_order_.assign(order.begin(), order.end());
+    layout_ = algorithms::stripe_layout(quantizer, count, size_, options.chunk_values);
+    state_.quantizer = std::move(quantizer);
+    state_.install(algorithms::compressed_schedule_builder(layout_, rank_, route_, ring_order_).build());
   }
 
-  std::size_t count() const noexcept { return state_.layout.count(); }
-  rank_t rank() const noexcept { return state_.rank; }
-  rank_t size() const noexcept { return state_.size; }
-  const Q& quantizer() const noexcept { return state_.quantizer; }
-  stripe_route route() const noexcept { return state_.route; }
+  std::size_t count() const noexcept { return layout_.count(); }
+  rank_t rank() const noexcept { return rank_; }
+  rank_t size() const noexcept { return size_; }
+  stripe_route route() const noexcept { return route_; }
   /// Values per chunk, after rounding to whole groups.
-  std::size_t chunk_values() const noexcept { return state_.layout.chunk_values(); }
+  std::size_t chunk_values() const noexcept { return layout_.chunk_values(); }
   /// The values rank `owner` sums and re-encodes (whole groups; empty when there
   /// are fewer groups than ranks).
-  block_range stripe(rank_t owner) const { return state_.layout.stripe(checked_rank(owner)); }
+  block_range stripe(rank_t owner) const { return layout_.stripe(checked_rank(owner)); }
 
   /// This rank's quantization error for every value (empty when Q keeps none).
-  std::span<const value_type> worker_residual() const noexcept { return state_.worker_residual[state_.committed]; }
+  std::span<const value_type> worker_residual() const noexcept {
+    return state_.committed_residual().first(Q::keeps_residual ? count() : 0);
+  }
   /// The error of re-encoding this rank's stripe (empty when Q keeps none).
-  std::span<const value_type> server_residual() const noexcept { return state_.server_residual[state_.committed]; }
-  /// Forgets both residuals (say, after the model was reloaded).
-  void reset_residuals() {
-    this->require_idle("reset_residuals");
-    for (auto* residuals : {&state_.worker_residual, &state_.server_residual})
-      for (auto& r : *residuals) std::fill(r.begin(), r.end(), value_type{});
-    this->forget_last_call();
+  std::span<const value_type> server_residual() const noexcept {
+    return state_.committed_residual().subspan(Q::keeps_residual ? count() : 0);
   }
 
   /// Payload bytes this rank sends in one call (docs/compressed-allreduce.md), with
@@ -129,32 +124,47 @@ class compressed_allreduce_plan
   ///   ring:   Σ_{k=1}^{n−1} (n − k)·E(p + k) + Σ_j E(j) − E(p + 1)
   ///           (p + k: the rank k places after this one on the ring)
   std::size_t bytes_sent_per_call() const noexcept {
-    const auto& l = state_.layout;
-    const std::size_t n = state_.size;
+    const auto& l = layout_;
+    const std::size_t n = size_;
     std::size_t total = 0;
-    if (state_.route == stripe_route::direct) {
-      for (std::size_t j = 0; j < n; ++j) total += (j == state_.rank ? n - 1 : 1) * l.stripe_frame_bytes(j);
+    if (route_ == stripe_route::direct) {
+      for (std::size_t j = 0; j < n; ++j) total += (j == rank_ ? n - 1 : 1) * l.stripe_frame_bytes(j);
       return total;
     }
     if (n == 1) return 0;
-    const algorithms::ring_view ring = state_.ring();
+    const algorithms::ring_view ring(ring_order_, rank_);
     for (std::size_t k = 1; k < n; ++k) total += (n - k) * l.stripe_frame_bytes(ring.rank_at(static_cast<std::ptrdiff_t>(k)));
     return total + l.total_frame_bytes() - l.stripe_frame_bytes(ring.next());
   }
 
-  /// What the last call moved, as counted while it ran (a failed one: until it failed).
-  const compressed_allreduce_statistics& last_call() const noexcept { return state_.last_call; }
+  // ---- what a communicator uses (allreduce_plan) ----
+
+  std::uint32_t header_root() const noexcept { return 0; }
+  void refuse_if_excluded(const group_view&) const noexcept {}
+  /// Fails the call when the plan was made for another rank, size or topology.
+  template <transport Transport>
+  void check(algorithms::primitives<Transport>& step, const group_view& group) const {
+    if (rank_ != group.rank || size_ != group.size)
+      step.fail(errc::invalid_argument, "the plan was made for rank {} of {}", rank_, size_);
+    if (!std::equal(group.ring_order.begin(), group.ring_order.end(), ring_order_.begin(), ring_order_.end()) ||
+        (route_ == stripe_route::direct) != group.fully_linked)
+      step.fail(errc::invalid_argument, "the plan was made for another topology");
+  }
 
  private:
-  template <transport Transport, ring_topology Topology>
-  friend class communicator;
-
   rank_t checked_rank(rank_t r) const {
-    if (r >= state_.size)
-      qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: rank {} of {}", r, state_.size);
+    if (r >= size_)
+      qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: rank {} of {}", r, size_);
     return r;
   }
+
+  algorithms::stripe_layout layout_;
+  rank_t rank_ = 0;
+  rank_t size_ = 1;
+  stripe_route route_ = stripe_route::direct;
+  std::vector<rank_t> ring_order_;  // the ring the frames travel (route::ring)
 };
+static_assert(allreduce_plan<compressed_allreduce_plan<quantizers::identity<float>>, archetypes::transport>);
 
 template <class Communicator, class Q>
 compressed_allreduce_plan(const Communicator&, std::size_t, Q, compressed_allreduce_options = {})

@@ -18,10 +18,11 @@
 
 #include <qcoll/algorithms/grid_allreduce.hpp>
 #include <qcoll/algorithms/grid_schedule.hpp>
+#include <qcoll/core/archetypes.hpp>
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/detail/check.hpp>
-#include <qcoll/detail/plan_handle.hpp>
 #include <qcoll/core/error.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/plan.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/topologies/planner.hpp>
 
@@ -61,9 +62,8 @@ struct grid_allreduce_options {
 /// call leaves them as they were; roll_back_last_call() undoes a successful one; one
 /// call at a time; start_allreduce runs it on the communicator's progress thread.
 template <quantizer Q = quantizers::identity<float>>
-class grid_allreduce_plan
-    : public detail::plan_handle<algorithms::grid_allreduce_state<Q>, typename Q::value_type> {
-  using base = detail::plan_handle<algorithms::grid_allreduce_state<Q>, typename Q::value_type>;
+class grid_allreduce_plan : public plan_handle<Q> {
+  using base = plan_handle<Q>;
   using base::state_;
 
  public:
@@ -94,43 +94,36 @@ class grid_allreduce_plan
       if (rank_of_node[node] == npos)
         qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan: node {} is included but no rank plays it",
                                    plan.shape().name(node));
-    state_.quantizer = std::move(quantizer);
-    state_.rank = rank;
-    state_.size = size;
-    state_.node = node_of_rank[rank];
-    state_.included = plan.is_included(state_.node);
-    if (!state_.included) {
-      state_.exclusion = fmt::format("it plays node {}, which the plan excludes", plan.shape().name(state_.node));
+    rank_ = rank;
+    size_ = size;
+    count_ = count;
+    node_ = node_of_rank[rank];
+    included_ = plan.is_included(node_);
+    fingerprint_ = plan.fingerprint();
+    if (!included_) {
+      exclusion_ = fmt::format("it plays node {}, which the plan excludes", plan.shape().name(node_));
       for (const topologies::excluded_node& e : plan.excluded())
-        if (e.node == state_.node) state_.exclusion += ": " + e.reason;
+        if (e.node == node_) exclusion_ += ": " + e.reason;
     }
-    const algorithms::grid_schedule schedule(plan, count, state_.quantizer.group_size(),
-                                             [&](std::size_t values) { return state_.quantizer.encoded_size(values); });
-    state_.build(schedule, rank_of_node);
+    const algorithms::grid_schedule schedule(plan, count, quantizer.group_size(),
+                                             [&](std::size_t values) { return quantizer.encoded_size(values); });
+    state_.quantizer = std::move(quantizer);
+    state_.install(algorithms::compile_grid_allreduce(schedule, rank_of_node, node_));
   }
 
-  std::size_t count() const noexcept { return state_.count; }
-  rank_t rank() const noexcept { return state_.rank; }
-  rank_t size() const noexcept { return state_.size; }
-  const Q& quantizer() const noexcept { return state_.quantizer; }
+  std::size_t count() const noexcept { return count_; }
+  rank_t rank() const noexcept { return rank_; }
+  rank_t size() const noexcept { return size_; }
   /// The grid node this rank plays.
-  rank_t node() const noexcept { return state_.node; }
+  rank_t node() const noexcept { return node_; }
   /// Whether this rank's contribution is in the result (and it receives the result).
-  bool included() const noexcept { return state_.included; }
-  const std::string& exclusion_reason() const noexcept { return state_.exclusion; }
+  bool included() const noexcept { return included_; }
+  const std::string& exclusion_reason() const noexcept { return exclusion_; }
   /// What avg divides by: the number of included contributions.
-  std::size_t divisor() const noexcept { return state_.divisor; }
+  std::size_t divisor() const noexcept { return state_.schedule.divisor; }
 
-  /// Payload bytes this rank sends in one call, from its operations.
-  std::size_t bytes_sent_per_call() const noexcept {
-    std::size_t total = 0;
-    for (const algorithms::grid_op& op : state_.ops)
-      if (op.kind == algorithms::grid_op_kind::encode_send || op.kind == algorithms::grid_op_kind::send_frames)
-        total += op.bytes;
-    return total;
-  }
-  /// What the last call moved, as counted while it ran (a failed one: until it failed).
-  const compressed_allreduce_statistics& last_call() const noexcept { return state_.last_call; }
+  /// Payload bytes this rank sends in one call, from its schedule.
+  std::size_t bytes_sent_per_call() const noexcept { return state_.schedule.bytes_sent(); }
 
   /// Adds to `into` (count() values), value by value, the quantization error this
   /// rank still owes: the sum of its residuals over that value. Over calls the
@@ -138,29 +131,36 @@ class grid_allreduce_plan
   /// After a re-plan (a new plan starts with zero residuals), adding the old plan's
   /// mass to the next contribution keeps that gradient mass.
   void add_residual_mass(std::span<value_type> into) const {
-    if (into.size() != state_.count)
+    if (into.size() != count_)
       qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan::add_residual_mass: {} values for {}",
-                                 into.size(), state_.count);
+                                 into.size(), count_);
     if constexpr (Q::keeps_residual) {
-      const std::vector<value_type>& residual = state_.residual[state_.committed];
-      for (const algorithms::grid_op& op : state_.ops)
-        if (op.kind == algorithms::grid_op_kind::encode_send || op.kind == algorithms::grid_op_kind::finish_leaf)
-          for (std::size_t i = 0; i < op.values.size; ++i)
-            into[op.values.offset + i] += residual[op.residual_offset + i];
+      const std::span<const value_type> residual = state_.committed_residual();
+      for (const algorithms::schedule_step& s : state_.schedule.steps)
+        if (s.verb == algorithms::step_verb::encode)
+          for (std::size_t i = 0; i < s.values.size; ++i) into[s.values.offset + i] += residual[s.residual_offset + i];
     }
   }
 
-  /// Forgets every residual (say, after the model was reloaded).
-  void reset_residuals() {
-    this->require_idle("reset_residuals");
-    for (auto& r : state_.residual) std::fill(r.begin(), r.end(), value_type{});
-    this->forget_last_call();
+  // ---- what a communicator uses (allreduce_plan) ----
+
+  /// Ranks that run different plans disagree on the first message.
+  std::uint32_t header_root() const noexcept { return fingerprint_; }
+  /// A rank the plan excludes takes no part: it is told why (without aborting the
+  /// communicator), and nobody waits for it.
+  void refuse_if_excluded(const group_view& group) const {
+    if (rank_ == group.rank && size_ == group.size && !included_)
+      qcoll::detail::throw_error(errc::invalid_argument, "qcoll grid allreduce on rank {} of {}: {}", group.rank,
+                                 group.size, exclusion_);
+  }
+  /// Fails the call when the plan was made for another rank or size.
+  template <transport Transport>
+  void check(algorithms::primitives<Transport>& step, const group_view& group) const {
+    if (rank_ != group.rank || size_ != group.size)
+      step.fail(errc::invalid_argument, "the plan was made for rank {} of {}", rank_, size_);
   }
 
  private:
-  template <transport Transport, ring_topology Topology>
-  friend class communicator;
-
   static constexpr rank_t npos = std::numeric_limits<rank_t>::max();
 
   static std::vector<rank_t> map_ranks(const topologies::reduction_plan& plan, rank_t size,
@@ -193,7 +193,16 @@ class grid_allreduce_plan
     }
     return node_of_rank;
   }
+
+  rank_t rank_ = 0;
+  rank_t size_ = 1;
+  std::size_t count_ = 0;
+  rank_t node_ = 0;
+  bool included_ = false;
+  std::string exclusion_;  // why not, when not included
+  std::uint32_t fingerprint_ = 0;
 };
+static_assert(allreduce_plan<grid_allreduce_plan<quantizers::identity<float>>, archetypes::transport>);
 
 template <class Communicator, class Q>
 grid_allreduce_plan(const Communicator&, const topologies::reduction_plan&, std::size_t, Q,

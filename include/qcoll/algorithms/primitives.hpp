@@ -84,6 +84,13 @@ class primitives {
   /// Waits for a posted receive and checks that it carries this call's header.
   void complete_recv(request& r, rank_t from, std::size_t bytes) { finish_recv(r, from, bytes); }
 
+  /// After a failure: makes sure every rank hears of it, then takes back whatever
+  /// is still posted, so the requests and their buffers are free again.
+  void abandon(std::span<request> requests, const std::system_error& failure) {
+    if (!transport_.failure().code) transport_.abort(failure.code(), failure.what());
+    for (request& r : requests) transport_.wait(r, clock::now());
+  }
+
   rank_t rank() const noexcept { return transport_.rank(); }
   const transports::message_header& header() const noexcept { return header_; }
 

@@ -20,8 +20,9 @@ class progress_thread;
 class pending_operation {
  public:
   /// Runs the collective on the progress thread; returns its outcome and, on
-  /// failure, the message that names what went wrong.
-  using runner = std::error_code (*)(void* context, pending_operation& self, std::string& message) noexcept;
+  /// failure, the message that names what went wrong. `context` and `subject` are
+  /// what submit() was given (say, a communicator and the plan it runs).
+  using runner = std::error_code (*)(void* context, void* subject, std::string& message) noexcept;
 
   pending_operation() = default;
   pending_operation(const pending_operation&) = delete;
@@ -41,6 +42,7 @@ class pending_operation {
 
   runner run_ = nullptr;
   void* context_ = nullptr;
+  void* subject_ = nullptr;
   progress_thread* owner_ = nullptr;  // valid while in flight: a communicator drains before it goes
   pending_operation* next_ = nullptr;
   std::atomic<bool> done_{false};
@@ -65,12 +67,13 @@ class progress_thread {
     if (thread_.joinable()) thread_.join();
   }
 
-  /// Queues `op`; `run(context, op, message)` runs it on the progress thread. The thread
-  /// starts with the first submission. `op` must not be in flight.
-  void submit(pending_operation& op, pending_operation::runner run, void* context) {
+  /// Queues `op`; `run(context, subject, message)` runs it on the progress thread.
+  /// The thread starts with the first submission. `op` must not be in flight.
+  void submit(pending_operation& op, pending_operation::runner run, void* context, void* subject) {
     std::lock_guard lock(mutex_);
     op.run_ = run;
     op.context_ = context;
+    op.subject_ = subject;
     op.owner_ = this;
     op.next_ = nullptr;
     op.result_ = {};
@@ -106,7 +109,7 @@ class progress_thread {
       busy_ = true;
       lock.unlock();
       std::string message;
-      const std::error_code result = op.run_(op.context_, op, message);
+      const std::error_code result = op.run_(op.context_, op.subject_, message);
       lock.lock();
       op.result_ = result;
       op.message_ = std::move(message);

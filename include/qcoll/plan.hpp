@@ -1,0 +1,206 @@
+#pragma once
+/// @file
+/// Plans: the caller-owned objects a communicator runs a quantized collective with.
+/// A plan is made once per buffer; it owns the residuals (error feedback), the frame
+/// buffers, its requests and its compiled schedule, and it is the handle of a call
+/// started without waiting.
+///
+/// - `allreduce_plan<P, Transport>` is the contract: what communicator::allreduce(plan, …)
+///   and start_allreduce need of a plan. A communicator runs any model of it without
+///   knowing its type, so a new plan touches no line of communicator.hpp.
+/// - `plan_handle<Q>` is what both of qcoll's plans share, and what a new quantized
+///   plan derives from: it runs the plan's quantized_schedule, commits or rolls back
+///   the residuals, and is the handle users wait on. A derived plan compiles its
+///   schedule, checks it against a communicator and says what its header carries.
+
+#include <qcoll/algorithms/primitives.hpp>
+#include <qcoll/algorithms/quantized_schedule.hpp>
+#include <qcoll/core/archetypes.hpp>
+#include <qcoll/core/concepts.hpp>
+#include <qcoll/core/error.hpp>
+#include <qcoll/core/types.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/detail/progress_thread.hpp>
+#include <qcoll/detail/request_storage.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace qcoll {
+
+/// What a plan is checked against when a communicator runs it.
+struct group_view {
+  rank_t rank = 0;
+  rank_t size = 1;
+  std::span<const rank_t> ring_order;  ///< the topology's ring
+  bool fully_linked = true;            ///< every pair of ranks is linked
+};
+
+/// The arguments of a call started without waiting, kept by the plan until it runs.
+template <element T>
+struct plan_call {
+  std::span<const T> in;
+  std::span<T> out;
+  reduce_op op = reduce_op::sum;
+};
+
+/// What a communicator needs of a plan. The communicator numbers the call (its
+/// message header carries `header_root()`, so ranks running different plans
+/// disagree on the first message), runs the checks every plan shares (sizes,
+/// overlap, sum or avg, `count()`), then the plan's own: `refuse_if_excluded`
+/// throws for a rank that takes no part, without aborting; `check` fails the call
+/// (through the primitives, aborting) when the plan was made for another rank, size
+/// or topology. `run` is the call itself: it leaves the plan as it was if it fails,
+/// and commits on success. `queue_call` records a started call and hands the
+/// progress thread its queue entry; `queued_call` gives the arguments back.
+template <class P, class Transport>
+concept allreduce_plan =
+    transport<Transport> &&
+    requires(P& plan, const P& cplan, const group_view& group, algorithms::primitives<Transport>& step,
+             std::span<const typename P::value_type> in, std::span<typename P::value_type> out, reduce_op op,
+             const char* what) {
+      requires element<typename P::value_type>;
+      { P::collective_kind } -> std::convertible_to<collective>;
+      { cplan.count() } -> std::same_as<std::size_t>;
+      { cplan.header_root() } -> std::same_as<std::uint32_t>;
+      { cplan.refuse_if_excluded(group) } -> std::same_as<void>;
+      { cplan.check(step, group) } -> std::same_as<void>;
+      { plan.run(step, in, out, op) } -> std::same_as<void>;
+      { cplan.require_idle(what) } -> std::same_as<void>;
+      { plan.queue_call(in, out, op) } -> std::same_as<detail::pending_operation&>;
+      { cplan.queued_call() } -> std::same_as<plan_call<typename P::value_type>>;
+    };
+
+/// The part every quantized plan shares: its state (quantizer, schedule, residuals,
+/// frame buffers), its requests, the commit and roll-back of residuals, and the
+/// handle of a call started with communicator::start_allreduce.
+template <quantizer Q>
+class plan_handle : private detail::pending_operation {
+ public:
+  using quantizer_type = Q;
+  using value_type = typename Q::value_type;
+
+  plan_handle(const plan_handle&) = delete;
+  plan_handle& operator=(const plan_handle&) = delete;
+
+  /// Plans move (so one per layer fits in a std::vector) while no call is in flight.
+  /// @throws qcoll::error (invalid_argument) when one is.
+  plan_handle(plan_handle&& other)
+      : state_((other.require_idle("move"), std::move(other.state_))),
+        requests_(std::move(other.requests_)),
+        name_(other.name_),
+        can_roll_back_(other.can_roll_back_) {}
+  plan_handle& operator=(plan_handle&& other) {
+    require_idle("move");
+    other.require_idle("move");
+    state_ = std::move(other.state_);
+    requests_ = std::move(other.requests_);
+    can_roll_back_ = other.can_roll_back_;
+    return *this;
+  }
+
+  const Q& quantizer() const noexcept { return state_.quantizer; }
+  /// What the last call moved, as counted while it ran (a failed one: until it failed).
+  const call_statistics& last_call() const noexcept { return state_.last_call; }
+
+  /// Puts the residuals back as they were before the last successful call, once.
+  /// A failure can reach ranks at different points: a rank that already had every
+  /// frame it needed completes while another fails. To repeat the step everywhere,
+  /// the ranks whose call succeeded roll it back (the failed ones kept their
+  /// residuals), then all call again on a new communicator.
+  /// @par Errors
+  /// qcoll::error (invalid_argument) when there is no call to roll back (none
+  /// yet, already rolled back, or reset since) or the plan is in flight.
+  void roll_back_last_call() {
+    require_idle("roll_back_last_call");
+    if (!can_roll_back_)
+      detail::throw_error(errc::invalid_argument, "{}::roll_back_last_call: no successful call to roll back", name_);
+    // The previous residuals are intact in the staging buffers until the next call.
+    state_.committed = 1 - state_.committed;
+    --state_.calls;
+    can_roll_back_ = false;
+  }
+
+  /// Forgets every residual (say, after the model was reloaded).
+  void reset_residuals() {
+    require_idle("reset_residuals");
+    for (auto& r : state_.residual) std::fill(r.begin(), r.end(), value_type{});
+    can_roll_back_ = false;
+  }
+
+  // ---- the handle of a call started with communicator::start_allreduce ----
+
+  /// True from start_allreduce until the call has finished (successfully or not).
+  bool in_flight() const noexcept { return pending_operation::in_flight(); }
+  /// True once the started call has finished; wait() then returns at once.
+  bool test() const noexcept { return !in_flight(); }
+  /// Blocks until the started call has finished; throws qcoll::error if it failed.
+  /// Every step of the call has the communicator's timeout, so this returns.
+  void wait() {
+    std::string message;
+    if (const std::error_code failure = wait_done(message)) throw error(failure, message);
+  }
+  void wait(std::error_code& ec) noexcept {
+    std::string message;
+    ec = wait_done(message);
+  }
+
+  // ---- what a communicator uses (allreduce_plan) ----
+
+  /// @throws qcoll::error (invalid_argument) when a call is in flight.
+  void require_idle(const char* what) const {
+    if (in_flight())
+      detail::throw_error(errc::invalid_argument, "{}::{}: the plan is in flight; wait() for it first", name_, what);
+  }
+
+  /// Runs one call of the schedule. On failure every rank hears of it (the
+  /// communicator is aborted), the requests still posted are taken back, and the
+  /// residuals stay as they were; on success the staged residuals become the
+  /// committed ones.
+  template <transport Transport>
+  void run(algorithms::primitives<Transport>& step, std::span<const value_type> in, std::span<value_type> out,
+           reduce_op op) {
+    const std::span<typename Transport::request> requests =
+        requests_.template get<typename Transport::request>(state_.schedule.requests);
+    can_roll_back_ = false;  // the staging residuals are about to be overwritten
+    try {
+      algorithms::run_schedule(step, state_, requests, in, out, op);
+    } catch (const std::system_error& e) {
+      step.abandon(requests, e);
+      throw;
+    }
+    state_.committed = 1 - state_.committed;
+    ++state_.calls;
+    can_roll_back_ = true;
+  }
+
+  detail::pending_operation& queue_call(std::span<const value_type> in, std::span<value_type> out, reduce_op op) {
+    queued_ = {in, out, op};
+    return *this;
+  }
+  plan_call<value_type> queued_call() const noexcept { return queued_; }
+
+ protected:
+  explicit plan_handle(const char* name) : name_(name) {}
+  /// Waits for a call still in flight (its buffers and this state are in use).
+  ~plan_handle() {
+    std::string ignored;
+    if (in_flight()) wait_done(ignored);
+  }
+
+  algorithms::quantized_state<Q> state_;
+
+ private:
+  detail::request_storage requests_;
+  const char* name_;
+  bool can_roll_back_ = false;
+  plan_call<value_type> queued_{};  // read by the progress thread
+};
+
+}  // namespace qcoll
