@@ -17,7 +17,7 @@
 
 int main() try {
   return qcoll::rendezvous::join_from_environment([](auto transport) {
-    qcoll::communicator comm(std::move(transport));  // ring over this job's ranks
+    qcoll::communicator comm(std::move(transport));  // fully connected over this job's ranks (the default)
     const qcoll::rank_t n = comm.size(), r = comm.rank();
 
     std::vector<float> gradient(1 << 20, float(r + 1));  // rank r contributes r + 1

@@ -40,7 +40,10 @@ struct k_level_options {
   unsigned levels = 16;
   std::size_t group_size = 2048;  ///< a multiple of 8, at most 2^24
   quantizers::rounding rounding = rounding::nearest;
-  std::uint64_t seed = 0;  ///< for stochastic rounding; use a different one on each rank
+  /// Keys stochastic rounding. Not written into frames and not used to decode, so it
+  /// is the one setting that may differ between ranks, and should: a seed per rank
+  /// keeps their rounding errors independent. Every other setting must match.
+  std::uint64_t seed = 0;
 
   static constexpr k_level_options with_bits(unsigned bits) noexcept {
     k_level_options options;
