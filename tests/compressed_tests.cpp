@@ -107,10 +107,10 @@ std::vector<rank_record<typename Q::value_type>> run_calls(
     };
     test::counting_transport counted(std::move(endpoint));
     if (settings.route == route_kind::direct) {
-      communicator<test::counting_transport, topologies::fully_connected> comm(std::move(counted));
+      communicator<test::counting_transport> comm(std::move(counted));
       body(comm);
     } else {
-      communicator<test::counting_transport, topologies::ring> comm(std::move(counted),
+      communicator<test::counting_transport> comm(std::move(counted),
                                                                     topologies::ring(ring_order(settings.route, n)));
       body(comm);
     }
@@ -536,7 +536,7 @@ world_outcome call_once(std::vector<std::unique_ptr<plan_type>>& plans, const To
                         std::vector<std::size_t>(n)};
   auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
     const rank_t r = endpoint.rank();
-    communicator<test::counting_transport, Topology> comm(test::counting_transport(std::move(endpoint)), topology,
+    communicator<test::counting_transport> comm(test::counting_transport(std::move(endpoint)), topology,
                                                           {.timeout = std::chrono::seconds(10)});
     if (r == victim) comm.transport().fail_after_sends(fail_at);
     outcome.outputs[r].resize(inputs[r].size());

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// communicator<Transport, Topology>: a rank's handle on a group of ranks, and the
-/// exact (uncompressed) collectives over it.
+/// communicator<Transport>: a rank's handle on a group of ranks, and the exact
+/// (uncompressed) collectives over it. The topology is runtime data
+/// (topologies::graph): any ring topology converts to one.
 ///
 /// @par Errors
 /// Every collective has a throwing form (qcoll::error) and a form that reports
@@ -27,7 +28,7 @@
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
-#include <qcoll/topologies/ring.hpp>
+#include <qcoll/topologies/graph.hpp>
 #include <qcoll/transports/message.hpp>
 
 #include <algorithm>
@@ -53,22 +54,22 @@ struct communicator_options {
 /// The default topology links every pair of ranks, as the in-process, shm and TCP
 /// transports do: exact collectives run their ring in rank order over it, and
 /// compressed ones send each stripe straight to its owner.
-template <transport Transport, ring_topology Topology = topologies::fully_connected>
+template <transport Transport>
 class communicator {
  public:
   using transport_type = Transport;
-  using topology_type = Topology;
 
-  communicator(Transport transport, Topology topology, communicator_options options = {})
+  /// Over `topology`: any ring topology (topologies::ring, fully_connected, a user's
+  /// model of ring_topology) converts to the graph kept here.
+  communicator(Transport transport, topologies::graph topology, communicator_options options = {})
       : transport_(std::move(transport)), topology_(std::move(topology)), options_(options) {
     validate();
   }
 
-  /// Over the default topology of the transport's size.
+  /// Over the default topology: fully connected, of the transport's size.
   explicit communicator(Transport transport, communicator_options options = {})
-    requires std::constructible_from<Topology, rank_t>
       // Members initialise in declaration order, so transport_ is ready here.
-      : transport_(std::move(transport)), topology_(transport_.size()), options_(options) {
+      : transport_(std::move(transport)), topology_(topologies::fully_connected(transport_.size())), options_(options) {
     validate();
   }
 
@@ -79,7 +80,7 @@ class communicator {
 
   rank_t rank() const noexcept { return transport_.rank(); }
   rank_t size() const noexcept { return transport_.size(); }
-  const Topology& topology() const noexcept { return topology_; }
+  const topologies::graph& topology() const noexcept { return topology_; }
   Transport& transport() noexcept { return transport_; }
   const communicator_options& options() const noexcept { return options_; }
 
@@ -338,15 +339,7 @@ class communicator {
 
   /// What a plan is checked against; whether every pair is linked is found once (O(n²)).
   group_view group() {
-    if (!fully_linked_) {
-      fully_linked_ = true;
-      for (rank_t a = 0; a < size() && *fully_linked_; ++a)
-        for (rank_t b = 0; b < size(); ++b)
-          if (a != b && !topology_.linked(a, b)) {
-            fully_linked_ = false;
-            break;
-          }
-    }
+    if (!fully_linked_) fully_linked_ = topology_.fully_linked();
     return {rank(), size(), topology_.ring_order(), *fully_linked_};
   }
 
@@ -429,7 +422,7 @@ class communicator {
   // Declared first: it is moved (after draining) before the transport is.
   progress_slot progress_;
   Transport transport_;
-  Topology topology_;
+  topologies::graph topology_;
   communicator_options options_;
   std::uint64_t sequence_ = 0;
   std::vector<std::byte> scratch_[2];

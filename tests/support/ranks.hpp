@@ -14,8 +14,7 @@
 
 namespace qcoll::test {
 
-template <class Topology>
-using inproc_communicator = communicator<transports::inproc::transport, Topology>;
+using inproc_communicator = communicator<transports::inproc::transport>;
 
 /// What each rank's function threw (null where it returned).
 struct rank_outcomes {
@@ -49,7 +48,7 @@ rank_outcomes run_ranks(std::size_t n, Fn fn, communicator_options options = {},
                           return Topology(size);
                         }) {
   return {transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
-    inproc_communicator<Topology> comm(std::move(endpoint), make_topology(n), options);
+    inproc_communicator comm(std::move(endpoint), make_topology(n), options);
     fn(comm);
   })};
 }

@@ -47,7 +47,9 @@ concept quantizer = requires(const Q& q, std::size_t n, std::span<const typename
 
 /// How bytes move between ranks: post a send or a receive into a caller-owned
 /// request, then test or wait for it with a deadline. Requests must not move while
-/// posted; destroying a posted one cancels it. Messages between a pair of ranks with
+/// posted; destroying a posted one cancels it. Once wait() has returned for a
+/// request, it no longer refers to its transport and may outlive it (plans keep
+/// their requests from call to call, across communicators). Messages between a pair of ranks with
 /// the same tag arrive in the order they were sent.
 template <class T>
 concept transport = requires(T& t, const T& ct, typename T::request& request, rank_t peer,

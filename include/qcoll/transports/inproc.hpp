@@ -215,7 +215,10 @@ class transport {
     std::unique_lock lock(state_->mutex);
     if (r.state_ == request::state::idle) return make_error_code(errc::invalid_argument);
     for (;;) {
-      if (r.state_ == request::state::done) return r.result_;
+      if (r.state_ == request::state::done) {
+        r.world_ = nullptr;  // finished: it may now outlive the world
+        return r.result_;
+      }
       if (r.state_ == request::state::queued) {
         std::error_code reason = state_->blocked_reason(r);
         if (!reason && clock::now() >= until) reason = make_error_code(errc::timeout);
@@ -223,6 +226,7 @@ class transport {
           detail::world_state::unlink(state_->list_of(r), r);
           r.state_ = request::state::done;
           r.result_ = reason;
+          r.world_ = nullptr;
           return reason;
         }
       }

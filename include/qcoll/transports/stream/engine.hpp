@@ -660,7 +660,8 @@ class endpoint {
 };
 
 inline request::~request() {
-  if (engine_) engine_->withdraw(*this, make_error_code(errc::aborted));
+  // A finished request no longer involves its engine, which may be gone by now.
+  if (engine_ && state_ != state::done && state_ != state::idle) engine_->withdraw(*this, make_error_code(errc::aborted));
 }
 
 }  // namespace qcoll::transports::stream
