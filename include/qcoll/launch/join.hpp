@@ -3,18 +3,22 @@
 /// From the environment to a connected transport in one call:
 ///
 ///     int main() {
-///       return qcoll::rendezvous::join_from_environment([](auto transport) {
+///       return qcoll::launch::join_from_environment([](auto transport) {
 ///         qcoll::communicator comm(std::move(transport));
 ///         …
 ///         return 0;
 ///       });
 ///     }
 ///
-/// Works unchanged under qcoll-run, torchrun and mpirun (see environment.hpp). Rank 0
+/// Works unchanged under qcoll-run, torchrun and mpirun (see rendezvous/environment.hpp). Rank 0
 /// serves the job's key-value store for the duration of the join; the transport is
 /// shm when every rank is on this host and tcp otherwise, unless QCOLL_TRANSPORT says.
 /// `fn` is instantiated for both transports, so it is usually a generic lambda, and
 /// both instantiations must return the same type.
+///
+/// This folder sits above rendezvous/ and transports/: it is the one place that picks
+/// the concrete store (rendezvous/tcp_store.hpp) and the transports, so rendezvous/
+/// never includes transports/ and the transports depend only on the store concept.
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
@@ -27,22 +31,23 @@
 #include <string_view>
 #include <utility>
 
-namespace qcoll::rendezvous {
+namespace qcoll::launch {
 
+/// Options passed to the transport the join picks.
 struct join_options {
   transports::shm::options shm{};
   transports::tcp::options tcp{};
 };
 
 /// The transport a job uses: what it asked for, else shm when all ranks are local.
-inline transport_kind resolve_transport(const job& j) {
-  if (j.transport == transport_kind::shm && !j.all_local())
+inline rendezvous::transport_kind resolve_transport(const rendezvous::job& j) {
+  if (j.transport == rendezvous::transport_kind::shm && !j.all_local())
     qcoll::detail::throw_error(errc::invalid_argument,
                                "rendezvous: the shm transport needs every rank on one host, but only {} of {} are "
                                "local; use QCOLL_TRANSPORT=tcp",
                                j.local_size, j.size);
-  if (j.transport != transport_kind::automatic) return j.transport;
-  return j.all_local() ? transport_kind::shm : transport_kind::tcp;
+  if (j.transport != rendezvous::transport_kind::automatic) return j.transport;
+  return j.all_local() ? rendezvous::transport_kind::shm : rendezvous::transport_kind::tcp;
 }
 
 /// Joins the job `j` describes and calls fn(transport) with the connected transport.
@@ -51,19 +56,19 @@ inline transport_kind resolve_transport(const job& j) {
 /// qcoll::error from the store, the transport's join, or ranks that disagree on the
 /// transport; every wait is bounded by j.timeout.
 template <class Fn>
-decltype(auto) join(const job& j, Fn&& fn, const join_options& opts = {}) {
+decltype(auto) join(const rendezvous::job& j, Fn&& fn, const join_options& opts = {}) {
   const deadline until = clock::now() + j.timeout;
-  std::optional<store_server> server;
+  std::optional<rendezvous::store_server> server;
   if (j.rank == 0) server.emplace(j);
-  store_client store(j, until);
+  rendezvous::store_client store(j, until);
 
   // Ranks told different transports would otherwise wait for each other in vain.
-  const transport_kind kind = resolve_transport(j);
+  const rendezvous::transport_kind kind = resolve_transport(j);
   if (j.rank == 0) {
-    store.set("qcoll/transport", to_string(kind));
-  } else if (const std::string chosen = store.get("qcoll/transport", until); chosen != to_string(kind)) {
+    store.set("qcoll/transport", rendezvous::to_string(kind));
+  } else if (const std::string chosen = store.get("qcoll/transport", until); chosen != rendezvous::to_string(kind)) {
     qcoll::detail::throw_error(errc::invalid_argument, "rendezvous: rank 0 uses the {} transport but rank {} was told {}",
-                               chosen, j.rank, to_string(kind));
+                               chosen, j.rank, rendezvous::to_string(kind));
   }
 
   // Rank 0 keeps the store up until every rank is through with it.
@@ -74,7 +79,7 @@ decltype(auto) join(const job& j, Fn&& fn, const join_options& opts = {}) {
       server.reset();
     }
   };
-  if (kind == transport_kind::shm) {
+  if (kind == rendezvous::transport_kind::shm) {
     auto transport = transports::shm::transport::join(j, store, opts.shm);
     finish_rendezvous();
     return std::forward<Fn>(fn)(std::move(transport));
@@ -87,7 +92,7 @@ decltype(auto) join(const job& j, Fn&& fn, const join_options& opts = {}) {
 /// join(job_from_environment(), fn, opts).
 template <class Fn>
 decltype(auto) join_from_environment(Fn&& fn, const join_options& opts = {}) {
-  return join(job_from_environment(), std::forward<Fn>(fn), opts);
+  return join(rendezvous::job_from_environment(), std::forward<Fn>(fn), opts);
 }
 
-}  // namespace qcoll::rendezvous
+}  // namespace qcoll::launch
