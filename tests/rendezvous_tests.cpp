@@ -9,6 +9,9 @@
 #include <qcoll/detail/log.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake.hpp>
+#include <qcoll/rendezvous/handshake_async_server.hpp>
+#include <qcoll/rendezvous/handshake_client.hpp>
+#include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/hmac.hpp>
 #include <qcoll/rendezvous/store.hpp>
 

@@ -33,6 +33,9 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake.hpp>
+#include <qcoll/rendezvous/handshake_async_server.hpp>
+#include <qcoll/rendezvous/handshake_client.hpp>
+#include <qcoll/rendezvous/socket_io.hpp>
 #include <qcoll/core/types.hpp>
 
 #include <boost/asio.hpp>

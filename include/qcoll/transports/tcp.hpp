@@ -23,7 +23,8 @@
 #include <qcoll/detail/log.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/rendezvous/environment.hpp>
-#include <qcoll/rendezvous/handshake.hpp>
+#include <qcoll/rendezvous/handshake_client.hpp>
+#include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
