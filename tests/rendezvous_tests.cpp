@@ -13,7 +13,7 @@
 #include <qcoll/rendezvous/handshake_client.hpp>
 #include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/hmac.hpp>
-#include <qcoll/rendezvous/store.hpp>
+#include <qcoll/rendezvous/tcp_store.hpp>
 
 #include <boost/asio.hpp>
 

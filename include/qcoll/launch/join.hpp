@@ -23,7 +23,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/rendezvous/environment.hpp>
-#include <qcoll/rendezvous/store.hpp>
+#include <qcoll/rendezvous/tcp_store.hpp>
 #include <qcoll/transports/shm.hpp>
 #include <qcoll/transports/tcp.hpp>
 
