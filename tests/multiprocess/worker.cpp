@@ -600,6 +600,8 @@ void knock_with_bad_credentials(const rendezvous::job& job) {
   asio::io_context io;
   const deadline until = clock::now() + job.timeout;
   rendezvous::store_client store(job, until);
+  // Rank 0 opens its data port once every rank has stated its transport.
+  launch::agree_on_transport(job, store, until);
   const std::string address = store.get("qcoll/tcp/address/0", until);
   const auto colon = address.rfind(':');
   const asio::ip::tcp::endpoint data_port(asio::ip::make_address(address.substr(0, colon)),
