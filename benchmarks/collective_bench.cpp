@@ -40,7 +40,7 @@
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
-#include <qcoll/rendezvous/join.hpp>
+#include <qcoll/launch/join.hpp>
 #include <qcoll/transports/inproc.hpp>
 #include <qcoll/version.hpp>
 
@@ -473,7 +473,7 @@ int run_threads(const collective_options& o) {
 
 int run_job(const collective_options& o) {
   const qcoll::rendezvous::job job = qcoll::rendezvous::job_from_environment();
-  qcoll::rendezvous::join_options join;
+  qcoll::launch::join_options join;
   std::string knobs;
   if (o.spin_us >= 0) {
     join.shm.engine.spin = join.tcp.engine.spin = std::chrono::microseconds(o.spin_us);
@@ -487,11 +487,11 @@ int run_job(const collective_options& o) {
     join.tcp.socket_buffer_bytes = o.tcp_buffer_bytes;
     knobs += fmt::format(" tcp socket buffers {} B", o.tcp_buffer_bytes);
   }
-  const run_context ctx{std::string(qcoll::rendezvous::to_string(qcoll::rendezvous::resolve_transport(job))),
+  const run_context ctx{std::string(qcoll::rendezvous::to_string(qcoll::launch::resolve_transport(job))),
                         knobs.empty() ? knobs : knobs.substr(1), link_from_environment(), make_variants(o)};
   if (o.link_column == 1 && ctx.link.bits_per_s <= 0)
     throw std::invalid_argument("-L 1 needs QCOLL_NETLAB_RATE (the link rate in bit/s)");
-  const bool right = qcoll::rendezvous::join(
+  const bool right = qcoll::launch::join(
       job,
       [&](auto transport) {
         qcoll::communicator comm(std::move(transport), qcoll::communicator_options{job.timeout});

@@ -18,7 +18,7 @@
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
-#include <qcoll/rendezvous/join.hpp>
+#include <qcoll/launch/join.hpp>
 
 #include <fmt/format.h>
 
@@ -509,7 +509,7 @@ int train_and_compare(Communicator& comm, const settings& s, std::string_view tr
 
 int main(int argc, char** argv) try {
   const settings s = parse(argc, argv);
-  return qcoll::rendezvous::join_from_environment([&](auto transport) {
+  return qcoll::launch::join_from_environment([&](auto transport) {
     constexpr bool shared_memory = std::is_same_v<decltype(transport), qcoll::transports::shm::transport>;
     qcoll::communicator comm(std::move(transport));
     return train_and_compare(comm, s, shared_memory ? "shm" : "tcp");

@@ -8,7 +8,7 @@
 //   torchrun --nproc-per-node 4 --no-python multiprocess_allreduce
 
 #include <qcoll/communicator.hpp>
-#include <qcoll/rendezvous/join.hpp>
+#include <qcoll/launch/join.hpp>
 
 #include <fmt/format.h>
 
@@ -16,7 +16,7 @@
 #include <vector>
 
 int main() try {
-  return qcoll::rendezvous::join_from_environment([](auto transport) {
+  return qcoll::launch::join_from_environment([](auto transport) {
     qcoll::communicator comm(std::move(transport));  // fully connected over this job's ranks (the default)
     const qcoll::rank_t n = comm.size(), r = comm.rank();
 

@@ -1,16 +1,21 @@
 // The rendezvous layer: SHA-256 and HMAC against the published vectors, the job
 // description from each launcher's environment, the authenticated handshake against
-// honest, misconfigured and hostile peers, and the key-value store rank 0 serves.
+// honest, misconfigured and hostile peers, the key-value store rank 0 serves, and
+// launch::join's agreement on the transport.
 // Ranks are threads here; no Boost.Test assertion runs off the main thread.
 
 #define BOOST_TEST_MODULE qcoll transports
 #include <boost/test/unit_test.hpp>
 
 #include <qcoll/detail/log.hpp>
+#include <qcoll/launch/join.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake.hpp>
+#include <qcoll/rendezvous/handshake_async_server.hpp>
+#include <qcoll/rendezvous/handshake_client.hpp>
+#include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/hmac.hpp>
-#include <qcoll/rendezvous/store.hpp>
+#include <qcoll/rendezvous/tcp_store.hpp>
 
 #include <boost/asio.hpp>
 
@@ -25,6 +30,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <fcntl.h>
@@ -1155,6 +1161,84 @@ BOOST_AUTO_TEST_CASE(a_taken_port_is_a_clear_error) {
   elsewhere.store_host = "203.0.113.77";  // TEST-NET-3: not an address of this host
   check_error(capture([&] { store_server server(elsewhere); }), errc::invalid_argument,
               {"203.0.113.77", "not an address of this host"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+/// A port nobody listens on right now, for a store that rank 0 of a threaded job serves.
+std::uint16_t free_port() {
+  boost::asio::io_context io;
+  tcp::acceptor probe(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  return probe.local_endpoint().port();
+}
+
+/// launch::join on one thread per rank; `configure` adjusts rank r's job. Returns each
+/// rank's outcome, its transport's name ("shm"/"tcp") when it joined, and when it returned.
+struct join_outcome {
+  std::vector<outcome> errors;
+  std::vector<std::string> joined;
+  std::vector<long long> ms;
+};
+
+template <class Configure>
+join_outcome join_threads(rank_t n, std::string_view job_id, Configure configure) {
+  const std::uint16_t port = free_port();
+  const std::string id = fmt::format("{}-{}", job_id, ::getpid());  // no clash with a concurrent run
+  join_outcome result{std::vector<outcome>(n), std::vector<std::string>(n), std::vector<long long>(n)};
+  const auto start = clock::now();
+  std::vector<std::thread> ranks;
+  for (rank_t r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      job j = test_job(r, n, "s3cret", id, port);
+      j.local_size = n;
+      configure(j);
+      result.errors[r] = capture([&] {
+        result.joined[r] = launch::join(j, [](auto transport) {
+          return std::string(std::is_same_v<decltype(transport), transports::shm::transport> ? "shm" : "tcp");
+        });
+      });
+      result.ms[r] = ms_since(start);
+    });
+  for (auto& rank : ranks) rank.join();
+  return result;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(join)
+
+BOOST_AUTO_TEST_CASE(ranks_that_agree_join_the_transport_they_chose) {
+  for (const transport_kind kind : {transport_kind::automatic, transport_kind::shm, transport_kind::tcp}) {
+    const auto o = join_threads(3, "agreeing-ranks", [&](job& j) { j.transport = kind; });
+    for (rank_t r = 0; r < 3; ++r) {
+      BOOST_TEST_INFO("rank " << r << ", told " << to_string(kind));
+      BOOST_TEST(!o.errors[r].threw, o.errors[r].message);
+      BOOST_TEST(o.joined[r] == (kind == transport_kind::tcp ? "tcp" : "shm"));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ranks_told_different_transports_all_fail_at_once_naming_both) {
+  // Rank 1 is told otherwise than ranks 0 and 2, with rank 0 on either side. The setup
+  // deadline is 60 s; every rank must fail long before it, not only the odd one out.
+  for (const transport_kind rank0 : {transport_kind::shm, transport_kind::tcp}) {
+    const transport_kind odd = rank0 == transport_kind::shm ? transport_kind::tcp : transport_kind::shm;
+    const auto o = join_threads(3, "mixed-transports", [&](job& j) {
+      j.timeout = 60s;
+      j.transport = j.rank == 1 ? odd : rank0;
+    });
+    for (rank_t r = 0; r < 3; ++r) {
+      BOOST_TEST_INFO("rank " << r << ", rank 0 told " << to_string(rank0) << ", failed after " << o.ms[r] << " ms");
+      check_error(o.errors[r], errc::invalid_argument,
+                  {"different transports", fmt::format("{} on ranks 0, 2", to_string(rank0)),
+                   fmt::format("{} on rank 1", to_string(odd)), "QCOLL_TRANSPORT"});
+      BOOST_TEST(o.ms[r] < 15000);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -10,7 +10,7 @@
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
-#include <qcoll/rendezvous/join.hpp>
+#include <qcoll/launch/join.hpp>
 #include <qcoll/topologies/grid.hpp>
 #include <qcoll/topologies/planner.hpp>
 #include <qcoll/topologies/ring.hpp>
@@ -600,6 +600,8 @@ void knock_with_bad_credentials(const rendezvous::job& job) {
   asio::io_context io;
   const deadline until = clock::now() + job.timeout;
   rendezvous::store_client store(job, until);
+  // Rank 0 opens its data port once every rank has stated its transport.
+  launch::agree_on_transport(job, store, until);
   const std::string address = store.get("qcoll/tcp/address/0", until);
   const auto colon = address.rfind(':');
   const asio::ip::tcp::endpoint data_port(asio::ip::make_address(address.substr(0, colon)),
@@ -635,7 +637,7 @@ int main(int argc, char** argv) try {
     // The last rank has the wrong secret: it is refused, the others time out naming it.
     if (job.rank == job.size - 1) job.secret = "wrong";
     try {
-      rendezvous::join(job, [](auto) { return 0; });
+      launch::join(job, [](auto) { return 0; });
     } catch (const qcoll::error& e) {
       fmt::print("rank {}: join failed as expected ({}): {}\n", job.rank, e.code().message(), e.what());
       return 0;
@@ -644,11 +646,11 @@ int main(int argc, char** argv) try {
   }
   if (scenario == "intruders") {
     if (job.rank == job.size - 1 && job.size > 1) knock_with_bad_credentials(job);
-    return rendezvous::join(job, [&](auto transport) {
+    return launch::join(job, [&](auto transport) {
       return run("collectives", std::move(transport), job.timeout, 1 << 16);
     });
   }
-  return rendezvous::join(job, [&](auto transport) { return run(scenario, std::move(transport), job.timeout, max_bytes); });
+  return launch::join(job, [&](auto transport) { return run(scenario, std::move(transport), job.timeout, max_bytes); });
 } catch (const std::exception& e) {
   fail(e.what());
 }

@@ -1,6 +1,10 @@
 #pragma once
 /// @file
-/// The authenticated hello every qcoll TCP connection starts with (store and data).
+/// The authenticated hello every qcoll TCP connection starts with (store and data): the
+/// protocol alone, as logic over bytes, with no socket in sight. The I/O is elsewhere:
+/// handshake_client.hpp (introduce, the client), handshake_server.hpp (admit, a
+/// blocking server) and handshake_async_server.hpp (async_admit, for an Asio server),
+/// all three over the deadline-bounded socket I/O of socket_io.hpp.
 ///
 /// Protocol, version 1. All integers little-endian; every frame has a fixed size, so no
 /// side ever allocates or reads a length the peer chose.
@@ -46,35 +50,24 @@
 /// always read a newer peer's hello in full and report the version mismatch.
 
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/detail/check.hpp>
-#include <qcoll/detail/little_endian.hpp>
 #include <qcoll/core/error.hpp>
+#include <qcoll/core/types.hpp>
+#include <qcoll/detail/little_endian.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/hmac.hpp>
-#include <qcoll/core/types.hpp>
 
-#include <boost/asio.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <exception>
-#include <functional>
-#include <limits>
-#include <memory>
 #include <optional>
 #include <random>
 #include <span>
 #include <string>
 #include <string_view>
-#include <utility>
-
-#include <poll.h>
 
 namespace qcoll::rendezvous {
 
@@ -121,7 +114,6 @@ inline constexpr std::array<std::byte, 4> handshake_magic{std::byte{'Q'}, std::b
                                                          std::byte{'L'}};
 inline constexpr std::uint8_t flag_secret = 1;
 
-
 inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {
   return std::as_bytes(std::span(text.data(), text.size()));
 }
@@ -159,116 +151,7 @@ inline digest handshake_proof(std::string_view secret, std::string_view label, s
   return hmac_sha256(as_bytes(secret), message);
 }
 
-inline std::string describe(const boost::asio::ip::tcp::endpoint& endpoint) {
-  const auto address = endpoint.address();
-  return address.is_v6() ? fmt::format("[{}]:{}", address.to_string(), endpoint.port())
-                         : fmt::format("{}:{}", address.to_string(), endpoint.port());
-}
-
-/// "address:port" of the socket's peer, or "an unconnected socket".
-inline std::string describe_peer(const boost::asio::ip::tcp::socket& socket) {
-  boost::system::error_code ec;
-  const auto endpoint = socket.remote_endpoint(ec);
-  return ec ? std::string("an unconnected peer") : describe(endpoint);
-}
-
 inline qcoll::error make_error(errc code, std::string message) { return qcoll::error(make_error_code(code), message); }
-
-inline long long milliseconds_between(clock::time_point from, clock::time_point to) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
-}
-
-// ---------------------------------------------------------------------------------------
-// Blocking I/O bounded by a deadline: the socket is non-blocking, poll(2) waits.
-
-enum class io_result { done, timed_out, closed, failed };
-
-struct io_outcome {
-  io_result result = io_result::done;
-  boost::system::error_code error;
-  std::size_t transferred = 0;
-};
-
-/// Sets a socket non-blocking for the lifetime of the guard and restores it after.
-class non_blocking_scope {
- public:
-  explicit non_blocking_scope(boost::asio::ip::tcp::socket& socket) : socket_(socket), was_(socket.non_blocking()) {
-    socket_.non_blocking(true);
-  }
-  ~non_blocking_scope() {
-    boost::system::error_code ignored;
-    socket_.non_blocking(was_, ignored);
-  }
-  non_blocking_scope(const non_blocking_scope&) = delete;
-  non_blocking_scope& operator=(const non_blocking_scope&) = delete;
-
- private:
-  boost::asio::ip::tcp::socket& socket_;
-  bool was_;
-};
-
-/// Waits until the socket is ready for `events` or the deadline passes (false).
-inline bool wait_ready(int fd, short events, deadline until) {
-  for (;;) {
-    const auto now = clock::now();
-    if (now >= until) {
-      pollfd probe{fd, events, 0};  // one last look: ready now counts
-      return ::poll(&probe, 1, 0) > 0;
-    }
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
-    pollfd entry{fd, events, 0};
-    const int rc = ::poll(&entry, 1, static_cast<int>(std::min<long long>(left, std::numeric_limits<int>::max())));
-    if (rc > 0) return true;
-    if (rc < 0 && errno != EINTR) return true;  // let the next read or write report the error
-  }
-}
-
-inline bool is_closed(const boost::system::error_code& ec) noexcept {
-  namespace error = boost::asio::error;
-  return ec == error::eof || ec == error::connection_reset || ec == error::broken_pipe ||
-         ec == error::connection_aborted || ec == error::not_connected || ec == error::shut_down;
-}
-
-inline bool would_block(const boost::system::error_code& ec) noexcept {
-  return ec == boost::asio::error::would_block || ec == boost::asio::error::try_again;
-}
-
-/// Moves all of `bytes` with `step` (one read_some or write_some on the non-blocking
-/// socket), waiting for `ready` (POLLIN or POLLOUT) whenever the socket would block.
-template <class Bytes, class Step>
-io_outcome transfer_all(boost::asio::ip::tcp::socket& socket, Bytes bytes, short ready, deadline until, Step step) {
-  io_outcome outcome;
-  while (outcome.transferred < bytes.size()) {
-    boost::system::error_code ec;
-    outcome.transferred += step(boost::asio::buffer(bytes.data() + outcome.transferred,
-                                                    bytes.size() - outcome.transferred), ec);
-    if (!ec) continue;
-    if (ec == boost::asio::error::interrupted) continue;
-    if (would_block(ec)) {
-      if (!wait_ready(socket.native_handle(), ready, until)) {
-        outcome.result = io_result::timed_out;
-        return outcome;
-      }
-      continue;
-    }
-    outcome.result = is_closed(ec) ? io_result::closed : io_result::failed;
-    outcome.error = ec;
-    return outcome;
-  }
-  return outcome;
-}
-
-/// Reads exactly buffer.size() bytes (the socket must be non-blocking).
-inline io_outcome read_exact(boost::asio::ip::tcp::socket& socket, std::span<std::byte> buffer, deadline until) {
-  return transfer_all(socket, buffer, POLLIN, until,
-                      [&](auto chunk, boost::system::error_code& ec) { return socket.read_some(chunk, ec); });
-}
-
-/// Writes all of `data` (the socket must be non-blocking).
-inline io_outcome write_all(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> data, deadline until) {
-  return transfer_all(socket, data, POLLOUT, until,
-                      [&](auto chunk, boost::system::error_code& ec) { return socket.write_some(chunk, ec); });
-}
 
 // ---------------------------------------------------------------------------------------
 // The server's side as plain logic over bytes, shared by admit() and async_admit().
@@ -426,259 +309,6 @@ inline std::string refusal_reason(handshake_status status, std::uint16_t server_
   }
   return fmt::format("the peer refused with unknown status {}", static_cast<unsigned>(status));
 }
-
 }  // namespace detail
-
-/// Client side: identifies this process as `j.rank` of `j.size` on a freshly connected
-/// socket and verifies the peer is a rank of the same job (and knows its secret).
-/// @par Errors qcoll::error: errc::protocol_error (refused, with the reason the peer
-/// gave, or the peer is not a qcoll rank), errc::timeout (past `until`),
-/// errc::peer_lost (the connection closed), errc::invalid_argument (rank or size beyond u32).
-/// The socket's non-blocking mode is restored on return.
-inline void introduce(boost::asio::ip::tcp::socket& socket, const job& j, channel kind, deadline until) {
-  using namespace detail;
-  const auto started = clock::now();
-  const std::string where =
-      fmt::format("qcoll rank {}: {} handshake with {}", j.rank, to_string(kind), describe_peer(socket));
-  if (j.rank > std::numeric_limits<std::uint32_t>::max() || j.size > std::numeric_limits<std::uint32_t>::max())
-    qcoll::detail::throw_error(errc::invalid_argument, "{}: rank {} of {} does not fit the handshake's 32 bits", where,
-                               j.rank, j.size);
-  non_blocking_scope scope(socket);
-
-  const auto fail_io = [&](const io_outcome& outcome, std::string_view what) -> qcoll::error {
-    if (outcome.result == io_result::timed_out)
-      return make_error(errc::timeout, fmt::format("{}: timed out after {} ms {} (is the peer a qcoll rank of this "
-                                                   "job, and alive?)",
-                                                   where, milliseconds_between(started, clock::now()), what));
-    return make_error(errc::peer_lost, fmt::format("{}: the connection closed {}: {} (the peer may have refused us: "
-                                                   "see its log)",
-                                                   where, what, outcome.error.message()));
-  };
-
-  std::array<std::byte, hello_size> frame{};
-  std::memcpy(frame.data(), handshake_magic.data(), 4);
-  qcoll::detail::store_le<std::uint16_t>(frame.data() + 4, handshake_version);
-  frame[6] = static_cast<std::byte>(kind);
-  frame[7] = std::byte{j.secret.empty() ? std::uint8_t{0} : flag_secret};
-  const digest job_hash = sha256(j.job_id);
-  std::memcpy(frame.data() + 8, job_hash.data(), job_hash.size());
-  qcoll::detail::store_le<std::uint32_t>(frame.data() + 40, static_cast<std::uint32_t>(j.rank));
-  qcoll::detail::store_le<std::uint32_t>(frame.data() + 44, static_cast<std::uint32_t>(j.size));
-  const auto nonce = fresh_nonce();
-  std::memcpy(frame.data() + 48, nonce.data(), nonce.size());
-  if (auto sent = write_all(socket, frame, until); sent.result != io_result::done) throw fail_io(sent, "sending the hello");
-
-  std::array<std::byte, reply_size> reply{};
-  if (auto got = read_exact(socket, reply, until); got.result != io_result::done)
-    throw fail_io(got, "waiting for the peer's reply");
-  if (!std::equal(handshake_magic.begin(), handshake_magic.end(), reply.begin()))
-    throw make_error(errc::protocol_error, fmt::format("{}: the peer is not a qcoll rank (its reply starts with \"{}\")",
-                                                       where, printable(std::span(reply).first(8))));
-  const std::uint16_t server_version = qcoll::detail::load_le<std::uint16_t>(reply.data() + 4);
-  const auto status = static_cast<handshake_status>(reply[6]);
-  const bool server_has_secret = (std::to_integer<std::uint8_t>(reply[7]) & flag_secret) != 0;
-  if (status != handshake_status::ok)
-    throw make_error(errc::protocol_error,
-                     fmt::format("{}: refused: {}", where, refusal_reason(status, server_version, server_has_secret, j, kind)));
-  if (server_version != handshake_version)
-    throw make_error(errc::protocol_error, fmt::format("{}: the peer answered with handshake version {}, not {}", where,
-                                                       server_version, handshake_version));
-  const auto server_nonce = std::span<const std::byte>(reply).subspan(8, nonce_size);
-
-  digest proof{};
-  bool server_proved = true;
-  if (!j.secret.empty()) {
-    const digest expected = handshake_proof(j.secret, "qcoll-server", frame, server_nonce);
-    server_proved = constant_time_equal(expected, std::span<const std::byte>(reply).subspan(24, proof_size));
-    if (server_proved) proof = handshake_proof(j.secret, "qcoll-client", frame, server_nonce);
-  }
-  const auto proof_sent = write_all(socket, proof, until);
-  if (!server_proved)
-    throw make_error(errc::protocol_error,
-                     fmt::format("{}: the peer failed to prove it knows this job's secret: the ranks have different "
-                                 "QCOLL_SECRET values (or the peer is not of this job)",
-                                 where));
-  if (proof_sent.result != io_result::done) throw fail_io(proof_sent, "sending the proof");
-
-  std::byte ack{};
-  if (auto got = read_exact(socket, std::span(&ack, 1), until); got.result != io_result::done)
-    throw fail_io(got, "waiting for the peer's acknowledgement");
-  if (const auto verdict = static_cast<handshake_status>(ack); verdict != handshake_status::ok)
-    throw make_error(errc::protocol_error, fmt::format("{}: refused: {}", where,
-                                                       refusal_reason(verdict, server_version, server_has_secret, j, kind)));
-}
-
-/// Server side: verifies a freshly accepted connection and returns who it is.
-/// @par Errors qcoll::error: errc::protocol_error (garbage, wrong magic, version, job,
-/// channel, secret, rank out of range, size mismatch), errc::timeout (the peer was slower
-/// than `until`), errc::peer_lost (it closed the connection). The message says why but
-/// not who: the caller adds the address, logs it and drops the connection.
-/// The socket's non-blocking mode is restored on return.
-inline hello admit(boost::asio::ip::tcp::socket& socket, const job& j, channel kind, deadline until) {
-  using namespace detail;
-  const auto started = clock::now();
-  non_blocking_scope scope(socket);
-  server_handshake handshake(j, kind);
-
-  const auto fail_io = [&](const io_outcome& outcome, std::string_view what, std::size_t expected) -> qcoll::error {
-    if (outcome.result == io_result::timed_out)
-      return make_error(errc::timeout, fmt::format("timed out after {} ms {} ({} of {} bytes)",
-                                                   milliseconds_between(started, clock::now()), what,
-                                                   outcome.transferred, expected));
-    return make_error(errc::peer_lost, fmt::format("the connection closed {} ({} of {} bytes): {}", what,
-                                                   outcome.transferred, expected, outcome.error.message()));
-  };
-
-  std::array<std::byte, hello_size> frame{};
-  if (auto got = read_exact(socket, std::span(frame).first(4), until); got.result != io_result::done)
-    throw fail_io(got, "waiting for the hello", hello_size);
-  handshake.check_magic(std::span(frame).first(4));
-  if (auto got = read_exact(socket, std::span(frame).subspan(4), until); got.result != io_result::done) {
-    got.transferred += 4;
-    throw fail_io(got, "waiting for the hello", hello_size);
-  }
-  if (auto refusal = handshake.on_hello(frame)) {
-    if (!handshake.silent()) write_all(socket, handshake.reply(), until);  // best effort: we refuse either way
-    throw *refusal;
-  }
-  if (auto sent = write_all(socket, handshake.reply(), until); sent.result != io_result::done)
-    throw fail_io(sent, "sending the reply", reply_size);
-
-  std::array<std::byte, proof_size> proof{};
-  if (auto got = read_exact(socket, proof, until); got.result != io_result::done)
-    throw fail_io(got, "waiting for the client's proof", proof_size);
-  auto refusal = handshake.on_proof(proof);
-  const auto sent = write_all(socket, handshake.ack(), until);
-  if (refusal) throw *refusal;
-  if (sent.result != io_result::done) throw fail_io(sent, "sending the acknowledgement", 1);
-  return handshake.result();
-}
-
-/// Called with the error (null on success) and, on success, who connected.
-using admit_handler = std::function<void(std::exception_ptr, hello)>;
-
-/// admit() as an asynchronous operation on the socket's executor, for servers that must
-/// not block on one slow client: the handler runs on that executor once, with the
-/// error admit() would have thrown or with the hello. A timer closes the wait at `until`.
-/// The socket must outlive the operation, and the io_context must be run by one thread
-/// (or the socket's executor be a strand): the timer and the reads share state.
-inline void async_admit(boost::asio::ip::tcp::socket& socket, const job& j, channel kind, deadline until,
-                        admit_handler handler) {
-  using namespace detail;
-  struct operation : std::enable_shared_from_this<operation> {
-    operation(boost::asio::ip::tcp::socket& s, const job& j, channel kind, admit_handler h)
-        : socket(s), timer(s.get_executor()), handshake(j, kind), done(std::move(h)) {}
-
-    boost::asio::ip::tcp::socket& socket;
-    boost::asio::steady_timer timer;
-    server_handshake handshake;
-    admit_handler done;
-    clock::time_point started = clock::now();
-    std::array<std::byte, hello_size> frame{};
-    std::array<std::byte, proof_size> proof{};
-    std::optional<qcoll::error> refusal;
-    bool timed_out = false;
-    bool finished = false;
-
-    void finish(std::exception_ptr error) {
-      if (finished) return;
-      finished = true;
-      timer.cancel();
-      const hello who = error ? hello{0, 0, channel::store} : handshake.result();
-      done(std::move(error), who);
-    }
-
-    // Turns a failed step into the error admit() would throw; true when it failed.
-    bool failed(const boost::system::error_code& ec, std::size_t transferred, std::size_t expected,
-                std::string_view what) {
-      if (finished) return true;
-      if (!ec && !timed_out) return false;
-      if (timed_out)
-        finish(std::make_exception_ptr(make_error(
-            errc::timeout, fmt::format("timed out after {} ms {} ({} of {} bytes)",
-                                       milliseconds_between(started, clock::now()), what, transferred, expected))));
-      else
-        finish(std::make_exception_ptr(make_error(
-            errc::peer_lost,
-            fmt::format("the connection closed {} ({} of {} bytes): {}", what, transferred, expected, ec.message()))));
-      return true;
-    }
-
-    void start(deadline until) {
-      timer.expires_at(until);
-      timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-        if (ec || self->finished) return;
-        self->timed_out = true;
-        boost::system::error_code ignored;
-        self->socket.cancel(ignored);
-      });
-      boost::asio::async_read(socket, boost::asio::buffer(frame.data(), 4),
-                              [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-                                self->on_magic(ec, n);
-                              });
-    }
-
-    void on_magic(const boost::system::error_code& ec, std::size_t n) {
-      if (failed(ec, n, hello_size, "waiting for the hello")) return;
-      try {
-        handshake.check_magic(std::span(frame).first(4));
-      } catch (...) {
-        finish(std::current_exception());
-        return;
-      }
-      boost::asio::async_read(socket, boost::asio::buffer(frame.data() + 4, hello_size - 4),
-                              [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-                                self->on_hello(ec, n);
-                              });
-    }
-
-    void on_hello(const boost::system::error_code& ec, std::size_t n) {
-      if (failed(ec, n + 4, hello_size, "waiting for the hello")) return;
-      refusal = handshake.on_hello(frame);
-      if (refusal && handshake.silent()) {
-        finish(std::make_exception_ptr(*refusal));
-        return;
-      }
-      const auto reply = handshake.reply();
-      boost::asio::async_write(socket, boost::asio::buffer(reply.data(), reply.size()),
-                               [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-                                 self->on_reply_sent(ec, n);
-                               });
-    }
-
-    void on_reply_sent(const boost::system::error_code& ec, std::size_t n) {
-      if (refusal) {
-        finish(std::make_exception_ptr(*refusal));
-        return;
-      }
-      if (failed(ec, n, reply_size, "sending the reply")) return;
-      boost::asio::async_read(socket, boost::asio::buffer(proof),
-                              [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-                                self->on_proof(ec, n);
-                              });
-    }
-
-    void on_proof(const boost::system::error_code& ec, std::size_t n) {
-      if (failed(ec, n, proof_size, "waiting for the client's proof")) return;
-      refusal = handshake.on_proof(proof);
-      const auto ack = handshake.ack();
-      boost::asio::async_write(socket, boost::asio::buffer(ack.data(), ack.size()),
-                               [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-                                 self->on_ack_sent(ec, n);
-                               });
-    }
-
-    void on_ack_sent(const boost::system::error_code& ec, std::size_t n) {
-      if (refusal) {
-        finish(std::make_exception_ptr(*refusal));
-        return;
-      }
-      if (failed(ec, n, 1, "sending the acknowledgement")) return;
-      finish(nullptr);
-    }
-  };
-  auto op = std::make_shared<operation>(socket, j, kind, std::move(handler));
-  op->start(until);
-}
 
 }  // namespace qcoll::rendezvous

@@ -379,11 +379,17 @@ inline mapping attach_segment(const std::string& name, const layout& shape, std:
 class transport : public stream::endpoint {
  public:
   /// Joins the job: rank 0 creates the segment, everyone attaches, and the name is
-  /// unlinked once all have. Collective: every rank of the job calls it.
+  /// unlinked once all have. Collective: every rank of the job calls it, each with its
+  /// own connection to the job's store.
   /// @par Errors
   /// qcoll::error: invalid_argument (bad options, system call failures, named),
-  /// protocol_error (a segment that is not this job's), timeout (a rank never came).
-  static transport join(const rendezvous::job& job, rendezvous::store_client& store, const options& opts = {}) {
+  /// protocol_error (a segment that is not this job's), timeout (a rank never came),
+  /// and whatever the store throws.
+  // A template over the store rather than a virtual interface: it is the simpler of the
+  // two (no adapter class, one instantiation per store type, setup code run once), and
+  // it keeps this header free of the TCP store's Boost.Asio.
+  template <rendezvous::store Store>
+  static transport join(const rendezvous::job& job, Store& store, const options& opts = {}) {
     if (opts.pipe_bytes < (std::size_t{64} << 10) || (opts.pipe_bytes & (opts.pipe_bytes - 1)) != 0)
       qcoll::detail::throw_error(errc::invalid_argument,
                                  "shm transport: pipe_bytes = {} must be a power of two of at least 65536",

@@ -23,7 +23,8 @@
 #include <qcoll/detail/log.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/rendezvous/environment.hpp>
-#include <qcoll/rendezvous/handshake.hpp>
+#include <qcoll/rendezvous/handshake_client.hpp>
+#include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
@@ -246,8 +247,10 @@ class transport : public stream::endpoint {
   /// @par Errors
   /// qcoll::error: invalid_argument (cannot listen on the bind address), timeout (a
   /// peer never connected or answered), peer_lost (a peer refused the connection),
-  /// protocol_error (a peer refused this rank's handshake, with its reason).
-  static transport join(const rendezvous::job& job, rendezvous::store_client& store, const options& opts = {}) {
+  /// protocol_error (a peer refused this rank's handshake, with its reason), and
+  /// whatever the store throws.
+  template <rendezvous::store Store>
+  static transport join(const rendezvous::job& job, Store& store, const options& opts = {}) {
     namespace asio = boost::asio;
     using asio::ip::tcp;
     const deadline until = clock::now() + job.timeout;

@@ -1,0 +1,182 @@
+#pragma once
+/// @file
+/// From the environment to a connected transport in one call:
+///
+///     int main() {
+///       return qcoll::launch::join_from_environment([](auto transport) {
+///         qcoll::communicator comm(std::move(transport));
+///         …
+///         return 0;
+///       });
+///     }
+///
+/// Works unchanged under qcoll-run, torchrun and mpirun (see rendezvous/environment.hpp).
+/// Rank 0 serves the job's key-value store for the duration of the join; the transport
+/// is shm when every rank is on this host and tcp otherwise, unless QCOLL_TRANSPORT says,
+/// and every rank must end up with the same one (agree_on_transport).
+/// `fn` is instantiated for both transports, so it is usually a generic lambda, and
+/// both instantiations must return the same type.
+///
+/// This folder sits above rendezvous/ and transports/: it is the one place that picks
+/// the concrete store (rendezvous/tcp_store.hpp) and the transports, so rendezvous/
+/// never includes transports/ and the transports depend only on the store concept.
+
+#include <qcoll/core/concepts.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/rendezvous/environment.hpp>
+#include <qcoll/rendezvous/tcp_store.hpp>
+#include <qcoll/transports/shm.hpp>
+#include <qcoll/transports/tcp.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace qcoll::launch {
+
+/// Options passed to the transport the join picks.
+struct join_options {
+  transports::shm::options shm{};
+  transports::tcp::options tcp{};
+};
+
+/// The transport a job uses: what it asked for, else shm when all ranks are local.
+inline rendezvous::transport_kind resolve_transport(const rendezvous::job& j) {
+  if (j.transport == rendezvous::transport_kind::shm && !j.all_local())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "rendezvous: the shm transport needs every rank on one host, but only {} of {} are "
+                               "local; use QCOLL_TRANSPORT=tcp",
+                               j.local_size, j.size);
+  if (j.transport != rendezvous::transport_kind::automatic) return j.transport;
+  return j.all_local() ? rendezvous::transport_kind::shm : rendezvous::transport_kind::tcp;
+}
+
+namespace detail {
+
+/// Ranks as ascending runs, "0, 2, 5-9", at most 16 runs and then "…": readable for any job size.
+inline std::string rank_list(const std::vector<rank_t>& ranks) {
+  std::string text;
+  std::size_t runs = 0;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t last = i;
+    while (last + 1 < ranks.size() && ranks[last + 1] == ranks[last] + 1) ++last;
+    if (runs++ == 16) return text + ", …";
+    if (!text.empty()) text += ", ";
+    text += last == i ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[last]);
+    i = last + 1;
+  }
+  return text;
+}
+
+inline constexpr std::string_view transports_agree = "agreed";
+
+}  // namespace detail
+
+/// The first step of join: resolves this rank's transport and checks that every rank
+/// resolved the same one. Collective: every rank of the job calls it (calling it again
+/// is harmless). join calls it before either transport starts; a program that drives
+/// the steps itself calls it first.
+///
+/// Each rank publishes its choice; rank 0 reads them all (n − 1 store round trips, a
+/// fraction of a second for a thousand ranks) and publishes the verdict, which every
+/// other rank waits for. Comparing with rank 0's choice alone is not enough: the ranks
+/// that chose as rank 0 did would go on into their transport's join and wait there for
+/// the others until the setup deadline.
+/// @par Errors
+/// errc::invalid_argument on every rank, at once, when the ranks resolved different
+/// transports, naming which ranks chose which; otherwise what resolve_transport and the
+/// store throw (a rank that never comes: errc::timeout at `until`).
+template <rendezvous::store Store>
+rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& store, deadline until) {
+  const rendezvous::transport_kind kind = resolve_transport(j);
+  // "shm", or "shm (auto)" when the rank was not told and picked it: the message then
+  // shows whether a rank was told otherwise or found other ranks on its host.
+  const std::string choice = fmt::format("{}{}", rendezvous::to_string(kind),
+                                         j.transport == rendezvous::transport_kind::automatic ? " (auto)" : "");
+  store.set(fmt::format("qcoll/transport/{}", j.rank), choice);
+  std::string verdict;
+  if (j.rank == 0) {
+    store.wait_all("qcoll/transport/", j.size, until);
+    std::vector<std::pair<std::string, std::vector<rank_t>>> groups{{choice, {0}}};
+    bool differ = false;
+    for (rank_t r = 1; r < j.size; ++r) {
+      std::string theirs = store.get(fmt::format("qcoll/transport/{}", r), until);
+      differ = differ || theirs.substr(0, theirs.find(' ')) != rendezvous::to_string(kind);
+      auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == theirs; });
+      if (group == groups.end()) group = groups.insert(groups.end(), {std::move(theirs), {}});
+      group->second.push_back(r);
+    }
+    if (!differ) {
+      verdict = detail::transports_agree;
+    } else {
+      std::string who;
+      for (const auto& [name, ranks] : groups)
+        who += fmt::format("{}{} on rank{} {}", who.empty() ? "" : "; ", name, ranks.size() == 1 ? "" : "s",
+                           detail::rank_list(ranks));
+      verdict = fmt::format("the ranks were told different transports: {}: set the same QCOLL_TRANSPORT "
+                            "(qcoll-run --transport) on every rank",
+                            who);
+    }
+    store.set("qcoll/transport", verdict);
+  } else {
+    verdict = store.get("qcoll/transport", until);
+  }
+  if (verdict == detail::transports_agree) return kind;
+
+  // Rank 0 serves the store: it stays until every rank has read the verdict (or a few
+  // seconds, should one have died meanwhile), so none gets "store closed" instead.
+  store.set(fmt::format("qcoll/transport/seen/{}", j.rank), "1");
+  if (j.rank == 0) {
+    try {
+      store.wait_all("qcoll/transport/seen/", j.size, std::min(until, clock::now() + std::chrono::seconds(5)));
+    } catch (const qcoll::error&) {  // the verdict below is the error that matters
+    }
+  }
+  qcoll::detail::throw_error(errc::invalid_argument, "qcoll rank {}: {}", j.rank, verdict);
+}
+
+/// Joins the job `j` describes and calls fn(transport) with the connected transport.
+/// Collective: every rank of the job calls it.
+/// @par Errors
+/// qcoll::error from the store or the transport's join; every wait is bounded by
+/// j.timeout. Ranks that resolve different transports all fail at once with
+/// errc::invalid_argument, naming which ranks chose which.
+template <class Fn>
+decltype(auto) join(const rendezvous::job& j, Fn&& fn, const join_options& opts = {}) {
+  const deadline until = clock::now() + j.timeout;
+  std::optional<rendezvous::store_server> server;
+  if (j.rank == 0) server.emplace(j);
+  rendezvous::store_client store(j, until);
+
+  // Ranks told different transports would otherwise wait for each other in vain.
+  const rendezvous::transport_kind kind = agree_on_transport(j, store, until);
+
+  // Rank 0 keeps the store up until every rank is through with it.
+  auto finish_rendezvous = [&] {
+    store.set(fmt::format("qcoll/joined/{}", j.rank), "1");
+    if (j.rank == 0) {
+      store.wait_all("qcoll/joined/", j.size, until);
+      server.reset();
+    }
+  };
+  if (kind == rendezvous::transport_kind::shm) {
+    auto transport = transports::shm::transport::join(j, store, opts.shm);
+    finish_rendezvous();
+    return std::forward<Fn>(fn)(std::move(transport));
+  }
+  auto transport = transports::tcp::transport::join(j, store, opts.tcp);
+  finish_rendezvous();
+  return std::forward<Fn>(fn)(std::move(transport));
+}
+
+/// join(job_from_environment(), fn, opts).
+template <class Fn>
+decltype(auto) join_from_environment(Fn&& fn, const join_options& opts = {}) {
+  return join(rendezvous::job_from_environment(), std::forward<Fn>(fn), opts);
+}
+
+}  // namespace qcoll::launch

@@ -1,0 +1,130 @@
+#pragma once
+/// @file
+/// Blocking socket I/O bounded by a deadline, shared by the handshake and the TCP store's
+/// client: the socket is non-blocking and poll(2) waits, so a silent or slow peer costs
+/// at most the caller's deadline, never a hang.
+
+#include <qcoll/core/concepts.hpp>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <string>
+
+#include <poll.h>
+
+namespace qcoll::rendezvous::detail {
+
+inline std::string describe(const boost::asio::ip::tcp::endpoint& endpoint) {
+  const auto address = endpoint.address();
+  return address.is_v6() ? fmt::format("[{}]:{}", address.to_string(), endpoint.port())
+                         : fmt::format("{}:{}", address.to_string(), endpoint.port());
+}
+
+/// "address:port" of the socket's peer, or "an unconnected socket".
+inline std::string describe_peer(const boost::asio::ip::tcp::socket& socket) {
+  boost::system::error_code ec;
+  const auto endpoint = socket.remote_endpoint(ec);
+  return ec ? std::string("an unconnected peer") : describe(endpoint);
+}
+
+inline long long milliseconds_between(clock::time_point from, clock::time_point to) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
+}
+
+enum class io_result { done, timed_out, closed, failed };
+
+struct io_outcome {
+  io_result result = io_result::done;
+  boost::system::error_code error;
+  std::size_t transferred = 0;
+};
+
+/// Sets a socket non-blocking for the lifetime of the guard and restores it after.
+class non_blocking_scope {
+ public:
+  explicit non_blocking_scope(boost::asio::ip::tcp::socket& socket) : socket_(socket), was_(socket.non_blocking()) {
+    socket_.non_blocking(true);
+  }
+  ~non_blocking_scope() {
+    boost::system::error_code ignored;
+    socket_.non_blocking(was_, ignored);
+  }
+  non_blocking_scope(const non_blocking_scope&) = delete;
+  non_blocking_scope& operator=(const non_blocking_scope&) = delete;
+
+ private:
+  boost::asio::ip::tcp::socket& socket_;
+  bool was_;
+};
+
+/// Waits until the socket is ready for `events` or the deadline passes (false).
+inline bool wait_ready(int fd, short events, deadline until) {
+  for (;;) {
+    const auto now = clock::now();
+    if (now >= until) {
+      pollfd probe{fd, events, 0};  // one last look: ready now counts
+      return ::poll(&probe, 1, 0) > 0;
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
+    pollfd entry{fd, events, 0};
+    const int rc = ::poll(&entry, 1, static_cast<int>(std::min<long long>(left, std::numeric_limits<int>::max())));
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) return true;  // let the next read or write report the error
+  }
+}
+
+inline bool is_closed(const boost::system::error_code& ec) noexcept {
+  namespace error = boost::asio::error;
+  return ec == error::eof || ec == error::connection_reset || ec == error::broken_pipe ||
+         ec == error::connection_aborted || ec == error::not_connected || ec == error::shut_down;
+}
+
+inline bool would_block(const boost::system::error_code& ec) noexcept {
+  return ec == boost::asio::error::would_block || ec == boost::asio::error::try_again;
+}
+
+/// Moves all of `bytes` with `step` (one read_some or write_some on the non-blocking
+/// socket), waiting for `ready` (POLLIN or POLLOUT) whenever the socket would block.
+template <class Bytes, class Step>
+io_outcome transfer_all(boost::asio::ip::tcp::socket& socket, Bytes bytes, short ready, deadline until, Step step) {
+  io_outcome outcome;
+  while (outcome.transferred < bytes.size()) {
+    boost::system::error_code ec;
+    outcome.transferred += step(boost::asio::buffer(bytes.data() + outcome.transferred,
+                                                    bytes.size() - outcome.transferred), ec);
+    if (!ec) continue;
+    if (ec == boost::asio::error::interrupted) continue;
+    if (would_block(ec)) {
+      if (!wait_ready(socket.native_handle(), ready, until)) {
+        outcome.result = io_result::timed_out;
+        return outcome;
+      }
+      continue;
+    }
+    outcome.result = is_closed(ec) ? io_result::closed : io_result::failed;
+    outcome.error = ec;
+    return outcome;
+  }
+  return outcome;
+}
+
+/// Reads exactly buffer.size() bytes (the socket must be non-blocking).
+inline io_outcome read_exact(boost::asio::ip::tcp::socket& socket, std::span<std::byte> buffer, deadline until) {
+  return transfer_all(socket, buffer, POLLIN, until,
+                      [&](auto chunk, boost::system::error_code& ec) { return socket.read_some(chunk, ec); });
+}
+
+/// Writes all of `data` (the socket must be non-blocking).
+inline io_outcome write_all(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> data, deadline until) {
+  return transfer_all(socket, data, POLLOUT, until,
+                      [&](auto chunk, boost::system::error_code& ec) { return socket.write_some(chunk, ec); });
+}
+
+}  // namespace qcoll::rendezvous::detail
