@@ -8,6 +8,8 @@
 //   forwards it exactly once; ranks left in qcoll-run's group would get it twice, and
 //   `kill -TERM <qcoll-run>` would not reach them at all.
 // - One thread, one poll(2) loop (supervisor.hpp); signal handlers only write to a pipe.
+// - A rank's end is reported by a signal queued per rank (signals.hpp), so that "the first rank
+//   that failed" is the first to end, not the first waitpid() happens to return.
 // - On Linux a rank gets SIGKILL when qcoll-run dies (PR_SET_PDEATHSIG): ranks must not outlive
 //   the process that would stop and reap them.
 //

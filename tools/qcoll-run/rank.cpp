@@ -2,14 +2,19 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #ifdef __linux__
+#include <linux/sched.h>
 #include <sys/prctl.h>
 #endif
 
 #include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cstring>
+#include <string_view>
+#include <system_error>
 
 extern char** environ;
 
@@ -74,6 +79,21 @@ struct child_setup {
   ::_exit(exit_cannot_run);
 }
 
+// fork(), except that on Linux the child's end is reported with rank_end_signal() instead of
+// SIGCHLD (clone3's exit_signal), so that ends are queued in the order they happen. The child
+// only makes system calls until it execs (exec_rank), so skipping fork()'s library
+// bookkeeping in it is safe, as in a vfork child. Before Linux 5.3 (no clone3) it is fork(),
+// and ends are reported with SIGCHLD.
+pid_t start_process() {
+#if defined(__linux__) && defined(SYS_clone3)
+  clone_args args{};
+  args.exit_signal = static_cast<std::uint64_t>(rank_end_signal());
+  const long pid = ::syscall(SYS_clone3, &args, sizeof args);
+  if (pid >= 0 || errno != ENOSYS) return static_cast<pid_t>(pid);
+#endif
+  return ::fork();
+}
+
 }  // namespace
 
 void start_rank(rank_process& rank, const rank_launch& launch, std::vector<std::string> environment) {
@@ -106,7 +126,7 @@ void start_rank(rank_process& rank, const rank_launch& launch, std::vector<std::
                           &original_mask,
                           launch.original_file_limit,
                           cpu ? &*cpu : nullptr};
-  const pid_t pid = ::fork();
+  const pid_t pid = start_process();
   if (pid == 0) exec_rank(setup);
   const int start_error = errno;
   ::sigprocmask(SIG_SETMASK, &original_mask, nullptr);
@@ -125,7 +145,7 @@ void start_rank(rank_process& rank, const rank_launch& launch, std::vector<std::
     count = ::read(exec_error.read_end.get(), &error, sizeof error);
   } while (count < 0 && errno == EINTR);
   if (count == sizeof error) {
-    ::waitpid(pid, nullptr, 0);
+    ::waitpid(pid, nullptr, wait_all_children);
     rank.running = false;
     throw cannot_run_error(fmt::format("cannot run '{}': {}", launch.command->front(), std::strerror(error)));
   }
@@ -134,6 +154,33 @@ void start_rank(rank_process& rank, const rank_launch& launch, std::vector<std::
   set_status_flag(err.read_end.get(), O_NONBLOCK);
   rank.out = {std::move(out.read_end), STDOUT_FILENO, {}};
   rank.err = {std::move(err.read_end), STDERR_FILENO, {}};
+}
+
+bool has_begun_to_exit(const rank_process& rank) {
+  const file_descriptor stat(::open(fmt::format("/proc/{}/stat", rank.pid).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!stat) return false;
+  char buffer[512];
+  const ssize_t count = ::read(stat.get(), buffer, sizeof buffer - 1);
+  if (count <= 0) return false;
+  // "pid (comm) state ppid pgrp session tty_nr tpgid flags ...": comm may hold anything, so
+  // the fields are counted from its last ')'.
+  const std::string_view fields(buffer, static_cast<std::size_t>(count));
+  const auto comm_end = fields.rfind(')');
+  if (comm_end == std::string_view::npos) return false;
+  long long values[6] = {};  // ppid pgrp session tty_nr tpgid flags (tpgid may be -1)
+  const char* position = buffer + comm_end + 1;
+  const char* const end = buffer + count;
+  while (position < end && *position == ' ') ++position;
+  if (position == end) return false;
+  const char state = *position++;
+  for (auto& value : values) {
+    while (position < end && *position == ' ') ++position;
+    const auto [next, error] = std::from_chars(position, end, value);
+    if (error != std::errc{}) return false;
+    position = next;
+  }
+  constexpr long long pf_exiting = 0x4;  // include/linux/sched.h
+  return state == 'Z' || state == 'X' || (values[5] & pf_exiting) != 0;
 }
 
 void signal_rank(const rank_process& rank, int signal_number) {

@@ -8,12 +8,21 @@
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace qcoll_run {
+
+/// waitpid() flags that find every rank: on Linux a rank is a "clone" child (see start_rank),
+/// which waitpid() skips without __WALL.
+#ifdef __linux__
+inline constexpr int wait_all_children = __WALL;
+#else
+inline constexpr int wait_all_children = 0;
+#endif
 
 struct output_stream {
   file_descriptor pipe;      // read end; reset at end of file
@@ -27,6 +36,9 @@ struct rank_process {
   pid_t pid = -1;
   bool running = false;
   bool stopped_by_launcher = false;  // its end is no news: qcoll-run asked for it
+  bool sent_sigkill = false;            // by qcoll-run
+  bool ending_at_first_failure = false;  // had begun to exit, not by qcoll-run's SIGKILL, when
+                                         // the first failure was reported
   output_stream out, err;
 };
 
@@ -42,9 +54,13 @@ struct rank_launch {
 };
 
 /// Starts `rank.index` with `environment`: in a process group of its own, with its output on
-/// two pipes, bound to a CPU as `launch.bind` says. Throws cannot_run_error when the program
-/// cannot be run.
+/// two pipes, bound to a CPU as `launch.bind` says, and reporting its end with
+/// rank_end_signal(). Throws cannot_run_error when the program cannot be run.
 void start_rank(rank_process& rank, const rank_launch& launch, std::vector<std::string> environment);
+
+/// Whether the rank's process has begun to exit (or has ended) and is not reaped yet: Linux's
+/// PF_EXITING flag in /proc/<pid>/stat. False where that cannot be read.
+bool has_begun_to_exit(const rank_process& rank);
 
 /// The whole process group, so that the rank's own child processes get the signal too.
 void signal_rank(const rank_process& rank, int signal_number);

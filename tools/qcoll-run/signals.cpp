@@ -12,16 +12,33 @@ namespace {
 
 int signal_pipe_write_fd = -1;
 
-extern "C" void write_signal_to_pipe(int signal_number) {
+bool is_child_end(const siginfo_t& info) {
+  return info.si_code == CLD_EXITED || info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
+}
+
+extern "C" void write_signal_to_pipe(int signal_number, siginfo_t* info, void*) {
   const int saved_errno = errno;
-  const auto byte = static_cast<unsigned char>(signal_number);
-  // A full pipe drops the byte: the loop then has plenty of signals to handle already.
-  if (::write(signal_pipe_write_fd, &byte, 1) < 0) {
+  received_signal record{signal_number, 0};
+  // The pid only when the kernel reports a child's end: `kill -RTMIN <qcoll-run>` names no rank.
+  if ((signal_number == SIGCHLD || signal_number == rank_end_signal()) && info != nullptr && is_child_end(*info)) {
+    record.ended = info->si_pid;
+  }
+  // A record is far smaller than PIPE_BUF, so each write is whole. A full pipe drops it: the
+  // loop then has plenty of signals to handle already, and reaps ends it missed when idle.
+  if (::write(signal_pipe_write_fd, &record, sizeof record) < 0) {
   }
   errno = saved_errno;
 }
 
 }  // namespace
+
+int rank_end_signal() noexcept {
+#ifdef __linux__
+  return SIGRTMIN;
+#else
+  return SIGCHLD;
+#endif
+}
 
 signal_relay::signal_relay() : pipe_(make_pipe("signals")) {
   set_status_flag(pipe_.read_end.get(), O_NONBLOCK);
@@ -29,14 +46,16 @@ signal_relay::signal_relay() : pipe_(make_pipe("signals")) {
   signal_pipe_write_fd = pipe_.write_end.get();
 
   std::copy(forwarded.begin(), forwarded.end(), handled_.begin());
-  handled_[forwarded.size()] = SIGCHLD;
-  handled_[forwarded.size() + 1] = SIGPIPE;
+  handled_count_ = forwarded.size();
+  handled_[handled_count_++] = SIGCHLD;  // also the end of a rank started by fork()
+  handled_[handled_count_++] = SIGPIPE;
+  if (rank_end_signal() != SIGCHLD) handled_[handled_count_++] = rank_end_signal();
 
   struct sigaction relay {};
-  relay.sa_handler = write_signal_to_pipe;
-  relay.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  relay.sa_sigaction = write_signal_to_pipe;
+  relay.sa_flags = SA_SIGINFO | SA_RESTART | SA_NOCLDSTOP;
   sigemptyset(&relay.sa_mask);
-  for (std::size_t i = 0; i < handled_.size(); ++i) {
+  for (std::size_t i = 0; i < handled_count_; ++i) {
     ::sigaction(handled_[i], nullptr, &original_[i]);
     const bool is_forwarded = std::find(forwarded.begin(), forwarded.end(), handled_[i]) != forwarded.end();
     if (is_forwarded && original_[i].sa_handler == SIG_IGN) continue;  // ignored at start
@@ -57,18 +76,19 @@ signal_relay::~signal_relay() {
   signal_pipe_write_fd = -1;
 }
 
-std::vector<int> signal_relay::take_pending() {
-  std::vector<int> pending;
-  unsigned char bytes[256];
+std::vector<received_signal> signal_relay::take_pending() {
+  std::vector<received_signal> pending;
+  std::array<received_signal, 64> records;
   ssize_t count = 0;
-  while ((count = ::read(read_fd(), bytes, sizeof bytes)) > 0 || (count < 0 && errno == EINTR)) {
-    pending.insert(pending.end(), bytes, bytes + std::max<ssize_t>(count, 0));
+  // Whole records only: each was written in one piece, and the buffer holds whole records.
+  while ((count = ::read(read_fd(), records.data(), sizeof records)) > 0 || (count < 0 && errno == EINTR)) {
+    pending.insert(pending.end(), records.begin(), records.begin() + std::max<ssize_t>(count, 0) / sizeof records[0]);
   }
   return pending;
 }
 
 void signal_relay::restore_original_dispositions() const noexcept {
-  for (std::size_t i = 0; i < handled_.size(); ++i) ::sigaction(handled_[i], &original_[i], nullptr);
+  for (std::size_t i = 0; i < handled_count_; ++i) ::sigaction(handled_[i], &original_[i], nullptr);
 }
 
 std::string describe_signal(int signal_number) {

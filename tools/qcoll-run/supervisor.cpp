@@ -16,6 +16,10 @@ namespace {
 
 constexpr std::size_t max_line_bytes = 64 * 1024;  // longer lines are relayed in pieces
 
+// A rank's end is normally reported by a signal; this bounds how long one whose signal was
+// lost (the real-time signal queue full) stays unreaped while nothing else happens.
+constexpr int idle_reap_ms = 1000;
+
 std::chrono::steady_clock::duration to_duration(double seconds) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
 }
@@ -29,7 +33,7 @@ job_supervisor::~job_supervisor() {
   for (auto& rank : ranks_) {
     if (!rank.running) continue;
     signal_rank(rank, SIGKILL);
-    ::waitpid(rank.pid, nullptr, 0);
+    ::waitpid(rank.pid, nullptr, wait_all_children);
   }
 }
 
@@ -37,7 +41,7 @@ int job_supervisor::run() {
   start_ranks();
   supervise();
   remove_leftover_shared_memory(job_id_);
-  return timed_out_ ? exit_timed_out : first_failure_.value_or(0);
+  return timed_out_ ? exit_timed_out : first_failure_ ? first_failure_->status : 0;
 }
 
 void job_supervisor::start_ranks() {
@@ -86,7 +90,8 @@ void job_supervisor::supervise() {
         polled_streams.emplace_back(&rank, stream);
       }
     }
-    if (::poll(polled.data(), polled.size(), poll_timeout_ms()) < 0) {
+    const int ready = ::poll(polled.data(), polled.size(), poll_timeout_ms());
+    if (ready < 0) {
       if (errno == EINTR) continue;
       throw_system_error("poll");
     }
@@ -94,6 +99,10 @@ void job_supervisor::supervise() {
       if (polled[i].revents != 0) relay_output(*polled_streams[i - 1].first, *polled_streams[i - 1].second);
     }
     if (polled[0].revents != 0) handle_signals();
+    if (ready == 0) {
+      handle_signals();  // the ends reported so far first, in order
+      reap_any_ended();
+    }
     enforce_deadlines();
   }
   drain_outputs();
@@ -144,23 +153,38 @@ void job_supervisor::drain_outputs() {
 }
 
 void job_supervisor::handle_signals() {
-  for (const int signal_number : signals_.take_pending()) {
-    if (signal_number == SIGCHLD) {
-      reap_ended_ranks();
+  bool coalesced = false;
+  for (const auto& received : signals_.take_pending()) {
+    if (received.number == rank_end_signal() || received.number == SIGCHLD) {
+      // Ends are reaped in the order they were reported, which is the order the ranks ended:
+      // that order decides which failure is the first.
+      if (received.ended > 0) reap(received.ended);
+      // One SIGCHLD may stand for several ends (a rank started by fork(): see start_process).
+      coalesced = coalesced || received.number == SIGCHLD;
       continue;
     }
     if (running_ranks_ == 0) continue;
-    note("forwarding {} to {} running rank(s)", describe_signal(signal_number), running_ranks_);
+    note("forwarding {} to {} running rank(s)", describe_signal(received.number), running_ranks_);
     for (auto& rank : ranks_) {
-      if (rank.running) signal_rank(rank, signal_number);
+      if (rank.running) signal_rank(rank, received.number);
     }
   }
+  if (coalesced) reap_any_ended();
 }
 
-void job_supervisor::reap_ended_ranks() {
+void job_supervisor::reap(pid_t pid) {
+  const auto rank = std::find_if(ranks_.begin(), ranks_.end(), [&](const auto& r) { return r.pid == pid; });
+  if (rank == ranks_.end() || !rank->running) return;  // not a rank, or reaped already
+  int status = 0;
+  if (::waitpid(pid, &status, WNOHANG | wait_all_children) == pid) on_rank_ended(*rank, status);
+}
+
+// Every rank that has ended, in an order waitpid() chooses (the order they were started):
+// only for ends no signal named.
+void job_supervisor::reap_any_ended() {
   int status = 0;
   pid_t pid = 0;
-  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+  while ((pid = ::waitpid(-1, &status, WNOHANG | wait_all_children)) > 0) {
     const auto rank = std::find_if(ranks_.begin(), ranks_.end(), [&](const auto& r) { return r.pid == pid; });
     if (rank != ranks_.end() && rank->running) on_rank_ended(*rank, status);
   }
@@ -172,8 +196,20 @@ void job_supervisor::on_rank_ended(rank_process& rank, int status) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
 
   const int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-  if (!first_failure_) first_failure_ = code;
-  if (rank.stopped_by_launcher) return;
+  const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  // A rank killed by SIGKILL that had begun to exit when the first failure was reported failed
+  // before it: a killed rank's peers notice its loss as soon as its sockets close, and may be
+  // reported before it. SIGKILL cannot be caught, so it is never a rank's reaction to another's
+  // failure: it comes from outside (the OOM killer, a user, a watchdog); ranks qcoll-run sent
+  // SIGKILL are not marked.
+  const bool killed_before_first_failure = killed && rank.ending_at_first_failure;
+  if (!first_failure_ || (killed_before_first_failure && !first_failure_->killed)) {
+    first_failure_ = failure{code, killed};
+    for (auto& other : ranks_) {
+      other.ending_at_first_failure = other.running && !other.sent_sigkill && has_begun_to_exit(other);
+    }
+  }
+  if (rank.stopped_by_launcher && !killed_before_first_failure) return;
   if (WIFSIGNALED(status)) {
     note("rank {} was killed by signal {}", rank.index, describe_signal(WTERMSIG(status)));
   } else {
@@ -209,6 +245,7 @@ void job_supervisor::enforce_deadlines() {
     for (auto& rank : ranks_) {
       if (!rank.running) continue;
       note("rank {} is still running {} s after SIGTERM; sending SIGKILL", rank.index, options_.grace_seconds);
+      rank.sent_sigkill = true;
       signal_rank(rank, SIGKILL);
     }
   }
@@ -219,9 +256,9 @@ int job_supervisor::poll_timeout_ms() const {
   for (const auto& deadline : {timeout_deadline_, kill_deadline_}) {
     if (deadline && (!next || *deadline < *next)) next = deadline;
   }
-  if (!next) return -1;
+  if (!next) return idle_reap_ms;
   const auto remaining = std::chrono::ceil<std::chrono::milliseconds>(*next - clock_type::now());
-  return static_cast<int>(std::clamp<std::chrono::milliseconds::rep>(remaining.count(), 0, 1000 * 1000));
+  return static_cast<int>(std::clamp<std::chrono::milliseconds::rep>(remaining.count(), 0, idle_reap_ms));
 }
 
 }  // namespace qcoll_run

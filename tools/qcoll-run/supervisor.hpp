@@ -2,8 +2,8 @@
 // the others when one fails.
 //
 // One thread, one poll(2) loop over the ranks' output pipes and a self-pipe into which the
-// signal handler writes the signal number (SIGCHLD included): forwarding, reaping and output
-// relaying all happen in that loop, none of it inside a signal handler.
+// signal handler writes the signals received (the ranks' ends included): forwarding, reaping
+// and output relaying all happen in that loop, none of it inside a signal handler.
 #pragma once
 
 #include "command_line.hpp"
@@ -40,7 +40,8 @@ class job_supervisor {
   read_outcome relay_output(const rank_process& rank, output_stream& stream);
   void drain_outputs();
   void handle_signals();
-  void reap_ended_ranks();
+  void reap(pid_t pid);
+  void reap_any_ended();
   void on_rank_ended(rank_process& rank, int status);
   void stop_remaining_ranks();
   void enforce_deadlines();
@@ -53,7 +54,11 @@ class job_supervisor {
   rlimit original_file_limit_{};
   bool file_limit_raised_ = false;
   int running_ranks_ = 0;
-  std::optional<int> first_failure_;
+  struct failure {
+    int status;   // qcoll-run's exit status for it
+    bool killed;  // by SIGKILL
+  };
+  std::optional<failure> first_failure_;
   bool stopping_ = false;
   bool timed_out_ = false;
   std::optional<clock_type::time_point> timeout_deadline_, kill_deadline_;
