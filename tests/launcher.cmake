@@ -130,7 +130,7 @@ qcoll_launcher_test(shm_cleanup
         "STDERR_HAS=removed shared memory the job left behind: /dev/shm/qcoll-test${launcher_tree_hash}"
   COMMAND -n 2 ${launcher_rank} shm_crash
   ENVIRONMENT QCOLL_JOB_ID=test${launcher_tree_hash})
-qcoll_launcher_test(shm_cleanup_skips_unsafe_job_id  # a '.' is not allowed in a job id used for cleanup
+qcoll_launcher_test(shm_cleanup_skips_unsafe_job_id  # a segment is named by a hash of such an id (shm_segment.hpp)
   CHECK EXIT=137 VERIFY=shm_cleanup JOB_ID=test.${launcher_tree_hash} REMOVED=OFF STDERR_LACKS=removed
   COMMAND -n 2 ${launcher_rank} shm_crash
   ENVIRONMENT QCOLL_JOB_ID=test.${launcher_tree_hash})
