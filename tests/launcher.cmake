@@ -51,6 +51,23 @@ qcoll_launcher_test(keep_going
 qcoll_launcher_test(killed_by_signal
   CHECK EXIT=137 MAX_SECONDS=10 "STDERR_HAS=qcoll-run: rank 0 was killed by signal SIGKILL (9)"
   COMMAND -n 2 ${launcher_rank} rank0_killed)
+# The first failure decides the status, even when the other ranks fail right after it: the
+# last rank kills itself, the others lose it and exit 4 at once. 30 jobs each, all must exit 137.
+# (transport_worker is defined by multiprocess.cmake, under the same conditions as this file.)
+foreach(transport tcp shm)
+  foreach(mode stop keep_going)
+    set(options "")
+    if(mode STREQUAL "keep_going")
+      set(options --keep-going)
+    endif()
+    add_test(NAME launcher.first_failure_status.${transport}.${mode}
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/launcher/first_failure.sh 30 137
+              $<TARGET_FILE:qcoll-run> -n 4 --transport ${transport} ${options}
+              $<TARGET_FILE:transport_worker> kill_survivors_give_up)
+    set_tests_properties(launcher.first_failure_status.${transport}.${mode} PROPERTIES TIMEOUT 120
+                         ENVIRONMENT QCOLL_TIMEOUT_MS=20000)
+  endforeach()
+endforeach()
 qcoll_launcher_test(timeout
   CHECK EXIT=124 MIN_SECONDS=1 MAX_SECONDS=5 "STDERR_HAS=qcoll-run: job timed out after 1 s"
   COMMAND -n 1 --timeout 1 sleep 30)
@@ -113,7 +130,7 @@ qcoll_launcher_test(shm_cleanup
         "STDERR_HAS=removed shared memory the job left behind: /dev/shm/qcoll-test${launcher_tree_hash}"
   COMMAND -n 2 ${launcher_rank} shm_crash
   ENVIRONMENT QCOLL_JOB_ID=test${launcher_tree_hash})
-qcoll_launcher_test(shm_cleanup_skips_unsafe_job_id  # a '.' is not allowed in a job id used for cleanup
+qcoll_launcher_test(shm_cleanup_skips_unsafe_job_id  # a segment is named by a hash of such an id (shm_segment.hpp)
   CHECK EXIT=137 VERIFY=shm_cleanup JOB_ID=test.${launcher_tree_hash} REMOVED=OFF STDERR_LACKS=removed
   COMMAND -n 2 ${launcher_rank} shm_crash
   ENVIRONMENT QCOLL_JOB_ID=test.${launcher_tree_hash})

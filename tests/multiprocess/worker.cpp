@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -154,6 +155,30 @@ void kill_a_rank(Comm& comm) {
     return;
   }
   fail("50 allreduces completed although a rank was killed");
+}
+
+/// Status of a survivor that gives up after losing a peer, as a training script would.
+constexpr int survivor_gave_up = 4;
+
+/// Small and fast, for trials of the launcher's exit status: the last rank kills itself
+/// (SIGKILL) after a few small allreduces; the others, waiting for it in the next one, fail
+/// with the loss of that peer and exit with survivor_gave_up right away. The job's status
+/// must be the killed rank's (137), however close together the ranks end.
+template <class Comm>
+void kill_a_rank_survivors_give_up(Comm& comm) {
+  const rank_t victim = comm.size() - 1;
+  std::vector<float> data = contribution(comm.rank(), 1024);
+  try {
+    for (int round = 0; round < 1000; ++round) {
+      if (comm.rank() == victim && round == 3) std::raise(SIGKILL);
+      comm.allreduce(std::span<float>(data), reduce_op::sum);
+    }
+  } catch (const qcoll::error& e) {
+    fmt::print(stderr, "rank {}: giving up: {}\n", comm.rank(), e.what());
+    std::fflush(stderr);
+    std::_Exit(survivor_gave_up);
+  }
+  fail("1000 allreduces completed although a rank was killed");
 }
 
 /// The last rank stops (SIGSTOP) in the middle of an allreduce without closing anything:
@@ -584,6 +609,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "many_small") many_small(comm);
   else if (scenario == "mismatch") mismatched_sizes(comm);
   else if (scenario == "kill") kill_a_rank(comm);
+  else if (scenario == "kill_survivors_give_up") kill_a_rank_survivors_give_up(comm);
   else if (scenario == "freeze") freeze_a_rank(comm);
   else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "grid") grid(endpoint_ref(comm.transport()), comm.options(), amount);
@@ -627,7 +653,8 @@ void knock_with_bad_credentials(const rendezvous::job& job) {
 
 int main(int argc, char** argv) try {
   if (argc < 2)
-    fail("usage: worker collectives|many_small|mismatch|kill|freeze|intruders|wrong_secret [max bytes]\n"
+    fail("usage: worker collectives|many_small|mismatch|kill|kill_survivors_give_up|freeze|intruders|wrong_secret\n"
+         "              [max bytes]\n"
          "       worker compressed|compressed_kill|compressed_kill_started [values]");
   const std::string_view scenario = argv[1];
   const std::size_t max_bytes = argc > 2 ? std::stoull(argv[2]) : std::size_t{1} << 20;

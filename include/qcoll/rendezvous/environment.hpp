@@ -64,6 +64,22 @@
 
 namespace qcoll::rendezvous {
 
+/// Names of qcoll's own variables (the file comment says what each means), for launchers
+/// that set them: qcoll-run takes them from here.
+namespace variables {
+inline constexpr const char* rank = "QCOLL_RANK";
+inline constexpr const char* world_size = "QCOLL_WORLD_SIZE";
+inline constexpr const char* local_rank = "QCOLL_LOCAL_RANK";
+inline constexpr const char* local_world_size = "QCOLL_LOCAL_WORLD_SIZE";
+inline constexpr const char* store = "QCOLL_STORE";
+inline constexpr const char* job_id = "QCOLL_JOB_ID";
+inline constexpr const char* secret = "QCOLL_SECRET";
+inline constexpr const char* secret_file = "QCOLL_SECRET_FILE";
+inline constexpr const char* transport = "QCOLL_TRANSPORT";
+inline constexpr const char* bind = "QCOLL_BIND";
+inline constexpr const char* timeout_ms = "QCOLL_TIMEOUT_MS";
+}  // namespace variables
+
 /// Which transport carries the data between ranks.
 enum class transport_kind { automatic, shm, tcp };
 

@@ -27,6 +27,7 @@
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
+#include <qcoll/transports/shm_segment.hpp>
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -110,17 +111,6 @@ struct layout {
 inline long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) noexcept {
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-
-/// A segment name from a job id: kept when it is a safe file name, hashed otherwise.
-inline std::string segment_name(const std::string& job_id) {
-  const bool safe = !job_id.empty() && job_id.size() <= 64 &&
-                    job_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
-                        std::string::npos;
-  if (safe) return "/qcoll-" + job_id;
-  std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a
-  for (const char c : job_id) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
-  return fmt::format("/qcoll-h{:016x}", hash);
 }
 
 /// A mapping of the job's segment; unmapped on destruction.
@@ -395,7 +385,7 @@ class transport : public stream::endpoint {
                                  "shm transport: pipe_bytes = {} must be a power of two of at least 65536",
                                  opts.pipe_bytes);
     const detail::layout shape{job.size, opts.pipe_bytes};
-    const std::string name = detail::segment_name(job.job_id);
+    const std::string name = segment_name(job.job_id);  // shm_segment.hpp
     const deadline until = clock::now() + job.timeout;
 
     detail::mapping segment;

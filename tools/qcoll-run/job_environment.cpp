@@ -1,0 +1,89 @@
+#include "job_environment.hpp"
+
+#include "system.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
+extern char** environ;
+
+namespace qcoll_run {
+namespace {
+
+namespace variables = qcoll::rendezvous::variables;
+
+std::string random_hex(std::size_t bytes) {
+  std::vector<unsigned char> random(bytes);
+  const file_descriptor urandom(::open("/dev/urandom", O_RDONLY | O_CLOEXEC));
+  if (!urandom) throw_system_error("cannot open /dev/urandom");
+  for (std::size_t done = 0; done < bytes;) {
+    const ssize_t count = ::read(urandom.get(), random.data() + done, bytes - done);
+    if (count > 0) {
+      done += static_cast<std::size_t>(count);
+    } else if (count == 0 || errno != EINTR) {
+      throw_system_error("cannot read /dev/urandom", count == 0 ? EIO : errno);
+    }
+  }
+  std::string hex;
+  for (const unsigned char byte : random) hex += fmt::format("{:02x}", byte);
+  return hex;
+}
+
+// A loopback port free right now; see make_job_environment about the race this leaves.
+unsigned find_free_loopback_port() {
+  const file_descriptor probe(::socket(AF_INET, SOCK_STREAM, 0));
+  if (!probe) throw_system_error("cannot create a socket to find a free port");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (::bind(probe.get(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    throw_system_error("cannot find a free port on 127.0.0.1");
+  }
+  return ntohs(address.sin_port);
+}
+
+}  // namespace
+
+job_environment make_job_environment(int ranks, const std::string& transport) {
+  const char* given_job_id = std::getenv(variables::job_id);
+  const char* given_secret = std::getenv(variables::secret);
+  job_environment job;
+  // An empty job id would name no segment at all; an empty secret means "no authentication".
+  job.job_id = given_job_id != nullptr && *given_job_id != '\0' ? given_job_id : random_hex(8);
+  const std::string secret = given_secret != nullptr ? given_secret : random_hex(16);
+
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view variable = *entry;
+    const auto name = variable.substr(0, variable.find('='));
+    if (std::find(variables_set_per_job.begin(), variables_set_per_job.end(), name) == variables_set_per_job.end()) {
+      job.shared.emplace_back(variable);
+    }
+  }
+  job.shared.push_back(fmt::format("{}={}", variables::world_size, ranks));
+  job.shared.push_back(fmt::format("{}={}", variables::local_world_size, ranks));
+  job.shared.push_back(fmt::format("{}=127.0.0.1:{}", variables::store, find_free_loopback_port()));
+  job.shared.push_back(fmt::format("{}={}", variables::job_id, job.job_id));
+  job.shared.push_back(fmt::format("{}={}", variables::secret, secret));
+  job.shared.push_back(fmt::format("{}={}", variables::transport, transport));
+  return job;
+}
+
+std::vector<std::string> rank_environment(const job_environment& job, int rank) {
+  std::vector<std::string> environment = job.shared;
+  environment.push_back(fmt::format("{}={}", variables::rank, rank));
+  environment.push_back(fmt::format("{}={}", variables::local_rank, rank));
+  return environment;
+}
+
+}  // namespace qcoll_run

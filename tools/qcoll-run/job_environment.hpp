@@ -1,0 +1,35 @@
+// The environment each rank gets: qcoll-run's own, with the job's description added.
+#pragma once
+
+#include <qcoll/rendezvous/environment.hpp>
+
+#include <array>
+#include <string>
+#include <vector>
+
+namespace qcoll_run {
+
+/// The variables qcoll-run sets for every rank; whatever qcoll-run's own environment has for
+/// them is replaced. The names are the library's (rendezvous/environment.hpp reads them).
+inline constexpr std::array<const char*, 8> variables_set_per_job = {
+    qcoll::rendezvous::variables::rank,      qcoll::rendezvous::variables::world_size,
+    qcoll::rendezvous::variables::local_rank, qcoll::rendezvous::variables::local_world_size,
+    qcoll::rendezvous::variables::store,     qcoll::rendezvous::variables::job_id,
+    qcoll::rendezvous::variables::secret,    qcoll::rendezvous::variables::transport};
+
+/// What every rank of a job shares.
+struct job_environment {
+  std::string job_id;
+  std::vector<std::string> shared;  // "NAME=value" entries
+};
+
+/// QCOLL_JOB_ID and QCOLL_SECRET are kept when set (a non-empty job id), else generated; the
+/// store is a loopback port that was free when qcoll-run looked (bind to port 0, then close).
+/// Another process may take it before rank 0 binds it; rank 0 then fails to serve the store
+/// and the job fails at rendezvous. The window is short, and a rerun picks a new port.
+job_environment make_job_environment(int ranks, const std::string& transport);
+
+/// The complete environment of rank `rank`.
+std::vector<std::string> rank_environment(const job_environment& job, int rank);
+
+}  // namespace qcoll_run
