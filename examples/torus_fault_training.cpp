@@ -13,7 +13,9 @@
 // the survivors all report peer_lost (b2's neighbours see it within a millisecond),
 // and b3 is found by the membership round below, as is every node that fails without
 // being noticed first. (The script lets b2 crash only once b3 has hung, so that both
-// are lost in the same step.) `--failure hang` stops b3 alone and shows the timeout.
+// are lost in the same step, and it lets both stop only once every node has left the
+// collectives of the step before: see failure_script.) `--failure hang` stops b3 alone
+// and shows the timeout.
 //
 // Recovery, on every survivor:
 //  1. Re-forming the group. An in-process membership service (a mutex and a condition
@@ -368,11 +370,35 @@ class membership_service {
   std::map<std::size_t, round> rounds_;  // by the generation that failed
 };
 
-/// The one ordering the scripted failure needs: with both failures b2 crashes only once
-/// b3 has hung. Otherwise b3 could still be finishing its last collective when b2's
-/// loss aborts it, see the failure itself, and survive as a fifteenth node.
+/// The orderings the scripted failure needs, so that every run reports the same failure:
+///  - The stopping nodes stop only once every node has reached step --fail-at, that is
+///    has left all collectives of the step before (its row of the learning curve
+///    included). A node that finishes a collective may return before its peers do;
+///    had it stopped then, a peer that went on to the next step would notice the loss
+///    and abort the world while rank 0 was still in the row's allreduce, and the row,
+///    which rank 0 prints after that allreduce, would be lost with it (1 run in 20).
+///  - With both failures b2 crashes only once b3 has hung. Otherwise b3 could still be
+///    finishing its last collective when b2's loss aborts it, see the failure itself,
+///    and survive as a fifteenth node.
+/// A real job has no such script: there a failure at a step boundary may still cut
+/// the collectives before it short on some ranks, and recovery copes with that (the
+/// step count goes up before the report for this reason).
 class failure_script {
  public:
+  explicit failure_script(rank_t nodes) : nodes_(nodes) {}
+
+  /// A node of the first group has reached the failure step.
+  void reached_failure_step() {
+    std::lock_guard lock(mutex_);
+    ++reached_;
+    changed_.notify_all();
+  }
+  /// Blocks until every node has reached the failure step, or `limit` passed (then a
+  /// node failed before it; the run goes on and its output tells).
+  void wait_for_everyone(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mutex_);
+    changed_.wait_for(lock, limit, [&] { return reached_ == nodes_; });
+  }
   void hung() {
     std::lock_guard lock(mutex_);
     hung_ = true;
@@ -384,8 +410,10 @@ class failure_script {
   }
 
  private:
+  const rank_t nodes_;
   std::mutex mutex_;
   std::condition_variable changed_;
+  rank_t reached_ = 0;
   bool hung_ = false;
 };
 
@@ -467,7 +495,10 @@ class node_process {
 
     double loss = 0, trained = 0;  // since the last row
     while (state_.step < s_.steps) {
-      if (g.generation == 0 && state_.step == s_.failure_step() && s_.stops(node_)) return stop();
+      if (g.generation == 0 && s_.failure != failure_kind::none && state_.step == s_.failure_step()) {
+        setup_.script.reached_failure_step();
+        if (s_.stops(node_)) return stop();
+      }
       std::vector<std::size_t> batch = batch_of(comm);
       loss += state_.model.train_batch(setup_.p.train, batch);
       trained += double(batch.size());
@@ -488,6 +519,7 @@ class node_process {
 
   /// The failure this node was told to have at step --fail-at.
   node_outcome::end stop() {
+    setup_.script.wait_for_everyone(10 * s_.timeout + std::chrono::seconds(10));
     if (node_ == crashing_node) {
       if (s_.failure == failure_kind::both) setup_.script.wait_for_hang();
       return node_outcome::end::crashed;  // the communicator and its endpoint go with it
@@ -696,7 +728,7 @@ int main(int argc, char** argv) try {
   const cluster_problem p =
       qcoll_examples::make_cluster_problem(problem_shape, s.seed, problem_stream, s.train_samples, s.test_samples);
   membership_service membership(s.timeout);
-  failure_script script;
+  failure_script script(nodes);
   const shared_setup setup{s, p, membership, script, clock_type::now()};
 
   inproc::world world(nodes);
