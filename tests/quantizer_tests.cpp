@@ -7,7 +7,7 @@
 
 #include "support/quantizer_inputs.hpp"
 
-#include <qcoll/kernels/cpu/codes.hpp>
+#include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 

@@ -34,8 +34,8 @@
 /// with its own residual.
 
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
 #include <qcoll/kernels/cpu/dispatch.hpp>
+#include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/quantizers/framed.hpp>
 
 #include <algorithm>

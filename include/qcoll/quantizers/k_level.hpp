@@ -53,9 +53,9 @@
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
 #include <qcoll/kernels/cpu/dispatch.hpp>
-#include <qcoll/kernels/cpu/k_level_common.hpp>
+#include <qcoll/kernels/group/codes.hpp>
+#include <qcoll/kernels/group/k_level.hpp>
 #include <qcoll/quantizers/framed.hpp>
 
 #include <array>

@@ -60,9 +60,9 @@
 /// apply() modifies the object; the const accessors may run concurrently with each
 /// other, not with apply().
 
-#include <qcoll/detail/check.hpp>
 #include <qcoll/core/error.hpp>
-#include <qcoll/kernels/cpu/bfp_common.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/kernels/group/bfp.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -2,8 +2,8 @@
 /// @file
 /// Scalar reduce kernels: the reference (the test oracle) for every other backend.
 
-#include <qcoll/kernels/reduce_ops.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/kernels/reduce_ops.hpp>
 
 #include <cstddef>
 #include <span>

@@ -6,7 +6,6 @@
 /// only when its instruction set is enabled): src/kernels.cpp does that once per
 /// architecture; a header-only build gets the one its own flags enable.
 
-#include <qcoll/kernels/cpu/abi.hpp>
 #include <qcoll/kernels/cpu/kernel_table.hpp>
 #include <qcoll/kernels/cpu/reference/bfp.hpp>
 #include <qcoll/kernels/cpu/reference/k_level.hpp>
@@ -14,6 +13,7 @@
 #include <qcoll/kernels/cpu/simd/bfp.hpp>
 #include <qcoll/kernels/cpu/simd/k_level.hpp>
 #include <qcoll/kernels/cpu/simd/one_bit.hpp>
+#include <qcoll/kernels/group/abi.hpp>
 
 #include <xsimd/xsimd.hpp>
 

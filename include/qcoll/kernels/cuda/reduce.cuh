@@ -4,8 +4,8 @@
 /// operators as the scalar reference (kernels/reduce_ops.hpp), so results match it
 /// bit for bit — except NaN payloads, which the GPU canonicalises; NaN stays NaN.
 
-#include <qcoll/kernels/reduce_ops.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/kernels/reduce_ops.hpp>
 
 #include <cuda_runtime.h>
 

@@ -1,11 +1,11 @@
 #pragma once
 /// @file
-/// The bfp reference kernels: plain loops over the shared rules of bfp_common.hpp
+/// The bfp reference kernels: plain loops over the shared rules of kernels/group/bfp.hpp
 /// that define the results every other backend must reproduce bit for bit.
 
-#include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/kernels/cpu/bfp_common.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/bfp.hpp>
+#include <qcoll/kernels/group/codes.hpp>
 
 #include <cstddef>
 #include <cstdint>

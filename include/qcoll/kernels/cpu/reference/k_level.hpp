@@ -3,9 +3,9 @@
 /// The k_level reference kernels: plain loops that define the results every other
 /// backend must reproduce bit for bit (quantizers/k_level.hpp states the semantics).
 
-#include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
-#include <qcoll/kernels/cpu/k_level_common.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/codes.hpp>
+#include <qcoll/kernels/group/k_level.hpp>
 
 #include <array>
 #include <cstddef>

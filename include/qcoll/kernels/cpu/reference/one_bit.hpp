@@ -3,10 +3,10 @@
 /// The one_bit reference kernels: plain loops that define the results every other
 /// backend must reproduce bit for bit.
 
-#include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
-#include <qcoll/kernels/cpu/lanes.hpp>
-#include <qcoll/kernels/cpu/one_bit_common.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/codes.hpp>
+#include <qcoll/kernels/group/lanes.hpp>
+#include <qcoll/kernels/group/one_bit.hpp>
 
 #include <algorithm>
 #include <bit>

@@ -2,14 +2,14 @@
 /// @file
 /// bfp kernels over xsimd batches. Per block: the largest magnitude as an integer
 /// max over the values' bits (exact, order-free), the shared decisions of
-/// bfp_common.hpp, then the mantissas W at a time into a stack buffer that
+/// kernels/group/bfp.hpp, then the mantissas W at a time into a stack buffer that
 /// pack_codes packs. Each operation is the reference's IEEE operation in the same
 /// order, and values past the last whole register go through the reference's
 /// scalar code, so the results match the reference bit for bit.
 
-#include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/kernels/cpu/bfp_common.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/bfp.hpp>
+#include <qcoll/kernels/group/codes.hpp>
 
 #include <xsimd/xsimd.hpp>
 

@@ -1,15 +1,15 @@
 #pragma once
 /// @file
 /// k_level kernels over xsimd batches. Each value goes through the same IEEE
-/// operations as in the reference (k_level_common.hpp), W lanes at a time; the last
+/// operations as in the reference (kernels/group/k_level.hpp), W lanes at a time; the last
 /// partial vector of a group, and a vector whose values straddle a change of the
 /// random key, take the shared scalar code. Codes are computed into a stack buffer
 /// and packed by the one packer every backend uses, so the results match the
 /// reference bit for bit.
 
-#include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
-#include <qcoll/kernels/cpu/k_level_common.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/codes.hpp>
+#include <qcoll/kernels/group/k_level.hpp>
 
 #include <xsimd/xsimd.hpp>
 

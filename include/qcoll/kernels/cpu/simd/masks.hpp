@@ -3,7 +3,7 @@
 /// Between xsimd lane masks and packed bits (lane j = bit j), which xsimd 8.1 does
 /// not offer. The most specific architecture wins; others fall back to memory.
 
-#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/group/abi.hpp>
 #include <xsimd/xsimd.hpp>
 
 #include <array>

@@ -5,11 +5,11 @@
 /// last partial block to the same scalar code as the reference, so the results
 /// match the reference bit for bit.
 
-#include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
-#include <qcoll/kernels/cpu/lanes.hpp>
-#include <qcoll/kernels/cpu/one_bit_common.hpp>
 #include <qcoll/kernels/cpu/simd/masks.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/codes.hpp>
+#include <qcoll/kernels/group/lanes.hpp>
+#include <qcoll/kernels/group/one_bit.hpp>
 
 #include <xsimd/xsimd.hpp>
 

@@ -7,8 +7,8 @@
 /// these functions for the last partial vector of a group, so every backend gives
 /// the same bits. quantizers/k_level.hpp states the semantics.
 
-#include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/quantizers/format/options.hpp>
 #include <qcoll/quantizers/format/wire.hpp>
 

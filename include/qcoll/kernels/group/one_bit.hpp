@@ -5,9 +5,9 @@
 /// that overflow float), the scalar loops the SIMD kernels run on a group's last
 /// partial block (so it is the reference's own code), and the walk over a frame.
 
-#include <qcoll/kernels/cpu/abi.hpp>
-#include <qcoll/kernels/cpu/codes.hpp>
-#include <qcoll/kernels/cpu/lanes.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/codes.hpp>
+#include <qcoll/kernels/group/lanes.hpp>
 #include <qcoll/quantizers/format/options.hpp>
 #include <qcoll/quantizers/format/wire.hpp>
 

@@ -3,7 +3,7 @@
 /// Packing and unpacking the fixed-width codes of a group record, shared by every
 /// backend (the arithmetic is vectorised; the bit packing is this one piece of code).
 
-#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/quantizers/format/wire.hpp>
 
 #include <cstddef>

@@ -6,6 +6,14 @@
 /// the AVX-512 build of it — for every caller, and a CPU without AVX-512 would
 /// crash. Kernel code therefore calls only functions inside this namespace,
 /// compiler builtins and intrinsics (no std:: algorithms, no std::isfinite).
+///
+/// kernels/group/ is the bottom of the kernel layer: the arithmetic of one group
+/// (or block) record and the code packing, which the scalar reference
+/// (kernels/cpu/reference/) and the xsimd kernels (kernels/cpu/simd/) share as one
+/// piece of code, so that they give the same bits; it includes nothing else of
+/// kernels/. kernels/cpu/tables.hpp and dispatch.hpp sit above the backends. The
+/// code here stays in namespace qcoll::kernels::cpu for now: the quantizers name
+/// kernels::cpu::bfp_detail, k_level_detail and unpack_codes.
 
 #include <cstddef>
 #include <cstdint>

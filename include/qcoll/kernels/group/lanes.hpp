@@ -6,7 +6,7 @@
 /// one, the reference in an array: all add the same numbers in the same order, so
 /// sums — and everything computed from them — are bit-identical across backends.
 
-#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/group/abi.hpp>
 #include <array>
 #include <cstddef>
 

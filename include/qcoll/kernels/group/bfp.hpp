@@ -4,7 +4,7 @@
 /// piece of scalar code: the shared exponent from the block's largest magnitude,
 /// the exact powers of two that scale by it, the rounding of one value to its
 /// mantissa, and the non-finite marker. The SIMD kernels vectorise the same
-/// operations in the same order (simd/bfp.hpp) and use these for their tails.
+/// operations in the same order (cpu/simd/bfp.hpp) and use these for their tails.
 ///
 /// @par The rules (spec bfp-lazy-update.md §2; b = mantissa bits with the sign)
 /// - v = x + residual (x alone without error feedback); m = max |v| over the block,
@@ -21,7 +21,7 @@
 /// - decoded = float(q) · 2^e (convert, then an exact power-of-two multiply);
 ///   residual = v − decoded. Error ≤ 2^e / 2 except for saturated values (≤ 2^e).
 
-#include <qcoll/kernels/cpu/abi.hpp>
+#include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/quantizers/format/options.hpp>
 #include <qcoll/quantizers/format/wire.hpp>
 
