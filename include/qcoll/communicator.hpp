@@ -29,7 +29,8 @@
 #include <qcoll/plan.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
-#include <qcoll/transports/message.hpp>
+#include <qcoll/core/message.hpp>
+#include <qcoll/detail/describe.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -316,7 +317,7 @@ class communicator {
     // A rank that arrives after the abort gets the cause's code, like those that were waiting.
     if (const transports::failure failed = transport_.failure(); failed.code)
       throw error(failed.code, fmt::format("qcoll {} on rank {} of {}: the communicator was aborted: {}",
-                                           transports::describe(header), rank(), size(), failed.reason));
+                                           qcoll::detail::describe(header), rank(), size(), failed.reason));
     return algorithms::primitives<Transport>(transport_, header, options_.timeout);
   }
 

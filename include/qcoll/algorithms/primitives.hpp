@@ -8,7 +8,8 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
-#include <qcoll/transports/message.hpp>
+#include <qcoll/core/message.hpp>
+#include <qcoll/detail/describe.hpp>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -103,7 +104,7 @@ class primitives {
   /// The same for a failure found outside the primitives (say, an exception from a
   /// kernel): the transport is aborted unless something already aborted it.
   [[noreturn]] void fail_with(std::error_code code, const std::string& detail) {
-    const std::string message = fmt::format("qcoll {} on rank {} of {}: {}", transports::describe(header_),
+    const std::string message = fmt::format("qcoll {} on rank {} of {}: {}", qcoll::detail::describe(header_),
                                             transport_.rank(), transport_.size(), detail);
     transport_.abort(code, message);
     throw error(code, message);
@@ -122,8 +123,8 @@ class primitives {
       const transports::message_header& got = r.header();
       if (got != header_) {
         fail_with(make_error_code(mismatch_of(got)),
-                  fmt::format("peer {} called {} but this rank called {}", from, transports::describe(got),
-                              transports::describe(header_)));
+                  fmt::format("peer {} called {} but this rank called {}", from, qcoll::detail::describe(got),
+                              qcoll::detail::describe(header_)));
       }
       if (code) {
         fail_with(code, fmt::format("peer {} sent {} bytes where {} were expected", from, r.transferred(), bytes));
@@ -137,7 +138,7 @@ class primitives {
     if (const transports::failure failed = transport_.failure(); failed.code) {
       // Another rank (or this one, earlier) aborted: pass its code and words on, it knows why.
       throw error(failed.code, fmt::format("qcoll {} on rank {} of {}: waiting for peer {}: {}",
-                                           transports::describe(header_), transport_.rank(), transport_.size(), peer,
+                                           qcoll::detail::describe(header_), transport_.rank(), transport_.size(), peer,
                                            failed.reason));
     }
     if (code == errc::timeout)

@@ -1,13 +1,14 @@
 #pragma once
 /// @file
-/// The header every message of a collective carries, and what a transport says
-/// once it can no longer deliver. A receiver compares the header it got with the
+/// The header every message of a collective carries, what every transport's
+/// request reports, and what a transport says once it can no longer deliver. A receiver compares the header it got with the
 /// one it expects, so ranks that disagree about the call (count, type, operation,
 /// root, or how many collectives they have run) are told precisely, instead of
 /// reducing mismatched bytes. Vocabulary of the transport concept: no fmt here.
 
 #include <qcoll/core/types.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <system_error>
@@ -27,6 +28,34 @@ struct message_header {
   std::uint8_t reserved = 0;
 
   friend bool operator==(const message_header&, const message_header&) = default;
+};
+
+/// What every transport's request reports: the header that arrived with a received
+/// message and the bytes moved (for a receive of the wrong size: the size the sender
+/// announced) — and what a transport records about any posted request. A request is
+/// caller-owned and must not move while posted, so it is not copyable; each transport
+/// derives its request from this and adds its own bookkeeping.
+class request_base {
+ public:
+  request_base() = default;
+  request_base(const request_base&) = delete;
+  request_base& operator=(const request_base&) = delete;
+
+  const message_header& header() const noexcept { return header_; }
+  std::size_t transferred() const noexcept { return transferred_; }
+
+ protected:
+  ~request_base() = default;
+
+  message_header header_{};
+  std::size_t transferred_ = 0;
+  rank_t peer_ = 0;
+  tag_t tag_ = 0;
+  bool is_send_ = false;
+  const std::byte* send_data_ = nullptr;
+  std::byte* recv_data_ = nullptr;
+  std::size_t size_ = 0;  // bytes to send, or capacity of the receive buffer
+  std::error_code result_{};
 };
 
 /// Why a transport can no longer deliver: the first abort's code and words.

@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
 #include <type_traits>
 
 namespace qcoll {
@@ -46,7 +45,7 @@ enum class collective : std::uint8_t {
   grid_allreduce = 7,        ///< allreduce over a mesh or torus plan (grid_allreduce_plan)
 };
 
-constexpr std::string_view to_string(dtype type) noexcept {
+constexpr const char* to_string(dtype type) noexcept {
   switch (type) {
     case dtype::f32: return "f32";
     case dtype::f64: return "f64";
@@ -56,7 +55,7 @@ constexpr std::string_view to_string(dtype type) noexcept {
   return "dtype?";
 }
 
-constexpr std::string_view to_string(reduce_op op) noexcept {
+constexpr const char* to_string(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";
     case reduce_op::avg: return "avg";
@@ -66,7 +65,7 @@ constexpr std::string_view to_string(reduce_op op) noexcept {
   return "reduce_op?";
 }
 
-constexpr std::string_view to_string(collective kind) noexcept {
+constexpr const char* to_string(collective kind) noexcept {
   switch (kind) {
     case collective::allreduce: return "allreduce";
     case collective::reduce_scatter: return "reduce_scatter";

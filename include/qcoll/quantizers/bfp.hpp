@@ -10,7 +10,7 @@
 /// spec's reading) — then a caller may cut buffers anywhere, and each piece gets
 /// its own exponent.
 ///
-/// @par Rules (kernels/cpu/bfp_common.hpp has them in code)
+/// @par Rules (kernels/group/bfp.hpp has them in code)
 /// - v = x + residual (x alone without a residual); m = max |v| over the block.
 /// - e = ceil(log2 m) − (b − 1), computed exactly from m's bits, clamped below at
 ///   −127; an all-zero block gets e = −127 and zero mantissas. Hence

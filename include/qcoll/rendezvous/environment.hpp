@@ -224,7 +224,7 @@ struct launcher_family {
 };
 
 inline constexpr launcher_family launcher_families[] = {
-    {"qcoll", "QCOLL_RANK", "QCOLL_WORLD_SIZE", "QCOLL_LOCAL_RANK", "QCOLL_LOCAL_WORLD_SIZE"},
+    {"qcoll", variables::rank, variables::world_size, variables::local_rank, variables::local_world_size},
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
     {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
@@ -289,7 +289,7 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
   }
 
   // Job id, part 1: what a launcher named.
-  if (auto id = read_variable(lookup, "QCOLL_JOB_ID")) {
+  if (auto id = read_variable(lookup, variables::job_id)) {
     result.job_id = *id;
   } else if (auto run_id = read_variable(lookup, "TORCHELASTIC_RUN_ID"); run_id && *run_id != "none") {
     result.job_id = *run_id;
@@ -302,8 +302,8 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
   // Store address.
   const auto master_addr = read_variable(lookup, "MASTER_ADDR");
   const auto master_port = read_variable(lookup, "MASTER_PORT");
-  if (auto store = read_variable(lookup, "QCOLL_STORE")) {
-    auto [host, port] = detail::parse_host_port("QCOLL_STORE", *store);
+  if (auto store = read_variable(lookup, variables::store)) {
+    auto [host, port] = detail::parse_host_port(variables::store, *store);
     result.store_host = std::move(host);
     result.store_port = port;
   } else if (master_addr || master_port) {
@@ -352,13 +352,13 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
   }
 
   // Secret.
-  if (auto secret = read_variable(lookup, "QCOLL_SECRET")) {
+  if (auto secret = read_variable(lookup, variables::secret)) {
     result.secret = *secret;
-  } else if (auto path = read_variable(lookup, "QCOLL_SECRET_FILE")) {
+  } else if (auto path = read_variable(lookup, variables::secret_file)) {
     result.secret = detail::read_secret_file(*path);
   }
 
-  if (auto transport = read_variable(lookup, "QCOLL_TRANSPORT")) {
+  if (auto transport = read_variable(lookup, variables::transport)) {
     if (*transport == "shm") {
       result.transport = transport_kind::shm;
     } else if (*transport == "tcp") {
@@ -371,10 +371,10 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
     }
   }
 
-  if (auto bind = read_variable(lookup, "QCOLL_BIND")) result.bind_address = *bind;
+  if (auto bind = read_variable(lookup, variables::bind)) result.bind_address = *bind;
 
-  if (auto timeout = read_variable(lookup, "QCOLL_TIMEOUT_MS")) {
-    const auto ms = detail::parse_number("QCOLL_TIMEOUT_MS", *timeout, std::numeric_limits<std::uint32_t>::max());
+  if (auto timeout = read_variable(lookup, variables::timeout_ms)) {
+    const auto ms = detail::parse_number(variables::timeout_ms, *timeout, std::numeric_limits<std::uint32_t>::max());
     if (ms == 0)
       qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_TIMEOUT_MS=0: the timeout must be at least 1 ms",
                                  environment_error_prefix);

@@ -11,7 +11,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/core/error.hpp>
-#include <qcoll/transports/message.hpp>
+#include <qcoll/core/message.hpp>
 
 #include <condition_variable>
 #include <cstddef>

@@ -133,7 +133,7 @@ inline std::error_code check_header(std::span<const std::byte> frame, const fram
 
 /// Codes are packed LSB-first: code i of a group occupies bits [i*b, i*b + b) of
 /// the little-endian bit string that starts at the group's first code byte
-/// (kernels/cpu/codes.hpp packs them). Unused bits of the last byte are zero.
+/// (kernels/group/codes.hpp packs them). Unused bits of the last byte are zero.
 ///
 /// True when the bits after the last code of a packed group are all zero, as the
 /// encoder leaves them (a decoder rejects anything else as malformed).

@@ -20,7 +20,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/core/error.hpp>
-#include <qcoll/transports/message.hpp>
+#include <qcoll/core/message.hpp>
 #include <qcoll/transports/stream/records.hpp>
 
 #include <algorithm>

@@ -17,7 +17,7 @@
 
 #include <qcoll/detail/little_endian.hpp>
 #include <qcoll/core/error.hpp>
-#include <qcoll/transports/message.hpp>
+#include <qcoll/core/message.hpp>
 #include <qcoll/core/types.hpp>
 
 #include <array>

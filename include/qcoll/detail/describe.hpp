@@ -1,0 +1,34 @@
+#pragma once
+/// @file
+/// How error messages name a call.
+
+#include <qcoll/core/message.hpp>
+#include <qcoll/core/types.hpp>
+
+#include <fmt/format.h>
+
+#include <string>
+
+namespace qcoll::detail {
+
+/// "allreduce(count=1000, f32, sum) #3", as error messages name a call.
+inline std::string describe(const transports::message_header& h) {
+  switch (h.kind) {
+    case collective::barrier: return fmt::format("barrier #{}", h.sequence);
+    case collective::all_gather:
+      return fmt::format("all_gather(count={}, {}) #{}", h.count, to_string(h.type), h.sequence);
+    case collective::broadcast:
+      return fmt::format("broadcast(count={}, {}, root={}) #{}", h.count, to_string(h.type), h.root,
+                         h.sequence);
+    case collective::allreduce:
+    case collective::reduce_scatter:
+    case collective::compressed_allreduce: break;
+    case collective::grid_allreduce:
+      return fmt::format("grid_allreduce(count={}, {}, {}, plan {:08x}) #{}", h.count, to_string(h.type),
+                         to_string(h.op), h.root, h.sequence);
+  }
+  return fmt::format("{}(count={}, {}, {}) #{}", to_string(h.kind), h.count, to_string(h.type),
+                     to_string(h.op), h.sequence);
+}
+
+}  // namespace qcoll::detail
