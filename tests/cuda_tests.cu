@@ -18,7 +18,7 @@ int passed = 0, failed = 0;
 
 void check(bool ok, const char* what, std::size_t n, qcoll::reduce_op op) {
   ++(ok ? passed : failed);
-  if (!ok) std::printf("FAILED: %s (n=%zu, op=%s)\n", what, n, qcoll::to_string(op).data());
+  if (!ok) std::printf("FAILED: %s (n=%zu, op=%s)\n", what, n, qcoll::to_string(op));
 }
 
 template <class T>

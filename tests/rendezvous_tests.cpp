@@ -174,21 +174,21 @@ BOOST_AUTO_TEST_SUITE_END()
 
 namespace {
 
-using variables = std::map<std::string, std::string>;
+using environment_map = std::map<std::string, std::string>;
 
-job job_from(const variables& vars) {
+job job_from(const environment_map& vars) {
   return job_from_environment([&](const char* name) -> const char* {
     const auto found = vars.find(name);
     return found == vars.end() ? nullptr : found->second.c_str();
   });
 }
 
-outcome job_error(const variables& vars) {
+outcome job_error(const environment_map& vars) {
   return capture([&] { job_from(vars); });
 }
 
 // What Debian's Open MPI 4.1 mpirun exported to `mpirun -np 2 env` on this machine (rank 1).
-variables open_mpi_rank1() {
+environment_map open_mpi_rank1() {
   return {{"OMPI_COMM_WORLD_RANK", "1"},        {"OMPI_COMM_WORLD_SIZE", "2"},
           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},  {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
           {"OMPI_COMM_WORLD_NODE_RANK", "1"},   {"OMPI_MCA_ess_base_jobid", "1773666305"},
@@ -196,7 +196,7 @@ variables open_mpi_rank1() {
           {"OMPI_MCA_orte_num_nodes", "1"},     {"OMPI_UNIVERSE_SIZE", "2"}};
 }
 
-variables qcoll_rank(std::string rank, std::string size) {
+environment_map qcoll_rank(std::string rank, std::string size) {
   return {{"QCOLL_RANK", rank}, {"QCOLL_WORLD_SIZE", size}, {"QCOLL_STORE", "127.0.0.1:29517"}};
 }
 
@@ -275,7 +275,7 @@ BOOST_AUTO_TEST_CASE(empty_values_count_as_unset) {
 }
 
 BOOST_AUTO_TEST_CASE(torchrun_family) {
-  variables vars{{"RANK", "3"},        {"WORLD_SIZE", "8"},       {"LOCAL_RANK", "3"},
+  environment_map vars{{"RANK", "3"},        {"WORLD_SIZE", "8"},       {"LOCAL_RANK", "3"},
                  {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
                  {"TORCHELASTIC_RUN_ID", "a1b2c3"}};
   job j = job_from(vars);
@@ -343,7 +343,7 @@ BOOST_AUTO_TEST_CASE(open_mpi_on_several_hosts_needs_an_address) {
 }
 
 BOOST_AUTO_TEST_CASE(precedence_qcoll_over_torchrun_over_open_mpi) {
-  variables vars = open_mpi_rank1();
+  environment_map vars = open_mpi_rank1();
   vars.insert({{"RANK", "5"},
                {"WORLD_SIZE", "6"},
                {"LOCAL_RANK", "1"},
@@ -461,7 +461,7 @@ BOOST_AUTO_TEST_CASE(secret_from_a_file) {
 }
 
 BOOST_AUTO_TEST_CASE(reads_the_process_environment) {
-  // The getenv overload, on variables no launcher sets, restored afterwards.
+  // The getenv overload, on environment_map no launcher sets, restored afterwards.
   const char* names[] = {"QCOLL_RANK", "QCOLL_WORLD_SIZE", "QCOLL_STORE", "QCOLL_JOB_ID"};
   std::map<std::string, std::optional<std::string>> saved;
   for (const char* name : names) {
