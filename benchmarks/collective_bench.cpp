@@ -35,7 +35,7 @@
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/grid_allreduce.hpp>
-#include <qcoll/topologies/planner.hpp>
+#include <qcoll/topologies/router.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>
@@ -352,13 +352,13 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
 
     // --grid: the same variants through the grid allreduce on a healthy torus.
     if (!o.grid_extents.empty()) {
-      const qcoll::topologies::reduction_plan schedule =
-          qcoll::topologies::plan_reduction(qcoll::topologies::torus(o.grid_extents));
+      const qcoll::topologies::grid_routing routing =
+          qcoll::topologies::route_grid(qcoll::topologies::torus(o.grid_extents));
       for (const variant_spec& v : ctx.variants)
         std::visit(
             [&](const auto& quantizer) {
               using Q = std::decay_t<decltype(quantizer)>;
-              qcoll::grid_allreduce_plan<Q> plan(comm, schedule, count, quantizer);
+              qcoll::grid_allreduce_plan<Q> plan(comm, routing, count, quantizer);
               bench::compressed_table::row_data row =
                   measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy());
               row.variant = "grid:" + v.variant.name;

@@ -61,7 +61,7 @@
 #include <qcoll/core/partition.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/topologies/grid.hpp>
-#include <qcoll/topologies/planner.hpp>
+#include <qcoll/topologies/router.hpp>
 #include <qcoll/transports/inproc.hpp>
 
 #include <fmt/format.h>
@@ -104,7 +104,7 @@ constexpr std::size_t grid_side = 4;
 constexpr rank_t nodes = grid_side * grid_side;
 constexpr rank_t crashing_node = 1 * grid_side + 1;  // b2
 constexpr rank_t hanging_node = 1 * grid_side + 2;   // b3
-// b2 and b3 are neighbours: a failed region, which the planner routes around by
+// b2 and b3 are neighbours: a failed region, which the router routes around by
 // forwarding (scattered faults would be hosted instead; the drawing shows which).
 // Measured over seeds 1–10 with the failure: the defaults end at 0.917–0.952 (0.81–0.91
 // at step 100); --steps 200 --fail-at 60, the test's run, ends at 0.896–0.937 and
@@ -484,13 +484,13 @@ class node_process {
  private:
   node_outcome::end train(communicator& comm, const group& g) {
     const bool printing = comm.rank() == 0;
-    const topo::reduction_plan schedule = plan_for(g);
+    const topo::grid_routing routing = routing_for(g);
     // Rank r plays the r-th node that is not fully degraded: the plan's default mapping.
-    qcoll::grid_allreduce_plan exchange(comm, schedule, mlp::size, qcoll::quantizers::one_bit{});
+    qcoll::grid_allreduce_plan exchange(comm, routing, mlp::size, qcoll::quantizers::one_bit{});
     if (g.generation == 0) {
-      if (printing) print_introduction(schedule);
+      if (printing) print_introduction(routing);
     } else {
-      recover(comm, g, schedule);
+      recover(comm, g, routing);
     }
 
     double loss = 0, trained = 0;  // since the last row
@@ -531,11 +531,11 @@ class node_process {
     return node_outcome::end::hung;
   }
 
-  topo::reduction_plan plan_for(const group& g) const {
+  topo::grid_routing routing_for(const group& g) const {
     topo::grid_faults faults;
     for (rank_t v = 0; v < nodes; ++v)
       if (!std::binary_search(g.nodes.begin(), g.nodes.end(), v)) faults.nodes.push_back(topo::degraded_node::fully(v));
-    return topo::plan_reduction(topo::torus({grid_side, grid_side}, std::move(faults)));
+    return topo::route_grid(topo::torus({grid_side, grid_side}, std::move(faults)));
   }
 
   /// This rank's samples of the step: drawn from its shard of the training set (the
@@ -561,7 +561,7 @@ class node_process {
     return totals[2] / double(setup_.p.test.size());
   }
 
-  void recover(communicator& comm, const group& g, const topo::reduction_plan& schedule) {
+  void recover(communicator& comm, const group& g, const topo::grid_routing& routing) {
     const bool printing = comm.rank() == 0;
     // What each survivor saw: its error code and how long the failed call ran.
     std::array<double, 2> mine{-1, 0};
@@ -569,7 +569,7 @@ class node_process {
     std::vector<double> all(2 * comm.size());
     calling("the all_gather of what failed");
     comm.all_gather(std::span<const double>(mine), std::span(all));
-    if (printing) print_detection(g, schedule, all);
+    if (printing) print_detection(g, routing, all);
 
     // Rank 0's parameters, momentum and step count for everyone.
     std::vector<float> carried(2 * mlp::size);
@@ -588,7 +588,7 @@ class node_process {
     if (printing) {
       fmt::print("group {}: {} ranks; rank 0 ({}) broadcast its parameters, momentum and step count ({}); "
                  "the old plan's 1-bit residuals are dropped; step {} is redone\n",
-                 g.generation, comm.size(), schedule.shape().name(g.nodes[0]), state_.step, state_.step);
+                 g.generation, comm.size(), routing.shape().name(g.nodes[0]), state_.step, state_.step);
       if (seen_) {
         const std::chrono::duration<double> took = clock_type::now() - seen_->detected_at;
         fmt::print("recovery: {:.2f} s from detecting the failure to training again (mostly the membership grace)\n",
@@ -596,7 +596,7 @@ class node_process {
       }
       fmt::print("\n");
       print_header();
-      print_row(schedule.divisor(), -1, accuracy, "  <- re-formed here: training goes on without the lost nodes");
+      print_row(routing.divisor(), -1, accuracy, "  <- re-formed here: training goes on without the lost nodes");
     }
   }
 
@@ -628,7 +628,7 @@ class node_process {
     call_started_ = clock_type::now();
   }
 
-  void print_introduction(const topo::reduction_plan& schedule) const {
+  void print_introduction(const topo::grid_routing& routing) const {
     fmt::print("data-parallel training on a {}×{} torus of {} local ranks (threads of this process, one in-process "
                "endpoint each)\n",
                grid_side, grid_side, nodes);
@@ -638,7 +638,7 @@ class node_process {
                s_.batch_per_rank, s_.steps, s_.seed);
     fmt::print("gradients: grid allreduce, 1-bit quantizer with error feedback; communicator timeout {} ms\n",
                s_.timeout.count());
-    const topo::grid_shape& shape = schedule.shape();
+    const topo::grid_shape& shape = routing.shape();
     switch (s_.failure) {
       case failure_kind::none: fmt::print("no failure (the baseline)\n"); break;
       case failure_kind::crash:
@@ -670,8 +670,8 @@ class node_process {
     std::fflush(stdout);
   }
 
-  void print_detection(const group& g, const topo::reduction_plan& schedule, std::span<const double> all) const {
-    const topo::grid_shape& shape = schedule.shape();
+  void print_detection(const group& g, const topo::grid_routing& routing, std::span<const double> all) const {
+    const topo::grid_shape& shape = routing.shape();
     double fastest = 1e300, slowest = 0;
     std::map<int, std::size_t> codes;
     for (std::size_t r = 0; r < all.size() / 2; ++r) {
@@ -697,8 +697,8 @@ class node_process {
     fmt::print("re-planned for the {} survivors (#: core; A, B, …: forwarding sub-networks; X: degraded; < > ^ v: "
                "forwarding hops):\n",
                g.nodes.size());
-    fmt::print("{}", schedule.draw());
-    const std::string text = schedule.describe();
+    fmt::print("{}", routing.draw());
+    const std::string text = routing.describe();
     for (std::size_t begin = 0; begin < text.size();) {
       const std::size_t end = std::min(text.find('\n', begin), text.size());
       const std::string_view line(text.data() + begin, end - begin);

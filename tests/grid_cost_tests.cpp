@@ -34,8 +34,8 @@ topo::grid_faults fully(std::initializer_list<rank_t> nodes) {
 }
 
 /// The spec's process: degraded nodes are not hosted, their groups forward.
-topo::planner_options options(std::vector<std::size_t> order, topo::forwarding mode) {
-  topo::planner_options o;
+topo::routing_options options(std::vector<std::size_t> order, topo::forwarding mode) {
+  topo::routing_options o;
   o.dimension_order = std::move(order);
   o.mode = mode;
   o.host_degraded = topo::hosting::never;
@@ -47,11 +47,11 @@ topo::planner_options options(std::vector<std::size_t> order, topo::forwarding m
 /// forwarded vector is 48 bytes.
 struct fig_5b {
   topo::mesh grid{{4, 4}, fully({at("a1"), at("a2"), at("b1"), at("b2")})};
-  topo::reduction_plan plan;
+  topo::grid_routing plan;
   grid_schedule schedule;
 
   explicit fig_5b(topo::forwarding mode)
-      : plan(topo::plan_reduction(grid, options({1, 0}, mode))), schedule(plan, 12, 1, four_bytes_each) {}
+      : plan(topo::route_grid(grid, options({1, 0}, mode))), schedule(plan, 12, 1, four_bytes_each) {}
 };
 
 /// Rows c and d run the 4-member ring (mesh: the closing hop goes back along the
@@ -79,7 +79,7 @@ BOOST_AUTO_TEST_CASE(healthy_ring_charges_each_forward_link_six_blocks) {
   // 1×4 torus, 8 values: blocks of 2 values (8 bytes), 3 reduce + 3 gather steps, all
   // in the +1 direction.
   const topo::torus ring({1, 4});
-  const topo::reduction_plan plan = topo::plan_reduction(ring);
+  const topo::grid_routing plan = topo::route_grid(ring);
   const grid_schedule schedule(plan, 8, 1, four_bytes_each);
   const algorithms::grid_traffic traffic = algorithms::traffic_of(schedule);
   for (rank_t v = 0; v < 4; ++v) {
@@ -102,7 +102,7 @@ BOOST_AUTO_TEST_CASE(healthy_2x2_mesh_reduces_columns_then_rows) {
   // 8 values: along columns every node sends half (16 bytes) each way, reduce and
   // gather; along rows a quarter (8 bytes).
   const topo::mesh square({2, 2});
-  const topo::reduction_plan plan = topo::plan_reduction(square);
+  const topo::grid_routing plan = topo::route_grid(square);
   const grid_schedule schedule(plan, 8, 1, four_bytes_each);
   const algorithms::grid_traffic traffic = algorithms::traffic_of(schedule);
   BOOST_TEST(traffic.link_bytes(0, 2) == 32u);
@@ -186,7 +186,7 @@ BOOST_AUTO_TEST_CASE(flat_ring_routes_around_a_dead_node) {
 BOOST_AUTO_TEST_CASE(flat_ring_equals_the_schedule_on_a_healthy_ring) {
   // 13 values over 5: blocks of 3, 3, 3, 2, 2 values, so every edge differs.
   const topo::torus line({1, 5});
-  const topo::reduction_plan plan = topo::plan_reduction(line);
+  const topo::grid_routing plan = topo::route_grid(line);
   const grid_schedule schedule(plan, 13, 1, four_bytes_each);
   const algorithms::grid_traffic planned = algorithms::traffic_of(schedule);
   const algorithms::grid_traffic flat = algorithms::flat_ring_traffic(line, 13, four_bytes_each);

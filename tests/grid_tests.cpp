@@ -1,4 +1,4 @@
-// N-D meshes and tori with degraded nodes: the topology, the planner (the spec's
+// N-D meshes and tori with degraded nodes: the topology, the router (the spec's
 // worked examples, and properties of random plans on 2-D to 4-D shapes), and the
 // grid allreduce over the in-process transport with every quantizer.
 #define BOOST_TEST_MODULE grid
@@ -35,8 +35,8 @@ topo::grid_faults fully(std::initializer_list<const char*> names) {
 }
 
 /// The spec's process (no hosting) unless `hosting`.
-topo::planner_options options(std::vector<std::size_t> order, topo::forwarding mode, bool hosting = false) {
-  topo::planner_options o;
+topo::routing_options options(std::vector<std::size_t> order, topo::forwarding mode, bool hosting = false) {
+  topo::routing_options o;
   o.dimension_order = std::move(order);
   o.mode = mode;
   o.host_degraded = hosting ? topo::hosting::always : topo::hosting::never;
@@ -44,10 +44,10 @@ topo::planner_options options(std::vector<std::size_t> order, topo::forwarding m
 }
 
 /// The node that plays a schedule's end: the host of a core place.
-rank_t player(const topo::reduction_plan& plan, rank_t v) { return plan.in_core(v) ? plan.host_of(v) : v; }
+rank_t player(const topo::grid_routing& plan, rank_t v) { return plan.in_core(v) ? plan.host_of(v) : v; }
 
 /// Every route of a stage as "exit→receiver via n1 n2 …", and every tree edge as "m→parent".
-std::set<std::string> routes_of(const topo::reduction_plan& plan, std::size_t stage) {
+std::set<std::string> routes_of(const topo::grid_routing& plan, std::size_t stage) {
   std::set<std::string> routes;
   const auto& shape = plan.shape();
   for (const topo::sub_network& s : plan.stages()[stage].sub_networks) {
@@ -62,13 +62,13 @@ std::set<std::string> routes_of(const topo::reduction_plan& plan, std::size_t st
   return routes;
 }
 
-std::set<std::string> names(const topo::reduction_plan& plan, std::span<const rank_t> nodes) {
+std::set<std::string> names(const topo::grid_routing& plan, std::span<const rank_t> nodes) {
   std::set<std::string> result;
   for (rank_t v : nodes) result.insert(plan.shape().name(v));
   return result;
 }
 
-std::set<std::string> excluded_names(const topo::reduction_plan& plan) {
+std::set<std::string> excluded_names(const topo::grid_routing& plan) {
   std::set<std::string> result;
   for (const topo::excluded_node& e : plan.excluded()) result.insert(plan.shape().name(e.node));
   return result;
@@ -124,7 +124,7 @@ grid_outcome run_plans(std::vector<std::unique_ptr<grid_plan<Q>>>& plans,
 }
 
 template <class Q>
-std::vector<std::unique_ptr<grid_plan<Q>>> make_plans(const topo::reduction_plan& plan, std::size_t ranks,
+std::vector<std::unique_ptr<grid_plan<Q>>> make_plans(const topo::grid_routing& plan, std::size_t ranks,
                                                       std::size_t count, const Q& quantizer) {
   std::vector<std::unique_ptr<grid_plan<Q>>> plans;
   for (rank_t r = 0; r < ranks; ++r) plans.push_back(std::make_unique<grid_plan<Q>>(r, ranks, plan, count, quantizer));
@@ -147,7 +147,7 @@ std::vector<std::vector<std::vector<float>>> integer_inputs(std::size_t calls, s
 
 /// With identity every included rank gets exactly the sum (or average) of the
 /// included ranks' inputs; excluded ranks are told why and take no part.
-void check_exact_sums(const topo::reduction_plan& plan, std::size_t count = 517, reduce_op op = reduce_op::sum) {
+void check_exact_sums(const topo::grid_routing& plan, std::size_t count = 517, reduce_op op = reduce_op::sum) {
   const std::size_t n = plan.shape().size();
   auto plans = make_plans(plan, n, count, quantizers::identity<float>{});
   const auto inputs = integer_inputs(2, n, count, 11);
@@ -233,18 +233,18 @@ BOOST_AUTO_TEST_CASE(bad_shapes_and_faults_are_refused) {
   BOOST_TEST(refused([] { topo::mesh({2, 2}, {.nodes = {topo::degraded_node::fully(4)}}); }));
   BOOST_TEST(refused([] { topo::mesh({2, 2}, {.nodes = {topo::degraded_node::along_dimensions(0, {2})}}); }));
   BOOST_TEST(refused([] { topo::mesh({4, 4}, {.nodes = {}, .broken_links = {{node("a1"), node("b2")}}}); }));
-  BOOST_TEST(refused([] { topo::plan_reduction(topo::mesh({4, 4}), options({0, 0}, topo::forwarding::per_node)); }));
-  BOOST_TEST(refused([] { topo::plan_reduction(topo::mesh({4, 4}), options({1}, topo::forwarding::per_node)); }));
+  BOOST_TEST(refused([] { topo::route_grid(topo::mesh({4, 4}), options({0, 0}, topo::forwarding::per_node)); }));
+  BOOST_TEST(refused([] { topo::route_grid(topo::mesh({4, 4}), options({1}, topo::forwarding::per_node)); }));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
 
 // The spec's worked examples (degraded-torus.md §6), on 4×4 grids: the routes of the
 // figures, and exact sums through the executor with the identity quantizer.
-BOOST_AUTO_TEST_SUITE(grid_planner_figures)
+BOOST_AUTO_TEST_SUITE(grid_routing_figures)
 
 BOOST_AUTO_TEST_CASE(healthy_torus_is_all_core_with_no_forwarding) {
-  const auto plan = topo::plan_reduction(topo::torus({4, 4}));
+  const auto plan = topo::route_grid(topo::torus({4, 4}));
   BOOST_TEST(plan.core().size() == 16u);
   BOOST_TEST(plan.divisor() == 16u);
   BOOST_TEST(plan.excluded().empty());
@@ -265,7 +265,7 @@ BOOST_AUTO_TEST_CASE(figure_5a_partial_degradation_along_rows) {
   for (const char* n : {"b2", "b3", "c2", "c3"})
     faults.nodes.push_back(topo::degraded_node::along_dimensions(node(n), {1}));
   const topo::mesh grid({4, 4}, faults);
-  const auto plan = topo::plan_reduction(grid, options({}, topo::forwarding::per_node));
+  const auto plan = topo::route_grid(grid, options({}, topo::forwarding::per_node));
   BOOST_TEST(plan.dimension_order()[0] == 0u);
   BOOST_TEST(plan.stages()[1].forwarding_groups == 2u);  // rows b and c
   const auto routes = routes_of(plan, 1);
@@ -281,7 +281,7 @@ BOOST_AUTO_TEST_CASE(figure_5a_partial_degradation_along_rows) {
 // a4, b4 → c4; rows c and d reduce.
 BOOST_AUTO_TEST_CASE(figure_5b_forwarding_around_a_block) {
   const topo::mesh grid({4, 4}, fully({"a1", "a2", "b1", "b2"}));
-  const auto plan = topo::plan_reduction(grid, options({1, 0}, topo::forwarding::per_node));
+  const auto plan = topo::route_grid(grid, options({1, 0}, topo::forwarding::per_node));
   BOOST_TEST(routes_of(plan, 0) == (std::set<std::string>{"a3→c3 via a3 b3 c3", "b3→c3 via b3 c3",
                                                           "a4→c4 via a4 b4 c4", "b4→c4 via b4 c4"}));
   BOOST_TEST(plan.stages()[0].critical_groups == 2u);
@@ -304,11 +304,11 @@ BOOST_AUTO_TEST_CASE(figure_5b_forwarding_around_a_block) {
 
 // Fig. 5c: a1, b2, d4 degraded (not contiguous); row c is the only clean row.
 // b1, d1 → c1; a3, b3, d3 → c3; a4, b4 → c4; d2 → c2 by the general rule. The text
-// leaves a2 out (b2 blocks its column); the planner routes it along its row and
+// leaves a2 out (b2 blocks its column); the router routes it along its row and
 // down column 3 instead, so it is included.
 BOOST_AUTO_TEST_CASE(figure_5c_non_contiguous_faults) {
   const topo::mesh grid({4, 4}, fully({"a1", "b2", "d4"}));
-  const auto plan = topo::plan_reduction(grid, options({1, 0}, topo::forwarding::per_node));
+  const auto plan = topo::route_grid(grid, options({1, 0}, topo::forwarding::per_node));
   BOOST_TEST(routes_of(plan, 0) ==
              (std::set<std::string>{"b1→c1 via b1 c1", "d1→c1 via d1 c1", "a3→c3 via a3 b3 c3", "b3→c3 via b3 c3",
                                     "d3→c3 via d3 c3", "a4→c4 via a4 b4 c4", "b4→c4 via b4 c4", "d2→c2 via d2 c2",
@@ -317,7 +317,7 @@ BOOST_AUTO_TEST_CASE(figure_5c_non_contiguous_faults) {
   BOOST_TEST(plan.divisor() == 13u);
   // The heuristic: the degraded set is not contiguous, so the first dimension must
   // have a clean group (both do here: row c, column 3).
-  const auto heuristic = topo::plan_reduction(grid, options({}, topo::forwarding::sub_networks));
+  const auto heuristic = topo::route_grid(grid, options({}, topo::forwarding::sub_networks));
   BOOST_TEST(heuristic.stages()[0].critical_groups >= 1u);
   check_exact_sums(plan);
   check_exact_sums(heuristic);
@@ -329,7 +329,7 @@ BOOST_AUTO_TEST_CASE(figure_5c_non_contiguous_faults) {
 // exit carrying only its own tree (itself), so nothing is counted twice.
 BOOST_AUTO_TEST_CASE(figure_6_sub_networks_with_several_receivers) {
   const topo::mesh grid({4, 4}, fully({"b2", "a3", "b3"}));
-  const auto plan = topo::plan_reduction(grid, options({}, topo::forwarding::sub_networks));
+  const auto plan = topo::route_grid(grid, options({}, topo::forwarding::sub_networks));
   BOOST_TEST(plan.dimension_order()[0] == 0u);  // the heuristic picks columns, as the figure
   const auto& stage = plan.stages()[0];
   BOOST_TEST(stage.critical_groups == 2u);
@@ -350,11 +350,11 @@ BOOST_AUTO_TEST_CASE(figure_6_sub_networks_with_several_receivers) {
 // the forwarding.
 BOOST_AUTO_TEST_CASE(figure_7_torus_sub_network) {
   const auto faults = fully({"a1", "a2", "b1", "b2"});
-  const auto on_mesh = topo::plan_reduction(topo::mesh({4, 4}, faults), options({0, 1}, topo::forwarding::sub_networks));
+  const auto on_mesh = topo::route_grid(topo::mesh({4, 4}, faults), options({0, 1}, topo::forwarding::sub_networks));
   BOOST_TEST(routes_of(on_mesh, 0) ==
              (std::set<std::string>{"c2→c3 via c2 c3", "d2→d3 via d2 d3", "c1→c2", "d1→d2"}));
   const auto on_torus =
-      topo::plan_reduction(topo::torus({4, 4}, faults), options({0, 1}, topo::forwarding::sub_networks));
+      topo::route_grid(topo::torus({4, 4}, faults), options({0, 1}, topo::forwarding::sub_networks));
   BOOST_TEST(on_torus.stages()[0].sub_networks.size() == 1u);
   BOOST_TEST(routes_of(on_torus, 0) ==
              (std::set<std::string>{"c2→c3 via c2 c3", "d2→d3 via d2 d3", "c1→c4 via c1 c4", "d1→d4 via d1 d4"}));
@@ -367,17 +367,17 @@ BOOST_AUTO_TEST_CASE(figure_7_torus_sub_network) {
 BOOST_AUTO_TEST_CASE(unreachable_nodes_are_excluded_with_the_reason) {
   // d1 is walled in by c1 and d2 on a mesh: alive but cut off.
   const topo::mesh grid({4, 4}, fully({"c1", "d2"}));
-  auto reason_of_d1 = [](const topo::reduction_plan& plan) {
+  auto reason_of_d1 = [](const topo::grid_routing& plan) {
     for (const auto& e : plan.excluded())
       if (e.node == node("d1")) return e.reason;
     return std::string("(included)");
   };
-  const auto spec = topo::plan_reduction(grid, options({}, topo::forwarding::sub_networks));
+  const auto spec = topo::route_grid(grid, options({}, topo::forwarding::sub_networks));
   BOOST_TEST(reason_of_d1(spec) == "no route from it to the core at the stage of dimension 0");
   BOOST_TEST(spec.describe().find("excluded d1: no route") != std::string::npos);
   // The neighbour rule marks d1 degraded too, so the degraded set {c1, d1, d2} is
   // contiguous and the default forwards; hosting must be asked for.
-  const auto hosted = topo::plan_reduction(grid, options({}, topo::forwarding::sub_networks, true));
+  const auto hosted = topo::route_grid(grid, options({}, topo::forwarding::sub_networks, true));
   BOOST_TEST(reason_of_d1(hosted) == "cut off: no usable links join it to the largest part of the grid");
   BOOST_TEST(hosted.hosted() == 3u);  // c1, d2 and the cut-off d1 keep their places
   for (const auto* plan : {&spec, &hosted}) {
@@ -390,7 +390,7 @@ BOOST_AUTO_TEST_CASE(unreachable_nodes_are_excluded_with_the_reason) {
 // by the alive node before it along the first dimension, so scattered faults cost a
 // few hosts some extra work instead of whole groups forwarding.
 BOOST_AUTO_TEST_CASE(degraded_nodes_are_hosted_by_default) {
-  const auto plan = topo::plan_reduction(topo::torus({4, 4}, fully({"b2", "d3"})));
+  const auto plan = topo::route_grid(topo::torus({4, 4}, fully({"b2", "d3"})));
   const std::size_t first = plan.dimension_order()[0];
   BOOST_TEST(plan.core().size() == 16u);
   BOOST_TEST(plan.hosted() == 2u);
@@ -406,7 +406,7 @@ BOOST_AUTO_TEST_CASE(degraded_nodes_are_hosted_by_default) {
   // A 3-D torus with scattered faults keeps every place.
   topo::grid_faults faults;
   for (rank_t v : {5u, 22u, 40u}) faults.nodes.push_back(topo::degraded_node::fully(v));
-  const auto cube = topo::plan_reduction(topo::torus({4, 4, 3}, faults));
+  const auto cube = topo::route_grid(topo::torus({4, 4, 3}, faults));
   BOOST_TEST(cube.core().size() == 48u);
   BOOST_TEST(cube.hosted() == 3u);
   check_exact_sums(cube);
@@ -417,13 +417,13 @@ BOOST_AUTO_TEST_SUITE_END()
 // Random shapes of 2 to 4 dimensions (extents 1 to 5, mesh or torus) with random
 // fully and partially degraded nodes and broken links: every plan is checked
 // through its schedule, symbolically.
-BOOST_AUTO_TEST_SUITE(grid_planner_properties)
+BOOST_AUTO_TEST_SUITE(grid_routing_properties)
 
 namespace {
 
 struct random_case {
   topo::grid grid;
-  topo::planner_options options;
+  topo::routing_options options;
 };
 
 random_case make_random_case(std::mt19937_64& gen, std::size_t max_nodes) {
@@ -444,7 +444,7 @@ random_case make_random_case(std::mt19937_64& gen, std::size_t max_nodes) {
     for (std::size_t d = 0; d < extents.size(); ++d)
       if (auto w = shape.neighbour(v, d, +1); w && *w != v && uniform(gen) < p_link) faults.broken_links.push_back({v, *w});
   }
-  topo::planner_options o;
+  topo::routing_options o;
   o.mode = uniform(gen) < 0.5 ? topo::forwarding::sub_networks : topo::forwarding::per_node;
   o.host_degraded = std::array{topo::hosting::automatic, topo::hosting::always,
                                 topo::hosting::never}[std::uniform_int_distribution<int>(0, 2)(gen)];
@@ -457,7 +457,7 @@ random_case make_random_case(std::mt19937_64& gen, std::size_t max_nodes) {
 }
 
 /// Alive nodes connected to the core over usable links.
-std::vector<bool> connected_to_core(const topo::grid& g, const topo::reduction_plan& plan) {
+std::vector<bool> connected_to_core(const topo::grid& g, const topo::grid_routing& plan) {
   std::vector<bool> seen(g.size(), false);
   std::vector<rank_t> queue;
   for (rank_t v : plan.core())
@@ -475,7 +475,7 @@ std::vector<bool> connected_to_core(const topo::grid& g, const topo::reduction_p
 /// Runs the schedule on symbols: each node holds, per leaf, how many times each
 /// node's contribution is in its partial sum, and which leaf frames it has. A step's
 /// transfers all read the state from before the step.
-void check_schedule(const topo::grid& g, const topo::reduction_plan& plan) {
+void check_schedule(const topo::grid& g, const topo::grid_routing& plan) {
   const std::size_t n = g.size(), leaves = plan.leaves();
   const std::size_t count = 3 * std::max<std::size_t>(leaves, 1);
   const algorithms::grid_schedule schedule(plan, count, 1, [](std::size_t v) { return 4 * v + 8; });
@@ -550,7 +550,7 @@ BOOST_AUTO_TEST_CASE(random_plans_count_every_contribution_once_over_usable_link
   std::size_t planned = 0, with_forwarding = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const random_case c = make_random_case(gen, 150);
-    const auto plan = topo::plan_reduction(c.grid, c.options);
+    const auto plan = topo::route_grid(c.grid, c.options);
     BOOST_TEST_CONTEXT("trial " << trial << "\n" << plan.describe()) {
       // Who is in: exactly the alive nodes joined to the core over usable links.
       const std::vector<bool> reachable = connected_to_core(c.grid, plan);
@@ -576,7 +576,7 @@ BOOST_AUTO_TEST_CASE(random_plans_give_exact_sums) {
   std::mt19937_64 gen(77);
   for (int trial = 0; trial < 24; ++trial) {
     const random_case c = make_random_case(gen, 24);
-    const auto plan = topo::plan_reduction(c.grid, c.options);
+    const auto plan = topo::route_grid(c.grid, c.options);
     BOOST_TEST_CONTEXT("trial " << trial << "\n" << plan.describe()) {
       if (plan.included().empty()) continue;
       check_exact_sums(plan, 100 + 37 * static_cast<std::size_t>(trial), trial % 2 ? reduce_op::avg : reduce_op::sum);
@@ -586,14 +586,14 @@ BOOST_AUTO_TEST_CASE(random_plans_give_exact_sums) {
 
 BOOST_AUTO_TEST_CASE(a_large_torus_plans_quickly) {
   // 32×32×16 with 1 % of the nodes degraded: the bound is one second; the
-  // test only checks the plan is sound (timings live in benchmarks/grid_plan_bench).
+  // test only checks the plan is sound (timings live in benchmarks/grid_routing_bench).
   std::mt19937_64 gen(5);
   topo::grid_faults faults;
   std::set<rank_t> chosen;
   while (chosen.size() < 164) chosen.insert(std::uniform_int_distribution<rank_t>(0, 32 * 32 * 16 - 1)(gen));
   for (rank_t v : chosen) faults.nodes.push_back(topo::degraded_node::fully(v));
   const topo::torus grid({32, 32, 16}, faults);
-  const auto plan = topo::plan_reduction(grid);
+  const auto plan = topo::route_grid(grid);
   BOOST_TEST(plan.divisor() == 32u * 32u * 16u - 164u);  // a torus this size leaves nobody cut off
   BOOST_TEST(plan.core().size() > 32u * 32u * 16u * 9 / 10);  // hosting keeps the core (without: ~10 %)
   for (rank_t v : plan.core()) BOOST_TEST_REQUIRE(grid.alive(plan.host_of(v)));
@@ -606,9 +606,9 @@ BOOST_AUTO_TEST_SUITE(grid_allreduce_quantized)
 
 namespace {
 
-const topo::reduction_plan& figure_7_plan() {
+const topo::grid_routing& figure_7_plan() {
   // The spec's process: c1, c2, d1, d2 forward as a sub-network.
-  static const auto plan = topo::plan_reduction(topo::torus({4, 4}, fully({"a1", "a2", "b1", "b2"})),
+  static const auto plan = topo::route_grid(topo::torus({4, 4}, fully({"a1", "a2", "b1", "b2"})),
                                                 options({}, topo::forwarding::sub_networks));
   return plan;
 }
@@ -623,7 +623,7 @@ std::vector<std::vector<std::vector<float>>> random_inputs(std::size_t calls, st
 
 /// Every included rank's outputs are bitwise identical, and close to the exact sums.
 template <class Q>
-void check_identical_and_close(const topo::reduction_plan& plan, const Q& quantizer, double tolerance,
+void check_identical_and_close(const topo::grid_routing& plan, const Q& quantizer, double tolerance,
                                bool started = false) {
   const std::size_t n = plan.shape().size(), count = 3000;
   auto plans = make_plans(plan, n, count, quantizer);
@@ -662,13 +662,13 @@ BOOST_AUTO_TEST_CASE(lossy_results_are_bitwise_identical_on_every_rank) {
   check_identical_and_close(plan, quantizers::bfp({.mantissa_bits = 8, .block_size = 32}), 0.05);
   check_identical_and_close(plan, quantizers::one_bit({.group_size = 128}), 2.0, /*started=*/true);
   // Per-node forwarding and a 3-D shape.
-  check_identical_and_close(topo::plan_reduction(topo::mesh({4, 4}, fully({"b2", "a3", "b3"})),
+  check_identical_and_close(topo::route_grid(topo::mesh({4, 4}, fully({"b2", "a3", "b3"})),
                                                  options({}, topo::forwarding::per_node)),
                             quantizers::k_level(quantizers::k_level_options::with_bits(8)), 0.05);
-  check_identical_and_close(topo::plan_reduction(topo::torus({2, 3, 3}, {.nodes = {topo::degraded_node::fully(4)}})),
+  check_identical_and_close(topo::route_grid(topo::torus({2, 3, 3}, {.nodes = {topo::degraded_node::fully(4)}})),
                             quantizers::bfp({.mantissa_bits = 8, .block_size = 32}), 0.05);
   // Hosted places: b2 and c3 played by their hosts.
-  check_identical_and_close(topo::plan_reduction(topo::torus({4, 4}, fully({"b2", "c3"}))),
+  check_identical_and_close(topo::route_grid(topo::torus({4, 4}, fully({"b2", "c3"}))),
                             quantizers::one_bit({.group_size = 128}), 2.0);
 }
 
@@ -768,7 +768,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(grid_allreduce_bad_input)
 
 BOOST_AUTO_TEST_CASE(ranks_map_onto_nodes) {
-  const auto plan = topo::plan_reduction(topo::torus({4, 4}, fully({"b2", "c3"})));
+  const auto plan = topo::route_grid(topo::torus({4, 4}, fully({"b2", "c3"})));
   // 14 ranks for the 14 nodes that are not fully degraded: rank r plays the r-th.
   const grid_plan<quantizers::identity<float>> survivors(5, 14, plan, 10);
   BOOST_TEST(survivors.node() == node("b3"));
@@ -794,7 +794,7 @@ BOOST_AUTO_TEST_CASE(ranks_map_onto_nodes) {
 
 BOOST_AUTO_TEST_CASE(an_excluded_rank_is_told_why_and_nobody_waits_for_it) {
   // The same 16 ranks, 14 alive: the two degraded nodes' ranks are refused at once.
-  const auto plan = topo::plan_reduction(topo::torus({4, 4}, fully({"b2", "c3"})));
+  const auto plan = topo::route_grid(topo::torus({4, 4}, fully({"b2", "c3"})));
   auto plans = make_plans(plan, 16, 50, quantizers::identity<float>{});
   const grid_outcome outcome = run_plans(plans, integer_inputs(1, 16, 50, 1), reduce_op::sum);
   BOOST_TEST(outcome.codes[node("b2")] == errc::invalid_argument);
@@ -804,8 +804,8 @@ BOOST_AUTO_TEST_CASE(an_excluded_rank_is_told_why_and_nobody_waits_for_it) {
 
 BOOST_AUTO_TEST_CASE(ranks_with_different_plans_or_sizes_are_told_so) {
   // Half the ranks planned with b2 degraded, half without: the first message says so.
-  const auto healthy = topo::plan_reduction(topo::torus({4, 4}));
-  const auto degraded = topo::plan_reduction(topo::torus({4, 4}, fully({"b2"})));
+  const auto healthy = topo::route_grid(topo::torus({4, 4}));
+  const auto degraded = topo::route_grid(topo::torus({4, 4}, fully({"b2"})));
   std::vector<std::unique_ptr<grid_plan<quantizers::identity<float>>>> plans;
   for (rank_t r = 0; r < 16; ++r)
     plans.push_back(std::make_unique<grid_plan<quantizers::identity<float>>>(r, 16, r < 8 ? healthy : degraded, 64));

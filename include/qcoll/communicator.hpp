@@ -206,7 +206,7 @@ class communicator {
   /// out = in₀ + in₁ + … (or their average) through `plan`'s quantizer, with error
   /// feedback. Any model of allreduce_plan (plan.hpp) runs here; qcoll's two are
   /// these. A compressed_allreduce_plan runs the two-phase striped exchange
-  /// (docs/compressed-allreduce.md); a grid_allreduce_plan runs its reduction_plan
+  /// (docs/compressed-allreduce.md); a grid_allreduce_plan runs its grid_routing
   /// over a mesh or torus with degraded nodes (docs/grid-allreduce.md: there `in₀ …`
   /// are the included ranks, and avg divides by their number).
   /// The result is bitwise identical on every rank. `in` and `out` have plan.count()

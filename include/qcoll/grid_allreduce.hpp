@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// grid_allreduce_plan<Quantizer>: an allreduce over an N-D mesh or torus that keeps
-/// reducing when nodes are degraded. A reduction_plan (topologies/planner.hpp) says
+/// reducing when nodes are degraded. A grid_routing (topologies/router.hpp) says
 /// who forwards what where; this plan lays it out for one buffer on one rank, owns
 /// the residuals of every encode (error feedback) and the frame buffers, and a
 /// communicator runs it:
@@ -9,12 +9,12 @@
 /// @code
 /// namespace topo = qcoll::topologies;
 /// topo::torus grid({4, 4}, {.nodes = {topo::degraded_node::fully(5)}});
-/// const topo::reduction_plan schedule = topo::plan_reduction(grid);
-/// qcoll::grid_allreduce_plan plan(comm, schedule, gradients.size(), qcoll::quantizers::one_bit{});
+/// const topo::grid_routing routing = topo::route_grid(grid);
+/// qcoll::grid_allreduce_plan plan(comm, routing, gradients.size(), qcoll::quantizers::one_bit{});
 /// comm.allreduce(plan, std::span(gradients), qcoll::reduce_op::avg);
 /// @endcode
 ///
-/// docs/grid-allreduce.md explains the planner's rules, the phases and their cost.
+/// docs/grid-allreduce.md explains the router's rules, the phases and their cost.
 
 #include <qcoll/algorithms/grid_allreduce.hpp>
 #include <qcoll/algorithms/grid_schedule.hpp>
@@ -22,9 +22,9 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/plan.hpp>
+#include <qcoll/routing.hpp>
 #include <qcoll/quantizers/identity.hpp>
-#include <qcoll/topologies/planner.hpp>
+#include <qcoll/topologies/router.hpp>
 
 #include <fmt/format.h>
 
@@ -49,7 +49,7 @@ struct grid_allreduce_options {
 /// State and handle of a grid allreduce of `count` values on one rank.
 ///
 /// @par What a call computes
-/// out = the sum (or average) of the contributions of the plan's included nodes;
+/// out = the sum (or average) of the contributions of the routing's included nodes;
 /// excluded nodes' ranks take no part (their call fails at once, saying why) and
 /// nobody waits for them. The result is bitwise identical on every included rank.
 /// Quantizers: every value that crosses a link while being reduced is encoded with
@@ -73,39 +73,39 @@ class grid_allreduce_plan : public plan_handle<Q> {
 
   /// A plan for this rank of `comm`.
   template <class Communicator>
-  grid_allreduce_plan(const Communicator& comm, const topologies::reduction_plan& plan, std::size_t count,
+  grid_allreduce_plan(const Communicator& comm, const topologies::grid_routing& routing, std::size_t count,
                       Q quantizer = Q{}, grid_allreduce_options options = {})
-      : grid_allreduce_plan(comm.rank(), comm.size(), plan, count, std::move(quantizer), std::move(options)) {}
+      : grid_allreduce_plan(comm.rank(), comm.size(), routing, count, std::move(quantizer), std::move(options)) {}
 
   /// The same for rank `rank` of `size`, without a communicator at hand.
   /// @par Errors
   /// qcoll::error (invalid_argument) when the ranks do not map onto the grid: a
   /// rank outside `size`, a node_of_rank of the wrong length, naming a node twice or
   /// outside the grid, or an included node without a rank.
-  grid_allreduce_plan(rank_t rank, rank_t size, const topologies::reduction_plan& plan, std::size_t count,
+  grid_allreduce_plan(rank_t rank, rank_t size, const topologies::grid_routing& routing, std::size_t count,
                       Q quantizer = Q{}, grid_allreduce_options options = {})
       : base("grid_allreduce_plan") {
     if (rank >= size)
       qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan: rank {} of {}", rank, size);
-    const std::vector<rank_t> node_of_rank = map_ranks(plan, size, std::move(options.node_of_rank));
-    std::vector<rank_t> rank_of_node(plan.shape().size(), npos);
+    const std::vector<rank_t> node_of_rank = map_ranks(routing, size, std::move(options.node_of_rank));
+    std::vector<rank_t> rank_of_node(routing.shape().size(), npos);
     for (rank_t r = 0; r < size; ++r) rank_of_node[node_of_rank[r]] = r;
-    for (rank_t node : plan.included())
+    for (rank_t node : routing.included())
       if (rank_of_node[node] == npos)
         qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan: node {} is included but no rank plays it",
-                                   plan.shape().name(node));
+                                   routing.shape().name(node));
     rank_ = rank;
     size_ = size;
     count_ = count;
     node_ = node_of_rank[rank];
-    included_ = plan.is_included(node_);
-    fingerprint_ = plan.fingerprint();
+    included_ = routing.is_included(node_);
+    fingerprint_ = routing.fingerprint();
     if (!included_) {
-      exclusion_ = fmt::format("it plays node {}, which the plan excludes", plan.shape().name(node_));
-      for (const topologies::excluded_node& e : plan.excluded())
+      exclusion_ = fmt::format("it plays node {}, which the routing excludes", routing.shape().name(node_));
+      for (const topologies::excluded_node& e : routing.excluded())
         if (e.node == node_) exclusion_ += ": " + e.reason;
     }
-    const algorithms::grid_schedule schedule(plan, count, quantizer.group_size(),
+    const algorithms::grid_schedule schedule(routing, count, quantizer.group_size(),
                                              [&](std::size_t values) { return quantizer.encoded_size(values); });
     state_.quantizer = std::move(quantizer);
     state_.install(algorithms::compile_grid_allreduce(schedule, rank_of_node, node_));
@@ -146,7 +146,7 @@ class grid_allreduce_plan : public plan_handle<Q> {
 
   /// Ranks that run different plans disagree on the first message.
   std::uint32_t header_root() const noexcept { return fingerprint_; }
-  /// A rank the plan excludes takes no part: it is told why (without aborting the
+  /// A rank the routing excludes takes no part: it is told why (without aborting the
   /// communicator), and nobody waits for it.
   void refuse_if_excluded(const group_view& group) const {
     if (rank_ == group.rank && size_ == group.size && !included_)
@@ -163,14 +163,14 @@ class grid_allreduce_plan : public plan_handle<Q> {
  private:
   static constexpr rank_t npos = std::numeric_limits<rank_t>::max();
 
-  static std::vector<rank_t> map_ranks(const topologies::reduction_plan& plan, rank_t size,
+  static std::vector<rank_t> map_ranks(const topologies::grid_routing& routing, rank_t size,
                                        std::vector<rank_t> node_of_rank) {
-    const std::size_t nodes = plan.shape().size();
+    const std::size_t nodes = routing.shape().size();
     if (node_of_rank.empty()) {
       if (size == nodes) {
         for (rank_t r = 0; r < size; ++r) node_of_rank.push_back(r);
       } else {
-        const topologies::grid& links = plan.links();
+        const topologies::grid& links = routing.links();
         for (rank_t v = 0; v < nodes; ++v)
           if (links.alive(v)) node_of_rank.push_back(v);
         if (node_of_rank.size() != size)
@@ -205,7 +205,7 @@ class grid_allreduce_plan : public plan_handle<Q> {
 static_assert(allreduce_plan<grid_allreduce_plan<quantizers::identity<float>>, archetypes::transport>);
 
 template <class Communicator, class Q>
-grid_allreduce_plan(const Communicator&, const topologies::reduction_plan&, std::size_t, Q,
+grid_allreduce_plan(const Communicator&, const topologies::grid_routing&, std::size_t, Q,
                     grid_allreduce_options = {}) -> grid_allreduce_plan<Q>;
 
 }  // namespace qcoll

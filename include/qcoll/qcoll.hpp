@@ -18,6 +18,6 @@
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/grid.hpp>
-#include <qcoll/topologies/planner.hpp>
+#include <qcoll/topologies/router.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/inproc.hpp>

@@ -12,7 +12,7 @@
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/launch/join.hpp>
 #include <qcoll/topologies/grid.hpp>
-#include <qcoll/topologies/planner.hpp>
+#include <qcoll/topologies/router.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
@@ -468,13 +468,13 @@ void grid(endpoint_ref transport, communicator_options options, std::size_t larg
   std::vector<double> hashes;
   std::size_t calls = 0;
   for (const auto mode : {topologies::forwarding::sub_networks, topologies::forwarding::per_node}) {
-    topologies::planner_options planner;
-    planner.mode = mode;
-    const topologies::reduction_plan schedule = topologies::plan_reduction(torus, planner);
+    topologies::routing_options options;
+    options.mode = mode;
+    const topologies::grid_routing routing = topologies::route_grid(torus, options);
     auto run = [&](const auto& quantizer, std::size_t count) {
       using Q = std::decay_t<decltype(quantizer)>;
       constexpr bool exact = std::is_same_v<Q, quantizers::identity<float>>;
-      grid_allreduce_plan plan(comm, schedule, count, quantizer);
+      grid_allreduce_plan plan(comm, routing, count, quantizer);
       std::vector<float> in(count), out(count);
       for (unsigned call = 0; call < 2; ++call) {
         for (std::size_t i = 0; i < count; ++i) in[i] = exact ? integer_input(me, call, i) : noise_input(me, call, i);

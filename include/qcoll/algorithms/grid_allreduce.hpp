@@ -27,9 +27,9 @@ namespace qcoll::algorithms {
 /// `results` every leaf's frame. Every encode has its own part of the residual.
 inline quantized_schedule compile_grid_allreduce(const grid_schedule& schedule, std::span<const rank_t> rank_of_node,
                                                  rank_t node) {
-  const topologies::reduction_plan& plan = schedule.plan();
+  const topologies::grid_routing& routing = schedule.routing();
   // The node that sends or receives for a transfer's end: the host of a core place.
-  auto player = [&](rank_t v) { return plan.in_core(v) ? plan.host_of(v) : v; };
+  auto player = [&](rank_t v) { return routing.in_core(v) ? routing.host_of(v) : v; };
   auto leaf_frames = [&](std::size_t first, std::size_t last) {
     return frame_slice{frame_buffer::results, schedule.frame_offset(first),
                        schedule.frame_offset(last) - schedule.frame_offset(first)};
@@ -65,8 +65,8 @@ inline quantized_schedule compile_grid_allreduce(const grid_schedule& schedule, 
     ops.push_back(op);
   };
   std::vector<std::size_t> own_leaves;
-  for (std::size_t leaf = 0; leaf < plan.leaves(); ++leaf)
-    if (plan.host_of(plan.core_of_leaf(leaf)) == node) own_leaves.push_back(leaf);
+  for (std::size_t leaf = 0; leaf < routing.leaves(); ++leaf)
+    if (routing.host_of(routing.core_of_leaf(leaf)) == node) own_leaves.push_back(leaf);
   auto finish_leaves = [&] {
     for (std::size_t leaf : own_leaves) {
       const block_range values = schedule.leaf_values(leaf);
@@ -90,7 +90,7 @@ inline quantized_schedule compile_grid_allreduce(const grid_schedule& schedule, 
   finish_leaves();
   s.buffer_bytes[static_cast<int>(frame_buffer::results)] = schedule.total_frame_bytes();
   s.input_to_output = true;
-  s.divisor = plan.divisor();
+  s.divisor = routing.divisor();
   // Encode i of call c draws at c · (operations) + i: distinct for every encode of every call.
   s.sequence_stride = ops.size();
 

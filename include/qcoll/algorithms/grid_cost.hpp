@@ -2,7 +2,7 @@
 /// @file
 /// A cost model of allreduces on meshes and tori: adds up, per directed link and per
 /// node, the bytes every message of a schedule puts on the grid, without running it.
-/// It answers the spec's question (degraded-torus.md §3 note, §5): does a plan spread
+/// It answers the spec's question (degraded-torus.md §3 note, §5): does a routing spread
 /// its load, or does it pile traffic onto a few links and nodes ("hot spots")?
 ///
 ///  - Links are full duplex: a → b and b → a are counted apart. A message charges its
@@ -12,9 +12,9 @@
 ///  - Time is not modelled: a step's messages may share links, and the costs are
 ///    totals over the whole allreduce.
 ///
-/// Two sources: cost_of(a grid_schedule), the planner's allreduce; and
+/// Two sources: cost_of(a grid_schedule), the router's allreduce; and
 /// flat_ring_cost(…), the naive rerouting a library does when it rebuilds one ring
-/// over the surviving nodes — the baseline the planner should beat.
+/// over the surviving nodes — the baseline the router should beat.
 
 #include <qcoll/algorithms/grid_schedule.hpp>
 #include <qcoll/detail/check.hpp>
@@ -45,7 +45,7 @@ struct grid_cost {
 };
 
 /// The ledger: bytes per directed link and per node, charged one route at a time.
-/// It keeps its own copy of the grid, so it outlives the plan it was made from.
+/// It keeps its own copy of the grid, so it outlives the routing it was made from.
 class grid_traffic {
  public:
   explicit grid_traffic(topologies::grid g)
@@ -123,14 +123,14 @@ class grid_traffic {
 /// @par Complexity
 /// O(transfers × route length × dimensions).
 inline grid_traffic traffic_of(const grid_schedule& schedule) {
-  grid_traffic traffic(schedule.plan().links());
+  grid_traffic traffic(schedule.routing().links());
   for (const grid_transfer& t : schedule.transfers()) traffic.charge(schedule.hops(t), t.bytes);
   return traffic;
 }
 
 /// The cost of running `schedule`: its steps and messages, and traffic_of's totals.
 inline grid_cost cost_of(const grid_schedule& schedule) {
-  return traffic_of(schedule).cost(schedule.steps(), schedule.transfers().size(), schedule.plan().included().size());
+  return traffic_of(schedule).cost(schedule.steps(), schedule.transfers().size(), schedule.routing().included().size());
 }
 
 /// The flat ring's members: the alive nodes in snake (boustrophedon) order — row-major,

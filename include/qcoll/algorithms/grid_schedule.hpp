@@ -1,12 +1,12 @@
 #pragma once
 /// @file
-/// A reduction_plan laid out for a buffer: every message of one allreduce, in the
+/// A grid_routing laid out for a buffer: every message of one allreduce, in the
 /// order they happen, with the values or frames each carries and its size. The
 /// executor (grid_allreduce.hpp) runs each rank's part of this list; the cost model
 /// (grid_cost.hpp) adds it up per link and per node. Non-template: only the
 /// quantizer's group size and encoded sizes enter.
 ///
-/// The phases, with the leaves of the plan (one per core node) cutting the buffer:
+/// The phases, with the leaves of the routing (one per core node) cutting the buffer:
 ///   forward      stage by stage, every sub-network's tree sends its sums towards
 ///                the exits (deepest members first), and each exit to its receiver;
 ///   reduce       along each dimension of the order in turn, a ring reduce-scatter
@@ -18,7 +18,7 @@
 /// the sender and added by the receiver; every rank decodes the same leaf frames.
 
 #include <qcoll/core/partition.hpp>
-#include <qcoll/topologies/planner.hpp>
+#include <qcoll/topologies/router.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -49,13 +49,13 @@ class grid_schedule {
   using encoded_size_function = std::function<std::size_t(std::size_t values)>;
 
   /// `unit`: values per quantizer group (leaves are cut at whole groups; 0 or 1: anywhere).
-  grid_schedule(const topologies::reduction_plan& plan, std::size_t count, std::size_t unit,
+  grid_schedule(const topologies::grid_routing& routing, std::size_t count, std::size_t unit,
                 const encoded_size_function& encoded_size)
-      : plan_(&plan), count_(count) {
+      : routing_(&routing), count_(count) {
     unit_ = unit == 0 ? 1 : unit;
     lay_out_leaves(encoded_size);
-    if (plan.leaves() == 0) return;  // nothing reaches a core: nobody is included
-    for (const topologies::plan_stage& stage : plan.stages())
+    if (routing.leaves() == 0) return;  // nothing reaches a core: nobody is included
+    for (const topologies::plan_stage& stage : routing.stages())
       for (const topologies::sub_network& s : stage.sub_networks)
         for (const topologies::forwarding_exit& e : s.exits) exit_routes_.push_back({{e.exit, e.receiver}, &e.path});
     std::sort(exit_routes_.begin(), exit_routes_.end(),
@@ -66,7 +66,7 @@ class grid_schedule {
     add_distribute();
   }
 
-  const topologies::reduction_plan& plan() const noexcept { return *plan_; }
+  const topologies::grid_routing& routing() const noexcept { return *routing_; }
   std::size_t count() const noexcept { return count_; }
   std::span<const grid_transfer> transfers() const noexcept { return transfers_; }
   std::size_t steps() const noexcept { return steps_; }
@@ -78,12 +78,12 @@ class grid_schedule {
   std::size_t total_frame_bytes() const noexcept { return frame_offset_.back(); }
   /// The leaves [first, last) under a core node's first `level` digits.
   std::pair<std::size_t, std::size_t> leaves_at(rank_t core_node, std::size_t level) const {
-    const auto order = plan_->dimension_order();
-    std::size_t span = plan_->leaves();
+    const auto order = routing_->dimension_order();
+    std::size_t span = routing_->leaves();
     std::size_t first = 0;
     for (std::size_t k = 0; k < level; ++k) {
-      span /= plan_->core_indices(order[k]).size();
-      first += plan_->index_along(core_node, order[k]) * span;
+      span /= routing_->core_indices(order[k]).size();
+      first += routing_->index_along(core_node, order[k]) * span;
     }
     return {first, first + span};
   }
@@ -92,7 +92,7 @@ class grid_schedule {
   /// receives it: the tree edge or the exit's route (forward, distribute), the path
   /// between the players of two core places (reduce, gather).
   std::vector<rank_t> hops(const grid_transfer& t) const {
-    if (t.phase == grid_phase::reduce || t.phase == grid_phase::gather) return plan_->core_path(t.from, t.to, t.dimension);
+    if (t.phase == grid_phase::reduce || t.phase == grid_phase::gather) return routing_->core_path(t.from, t.to, t.dimension);
     const bool forward = t.phase == grid_phase::forward;
     const auto found = std::lower_bound(exit_routes_.begin(), exit_routes_.end(),
                                         std::pair(forward ? t.from : t.to, forward ? t.to : t.from),
@@ -109,15 +109,15 @@ class grid_schedule {
   /// indices, each part among the second's, and so on (block_of at every level), so
   /// the values a node holds after each reduce-scatter are contiguous.
   void lay_out_leaves(const encoded_size_function& encoded_size) {
-    const auto order = plan_->dimension_order();
-    const std::size_t leaves = plan_->leaves();
+    const auto order = routing_->dimension_order();
+    const std::size_t leaves = routing_->leaves();
     leaf_values_.assign(leaves, {});
     const std::size_t units = (count_ + unit_ - 1) / unit_;
     for (std::size_t leaf = 0; leaf < leaves; ++leaf) {
       block_range r{0, units};
       std::size_t rest = leaf, span = leaves;
       for (std::size_t d : order) {
-        const std::size_t parts = plan_->core_indices(d).size();
+        const std::size_t parts = routing_->core_indices(d).size();
         span /= parts;
         const block_range part = block_of(r.size, parts, rest / span);
         r = {r.offset + part.offset, part.size};
@@ -140,7 +140,7 @@ class grid_schedule {
 
   void add_forward(const encoded_size_function& encoded_size) {
     const block_range all{0, count_};
-    for (const topologies::plan_stage& stage : plan_->stages()) {
+    for (const topologies::plan_stage& stage : routing_->stages()) {
       std::size_t deepest = 0;
       for (const topologies::sub_network& s : stage.sub_networks)
         for (std::size_t depth : s.depth) deepest = std::max(deepest, depth);
@@ -166,7 +166,7 @@ class grid_schedule {
     }
   }
 
-  bool included(const topologies::sub_network& s) const { return plan_->is_included(s.members.front()); }
+  bool included(const topologies::sub_network& s) const { return routing_->is_included(s.members.front()); }
 
   /// A ring of the core along the dimension of level `level`: its members in ring
   /// order and the leaves each ends up owning. On the first level only the nodes
@@ -179,21 +179,21 @@ class grid_schedule {
   };
 
   std::vector<core_ring> rings_at(std::size_t level) const {
-    const std::size_t d = plan_->dimension_order()[level];
-    const auto indices = plan_->core_indices(d);
+    const std::size_t d = routing_->dimension_order()[level];
+    const auto indices = routing_->core_indices(d);
     std::vector<core_ring> rings;
-    for (rank_t v : plan_->core()) {
-      if (plan_->shape().coordinate(v, d) != indices.front()) continue;
-      const std::vector<rank_t> line = plan_->core_line(v, d);
+    for (rank_t v : routing_->core()) {
+      if (routing_->shape().coordinate(v, d) != indices.front()) continue;
+      const std::vector<rank_t> line = routing_->core_line(v, d);
       core_ring ring;
       for (rank_t place : line)
-        if (level != 0 || plan_->host_of(place) == place) ring.members.push_back(place);
+        if (level != 0 || routing_->host_of(place) == place) ring.members.push_back(place);
       for (rank_t member : ring.members) {
         auto [first, last] = leaves_at(member, level + 1);
         if (level == 0) {
           // Extend over the hosted places it plays: they are contiguous along d.
           for (rank_t place : line)
-            if (plan_->host_of(place) == member && place != member) {
+            if (routing_->host_of(place) == member && place != member) {
               const auto [f, l] = leaves_at(place, level + 1);
               first = std::min(first, f), last = std::max(last, l);
             }
@@ -228,7 +228,7 @@ class grid_schedule {
           t.phase = phase;
           t.from = ring.members[q];
           t.to = ring.members[(q + 1) % m];
-          t.dimension = plan_->dimension_order()[level];
+          t.dimension = routing_->dimension_order()[level];
           add(t);
         }
       }
@@ -238,7 +238,7 @@ class grid_schedule {
 
   void add_reduce(const encoded_size_function& encoded_size) {
     // Position q sends the partial of what position q − 1 − s will own.
-    for (std::size_t level = 0; level < plan_->dimension_order().size(); ++level)
+    for (std::size_t level = 0; level < routing_->dimension_order().size(); ++level)
       add_ring_steps(level, grid_phase::reduce, [&](const core_ring& ring, std::size_t q, std::size_t s) {
         const std::size_t m = ring.members.size();
         grid_transfer t;
@@ -250,7 +250,7 @@ class grid_schedule {
 
   void add_gather() {
     // Position q sends the frames position q − s owns.
-    for (std::size_t level = plan_->dimension_order().size(); level-- > 0;)
+    for (std::size_t level = routing_->dimension_order().size(); level-- > 0;)
       add_ring_steps(level, grid_phase::gather, [&](const core_ring& ring, std::size_t q, std::size_t s) {
         const std::size_t m = ring.members.size();
         grid_transfer t;
@@ -261,8 +261,8 @@ class grid_schedule {
   }
 
   void add_distribute() {
-    const std::size_t all = plan_->leaves();
-    const auto stages = plan_->stages();
+    const std::size_t all = routing_->leaves();
+    const auto stages = routing_->stages();
     for (std::size_t k = stages.size(); k-- > 0;) {
       const topologies::plan_stage& stage = stages[k];
       bool any = false;
@@ -294,7 +294,7 @@ class grid_schedule {
     const std::vector<rank_t>* path;
   };
 
-  const topologies::reduction_plan* plan_;
+  const topologies::grid_routing* routing_;
   std::vector<exit_route> exit_routes_;  // sorted: hops() finds a route in log time
   std::size_t count_ = 0;
   std::size_t unit_ = 1;

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// A 2-D grid drawn in ASCII, for reduction_plan::draw() and whatever else wants to
+/// A 2-D grid drawn in ASCII, for grid_routing::draw() and whatever else wants to
 /// show a grid: the layout of cells, links and hop arrows. What a cell shows is the
 /// caller's business.
 

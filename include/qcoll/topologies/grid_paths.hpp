@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// Path queries over a grid's usable links, as the reduction planner and its plans
+/// Path queries over a grid's usable links, as the reduction router and its plans
 /// ask them: straight walks along one dimension, the part of a line a node reaches,
 /// and breadth-first walks (next hops towards the nearest of a set of nodes, a forest
 /// rooted at several nodes, whether a set of nodes hangs together). grid itself has

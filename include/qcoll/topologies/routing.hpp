@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// What the reduction planner (topologies/planner.hpp) produces for a mesh or torus
-/// with degraded nodes: a reduction_plan, plain data that can be printed, checked and
+/// What the reduction router (topologies/router.hpp) produces for a mesh or torus
+/// with degraded nodes: a grid_routing, plain data that can be printed, checked and
 /// costed without running it. Its stages say which groups along each dimension were
 /// critical and how the nodes they removed forward what they hold (sub-networks,
 /// their trees and exits, the routes to the core); then the core where the
@@ -68,7 +68,7 @@ struct excluded_node {
   std::string reason;
 };
 
-class reduction_plan {
+class grid_routing {
  public:
   const grid_shape& shape() const noexcept { return shape_; }
   /// The grid with its faults resolved, as planned for.
@@ -282,7 +282,7 @@ class reduction_plan {
   }
 
  private:
-  friend class planner;
+  friend class router;
 
   std::string extents_text() const {
     std::string text;

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The planner for reductions on meshes and tori with degraded nodes (spec
+/// The router for reductions on meshes and tori with degraded nodes (spec
 /// degraded-torus.md §3–7): (grid, faults) → an explicit schedule that can be
 /// printed, checked and costed without running it. docs/grid-allreduce.md has the
 /// rules with drawn examples; in short:
@@ -25,19 +25,19 @@
 ///    to the core is excluded, and so is what it carried; both are reported.
 ///  - The result goes back along the same routes to every included node, and the
 ///    divisor of an average is the number of included contributions.
-///  - Hosting (qcoll's addition, planner_options::host_degraded): a fully degraded
+///  - Hosting (qcoll's addition, routing_options::host_degraded): a fully degraded
 ///    node may keep its place in the core, played by a neighbour, instead of making
 ///    its groups forward; by default when the faults are scattered.
 ///
-/// This header holds the planning: planner_options, plan_reduction. It includes what
-/// that needs and gives: reduction_plan.hpp (the plan it returns, describe() and
+/// This header holds the planning: routing_options, route_grid. It includes what
+/// that needs and gives: grid_routing.hpp (the plan it returns, describe() and
 /// draw()), grid_paths.hpp (the path queries and breadth-first walks it plans with)
 /// and grid_drawing.hpp (the 2-D ASCII layout draw() uses).
 
 #include <qcoll/core/partition.hpp>
 #include <qcoll/topologies/grid.hpp>
 #include <qcoll/topologies/grid_paths.hpp>
-#include <qcoll/topologies/reduction_plan.hpp>
+#include <qcoll/topologies/routing.hpp>
 
 #include <fmt/format.h>
 
@@ -56,15 +56,15 @@ namespace qcoll::topologies {
 enum class hosting : std::uint8_t {
   /// hosted when the degraded set is not contiguous (scattered faults), forwarded
   /// when it is (a failed region): measured, each is the better one there
-  /// (docs/grid-allreduce.md, benchmarks/grid_plan_bench)
+  /// (docs/grid-allreduce.md, benchmarks/grid_routing_bench)
   automatic,
   always,  ///< played by the alive node before it along the first dimension (its host)
   never,   ///< its groups forward, as in the spec's process (its figures)
 };
 
-struct planner_options {
+struct routing_options {
   /// The dimensions in the order they are reduced; empty: the spec's heuristics (see
-  /// plan_reduction).
+  /// route_grid).
   std::vector<std::size_t> dimension_order = {};
   forwarding mode = forwarding::sub_networks;
   /// Keep a fully degraded node's place in the core, played by the alive node before
@@ -75,14 +75,14 @@ struct planner_options {
   hosting host_degraded = hosting::automatic;
 };
 
-/// Builds plans; plan_reduction() is the entry point.
-class planner {
+/// Builds plans; route_grid() is the entry point.
+class router {
  public:
-  planner(const grid& g, planner_options options)
+  router(const grid& g, routing_options options)
       : g_(g), shape_(g.shape()), options_(std::move(options)), contiguous_(degraded_set_contiguous()) {}
 
-  reduction_plan run() {
-    if (!options_.dimension_order.empty()) return plan_in(checked_order(options_.dimension_order));
+  grid_routing run() {
+    if (!options_.dimension_order.empty()) return route_in(checked_order(options_.dimension_order));
     // The spec's heuristics decide the first dimension; the rest, and ties, go to
     // the order that keeps the largest core (then includes the most nodes, then
     // forwards over the fewest hops). Up to 5 dimensions every order is tried.
@@ -92,20 +92,20 @@ class planner {
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
       return keys[a] != keys[b] ? keys[a] < keys[b] : a > b;
     });
-    if (order.size() > 5) return plan_in(order);
-    std::optional<reduction_plan> best;
+    if (order.size() > 5) return route_in(order);
+    std::optional<grid_routing> best;
     std::vector<std::size_t> candidate = order;
     std::sort(candidate.begin(), candidate.end());
     do {
       if (keys[candidate[0]] != keys[order[0]]) continue;
-      reduction_plan p = plan_in(candidate);
+      grid_routing p = route_in(candidate);
       if (!best || better(p, *best)) best = std::move(p);
     } while (std::next_permutation(candidate.begin(), candidate.end()));
     return std::move(*best);
   }
 
  private:
-  static bool better(const reduction_plan& a, const reduction_plan& b) {
+  static bool better(const grid_routing& a, const grid_routing& b) {
     const std::size_t a_core = a.core().size() - a.hosted(), b_core = b.core().size() - b.hosted();
     if (a_core != b_core) return a_core > b_core;
     if (a.included().size() != b.included().size()) return a.included().size() > b.included().size();
@@ -117,11 +117,11 @@ class planner {
     for (std::size_t d : order) {
       if (d >= shape_.dimensions() || seen[d])
         detail::throw_error(errc::invalid_argument,
-                            "plan_reduction: dimension_order must be a permutation of 0..{}", shape_.dimensions() - 1);
+                            "route_grid: dimension_order must be a permutation of 0..{}", shape_.dimensions() - 1);
       seen[d] = true;
     }
     if (order.size() != shape_.dimensions())
-      detail::throw_error(errc::invalid_argument, "plan_reduction: dimension_order names {} of {} dimensions",
+      detail::throw_error(errc::invalid_argument, "route_grid: dimension_order names {} of {} dimensions",
                           order.size(), shape_.dimensions());
     return order;
   }
@@ -342,10 +342,10 @@ class planner {
     }
   }
 
-  reduction_plan plan_in(const std::vector<std::size_t>& order) {
+  grid_routing route_in(const std::vector<std::size_t>& order) {
     const bool host = options_.host_degraded == hosting::always ||
                       (options_.host_degraded == hosting::automatic && !contiguous_);
-    return plan_in(order, host);
+    return route_in(order, host);
   }
 
   /// After the first stage: every fully degraded node left in the product is played
@@ -375,13 +375,13 @@ class planner {
   /// by usable links does (rings there may take any path): the others are cut off.
   bool alive(rank_t v) const { return hosting_ ? joined_[v] : g_.alive(v); }
 
-  reduction_plan plan_in(const std::vector<std::size_t>& order, bool hosting) {
+  grid_routing route_in(const std::vector<std::size_t>& order, bool hosting) {
     const std::size_t n = shape_.size();
     hosting_ = hosting;
     if (hosting_ && joined_.empty()) joined_ = g_.largest_joined_part();
     first_dimension_ = order.front();
     host_.assign(n, npos);
-    reduction_plan p;
+    grid_routing p;
     p.shape_ = shape_;
     p.links_ = g_;
     p.mode_ = options_.mode;
@@ -413,8 +413,8 @@ class planner {
     for (std::size_t d = 0; d < shape_.dimensions(); ++d)
       for (std::size_t c = 0; c < shape_.extent(d); ++c)
         if (keep_[d][c]) p.core_indices_[d].push_back(c);
-    p.core_position_.assign(n, reduction_plan::npos);
-    p.host_.assign(n, reduction_plan::npos);
+    p.core_position_.assign(n, grid_routing::npos);
+    p.host_.assign(n, grid_routing::npos);
     for (rank_t v = 0; v < n; ++v)
       if (after[v] && (alive(v) || host_[v] != npos)) {
         p.core_.push_back(v);
@@ -482,7 +482,7 @@ class planner {
 
   const grid& g_;
   grid_shape shape_;
-  planner_options options_;
+  routing_options options_;
   std::vector<std::vector<bool>> keep_;
   bool contiguous_;  // the degraded set's shape decides the order's first dimension and the hosting
   bool hosting_ = false;
@@ -493,7 +493,7 @@ class planner {
 
 /// Plans the reduction of every alive node's vector on `g` (see the file comment).
 /// Planning a 32×32×16 torus with 1 % of its nodes degraded takes well under a
-/// second (benchmarks/grid_plan_bench).
+/// second (benchmarks/grid_routing_bench).
 /// @par Dimension order
 /// Unless options.dimension_order gives it: when the degraded set is not contiguous,
 /// a dimension with at least one clean group comes first; then the dimension with
@@ -503,8 +503,8 @@ class planner {
 /// (every order is tried up to 5 dimensions).
 /// @par Errors
 /// qcoll::error (invalid_argument) for a dimension_order that is not a permutation.
-inline reduction_plan plan_reduction(const grid& g, planner_options options = {}) {
-  return planner(g, std::move(options)).run();
+inline grid_routing route_grid(const grid& g, routing_options options = {}) {
+  return router(g, std::move(options)).run();
 }
 
 }  // namespace qcoll::topologies

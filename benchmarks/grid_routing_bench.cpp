@@ -1,21 +1,21 @@
-// The grid planner on large degraded tori: how long planning takes, and what the
+// The grid router on large degraded tori: how long planning takes, and what the
 // planned allreduce costs on the grid next to the healthy torus and the naive
 // rerouting baseline (algorithms/grid_cost.hpp), without running anything.
 //
-//   grid_plan_bench [-b BYTES] [--bits 32|1] [--seeds N]
+//   grid_routing_bench [-b BYTES] [--bits 32|1] [--seeds N]
 //
-// (a) plan_reduction on a 32×32×16 torus with 1 % of its nodes (164) fully degraded
+// (a) route_grid on a 32×32×16 torus with 1 % of its nodes (164) fully degraded
 //     at random, seeds 1..N (default 5): min/median/max milliseconds, core, included.
 // (b) one row per (scenario, algorithm):
 //       healthy    the same shape with no faults (the rows' reference)
-//       qcoll      plan_reduction's default: hosting when the faults are scattered,
+//       qcoll      route_grid's default: hosting when the faults are scattered,
 //                  forwarding by sub-network (spec process 900) when contiguous
 //       forward    hosting::never: the spec's process, by sub-network (process 900)
 //       per-node   hosting::never, forwarding::per_node: every node sends its own
 //                  vector (process 800)
 //       host       hosting::always: degraded nodes' places played by their hosts
 //       flat-ring  one ring over the alive nodes in snake order, rerouted around the
-//                  dead ones (flat_ring_cost): what a library does without a planner
+//                  dead ones (flat_ring_cost): what a library does without a router
 //     Columns: incl (contributions in the result), core (the plan's core places),
 //     steps, messages, maxlink(B) (the most bytes on one directed link), maxnode(B)
 //     (the most in + out through one node, relaying included), total(B) (bytes × hops
@@ -29,7 +29,7 @@
 #include <qcoll/algorithms/grid_cost.hpp>
 #include <qcoll/algorithms/grid_schedule.hpp>
 #include <qcoll/topologies/grid.hpp>
-#include <qcoll/topologies/planner.hpp>
+#include <qcoll/topologies/router.hpp>
 
 #include <fmt/format.h>
 
@@ -111,14 +111,14 @@ void planning_times(const options& o) {
   const std::vector<std::size_t> extents{32, 32, 16};
   const topo::grid_shape shape(extents, true);
   const std::size_t down = one_percent(shape.size());
-  fmt::print("# (a) plan_reduction: 32×32×16 torus, {} of {} nodes fully degraded at random (seeds 1..{})\n", down,
+  fmt::print("# (a) route_grid: 32×32×16 torus, {} of {} nodes fully degraded at random (seeds 1..{})\n", down,
              shape.size(), o.seeds);
   fmt::print("# {:>5} {:>10} {:>8} {:>9} {:>7} {:>9}\n", "seed", "plan(ms)", "core", "included", "order", "fwd.hops");
   std::vector<double> times;
   for (int seed = 1; seed <= o.seeds; ++seed) {
     const topo::torus g(extents, scattered(shape.size(), down, static_cast<std::uint64_t>(seed)));
     const auto start = clock_type::now();
-    const topo::reduction_plan plan = topo::plan_reduction(g);
+    const topo::grid_routing plan = topo::route_grid(g);
     times.push_back(ms_since(start));
     std::string order;
     for (std::size_t d : plan.dimension_order()) order += std::to_string(d);
@@ -187,10 +187,10 @@ void cost_table(const options& o) {
     };
     auto planned = [&](const topo::grid& g, topo::forwarding mode, topo::hosting host) {
       return [&g, mode, host, count, &encoded_size] {
-        topo::planner_options po;
+        topo::routing_options po;
         po.mode = mode;
         po.host_degraded = host;
-        const topo::reduction_plan plan = topo::plan_reduction(g, po);
+        const topo::grid_routing plan = topo::route_grid(g, po);
         return std::pair(algorithms::cost_of(grid_schedule(plan, count, 1, encoded_size)), plan.core().size());
       };
     };
@@ -214,6 +214,6 @@ int main(int argc, char** argv) try {
   fmt::print("# total {:.1f} s\n", ms_since(start) / 1000);
   return 0;
 } catch (const std::exception& e) {
-  fmt::print(stderr, "grid_plan_bench: {}\n", e.what());
+  fmt::print(stderr, "grid_routing_bench: {}\n", e.what());
   return 2;
 }
