@@ -279,6 +279,69 @@ BOOST_AUTO_TEST_CASE(identity_in_double) {
   for (std::size_t i = 0; i < count; ++i) BOOST_TEST(records[2].outputs[0][i] == 1.5 * double(i) + 3.0);
 }
 
+// A quantizer with nothing but the concept's operations (no split-residual encode,
+// no framing helpers): the values as float32 bytes, each rounded to a multiple of
+// 1/4 with error feedback. Both plans must run it; on quarter-valued inputs with
+// zero residuals the sums are exact.
+struct quarters {
+  using value_type = float;
+  static constexpr bool keeps_residual = true;
+  static constexpr const char* name = "quarters";
+  double bits_per_value() const { return 32.0; }
+  std::size_t group_size() const { return 0; }
+  std::size_t encoded_size(std::size_t n) const { return n * sizeof(float); }
+  void encode(std::span<const float> in, std::span<float> residual, std::span<std::byte> encoded,
+              quantizers::encode_position) const {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const float wanted = in[i] + (residual.empty() ? 0.0f : residual[i]);
+      const float sent = std::round(wanted * 4.0f) / 4.0f;
+      if (!residual.empty()) residual[i] = wanted - sent;
+      std::memcpy(encoded.data() + i * sizeof(float), &sent, sizeof(float));
+    }
+  }
+  std::error_code decode(std::span<const std::byte> frame, std::span<float> out) const {
+    if (frame.size() != encoded_size(out.size())) return make_error_code(errc::protocol_error);
+    std::memcpy(out.data(), frame.data(), frame.size());
+    return {};
+  }
+  std::error_code decode_accumulate(std::span<const std::byte> frame, std::span<float> out) const {
+    if (frame.size() != encoded_size(out.size())) return make_error_code(errc::protocol_error);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      float v;
+      std::memcpy(&v, frame.data() + i * sizeof(float), sizeof(float));
+      out[i] += v;
+    }
+    return {};
+  }
+};
+static_assert(quantizer<quarters>);
+
+BOOST_AUTO_TEST_CASE(a_quantizer_with_only_the_concepts_operations_runs_in_both_plans) {
+  constexpr std::size_t n = 4, count = 1001;
+  auto input = [](rank_t r, std::size_t i) { return static_cast<float>((r + 1) * (i % 17)) / 4.0f; };
+  std::vector<std::vector<float>> results(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    std::vector<float> data(count);
+    for (std::size_t i = 0; i < count; ++i) data[i] = input(r, i);
+    compressed_allreduce_plan<quarters> striped(comm, count, quarters{}, {.chunk_values = 100});
+    comm.allreduce(striped, std::span(data), reduce_op::sum);
+    const topologies::grid_routing routing = topologies::route_grid(topologies::torus({2, 2}));
+    grid_allreduce_plan<quarters> grid(comm, routing, count, quarters{});
+    comm.allreduce(grid, std::span(data), reduce_op::avg);  // the sum's average over 4 ranks: the sum again
+    results[r] = data;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < count; ++i) {
+      float sum = 0.0f;
+      for (rank_t q = 0; q < n; ++q) sum += input(q, i);
+      BOOST_TEST_REQUIRE(results[r][i] == sum, "rank " << r << " value " << i);
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(compressed_lossy)

@@ -22,7 +22,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/routing.hpp>
+#include <qcoll/plan.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/topologies/router.hpp>
 

@@ -29,7 +29,11 @@ using deadline = clock::time_point;
 /// checks the whole frame first and returns an error, touching nothing, if it is
 /// not exactly what this quantizer would have written for out.size() values.
 /// `bits_per_value()` is the nominal code width; `group_size()` the granularity a
-/// caller must cut buffers at to keep groups intact (0: any cut).
+/// caller must cut buffers at to keep groups intact (0: any cut). `Q::name` names
+/// it in error messages. A quantizer may also offer the split-residual encode
+/// `encode(in, residual_in, residual_out, encoded, position)` (residual_in read,
+/// residual_out written); algorithms use it when present to save a copy, and the
+/// concept's in-place encode otherwise.
 template <class Q>
 concept quantizer = requires(const Q& q, std::size_t n, std::span<const typename Q::value_type> in,
                              std::span<typename Q::value_type> residual,
@@ -43,6 +47,7 @@ concept quantizer = requires(const Q& q, std::size_t n, std::span<const typename
   { q.encode(in, residual, encoded, position) } -> std::same_as<void>;
   { q.decode(received, out) } -> std::same_as<std::error_code>;
   { q.decode_accumulate(received, out) } -> std::same_as<std::error_code>;
+  { Q::name } -> std::convertible_to<std::string_view>;  // names it in error messages
 };
 
 /// How bytes move between ranks: post a send or a receive into a caller-owned

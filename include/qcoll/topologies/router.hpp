@@ -29,9 +29,9 @@
 ///    node may keep its place in the core, played by a neighbour, instead of making
 ///    its groups forward; by default when the faults are scattered.
 ///
-/// This header holds the planning: routing_options, route_grid. It includes what
-/// that needs and gives: grid_routing.hpp (the plan it returns, describe() and
-/// draw()), grid_paths.hpp (the path queries and breadth-first walks it plans with)
+/// This header holds the router: routing_options, route_grid. It includes what
+/// that needs and gives: routing.hpp (the grid_routing it returns, describe() and
+/// draw()), grid_paths.hpp (the path queries and breadth-first walks it routes with)
 /// and grid_drawing.hpp (the 2-D ASCII layout draw() uses).
 
 #include <qcoll/core/partition.hpp>
@@ -487,7 +487,7 @@ class router {
   bool contiguous_;  // the degraded set's shape decides the order's first dimension and the hosting
   bool hosting_ = false;
   std::size_t first_dimension_ = 0;
-  std::vector<rank_t> host_;  // during planning: the host of each hosted place
+  std::vector<rank_t> host_;  // while routing: the host of each hosted place
   std::vector<bool> joined_;  // the largest part of the grid joined by usable links
 };
 

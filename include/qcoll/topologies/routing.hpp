@@ -7,7 +7,7 @@
 /// their trees and exits, the routes to the core); then the core where the
 /// per-dimension reduce-scatter / all-gather runs, who plays its places, the routes
 /// between them, and which nodes are included or excluded and why. describe() puts
-/// it in words, draw() draws a 2-D plan.
+/// it in words, draw() draws a 2-D routing.
 
 #include <qcoll/topologies/grid.hpp>
 #include <qcoll/topologies/grid_drawing.hpp>
@@ -255,7 +255,7 @@ class grid_routing {
     return text;
   }
 
-  /// A 2-D plan as a picture: rows a, b, … top to bottom, columns 1, 2, … left to
+  /// A 2-D routing as a picture: rows a, b, … top to bottom, columns 1, 2, … left to
   /// right. `#` core, `A`, `B`, … forwarding sub-networks (per stage, in order),
   /// `X` fully degraded (describe() says who hosts its place), `?` alive but
   /// excluded; `-` and `|` usable links, blank a broken one; `<` `>` `^` `v` the hops
