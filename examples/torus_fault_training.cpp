@@ -27,8 +27,8 @@
 //     "no answer within a time limit ⇒ degraded". The service makes a new in-process
 //     world for the survivors; rank r is the r-th survivor in node order, the mapping
 //     grid_allreduce_plan assumes when there are fewer ranks than grid nodes.
-//  2. Re-planning. Each survivor builds topologies::torus({4, 4}) with the missing
-//     nodes fully degraded, plans the reduction around them (the drawing shows how:
+//  2. Re-routing. Each survivor builds topologies::torus({4, 4}) with the missing
+//     nodes fully degraded, routes the reduction around them (the drawing shows how:
 //     alive nodes forwarding to a smaller core, or neighbours hosting the lost nodes'
 //     places in it) and makes a new grid_allreduce_plan on the new communicator.
 //  3. Consistency. A step may have completed on some survivors and failed on others, so

@@ -128,7 +128,7 @@ class grid_allreduce_plan : public plan_handle<Q> {
   /// Adds to `into` (count() values), value by value, the quantization error this
   /// rank still owes: the sum of its residuals over that value. Over calls the
   /// result telescopes: Σ_t out_t = Σ_t exact_t − Σ_ranks residual mass (for sum).
-  /// After a re-plan (a new plan starts with zero residuals), adding the old plan's
+  /// After a new routing (a new plan starts with zero residuals), adding the old plan's
   /// mass to the next contribution keeps that gradient mass.
   void add_residual_mass(std::span<value_type> into) const {
     if (into.size() != count_)

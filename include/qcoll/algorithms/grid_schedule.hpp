@@ -1,8 +1,9 @@
 #pragma once
 /// @file
 /// A grid_routing laid out for a buffer: every message of one allreduce, in the
-/// order they happen, with the values or frames each carries and its size. The
-/// executor (grid_allreduce.hpp) runs each rank's part of this list; the cost model
+/// order they happen, with the values or frames each carries and its size.
+/// compile_grid_allreduce (grid_allreduce.hpp) turns each rank's part of this list
+/// into a quantized_schedule, which run_schedule runs; the cost model
 /// (grid_cost.hpp) adds it up per link and per node. Non-template: only the
 /// quantizer's group size and encoded sizes enter.
 ///
@@ -55,7 +56,7 @@ class grid_schedule {
     unit_ = unit == 0 ? 1 : unit;
     lay_out_leaves(encoded_size);
     if (routing.leaves() == 0) return;  // nothing reaches a core: nobody is included
-    for (const topologies::plan_stage& stage : routing.stages())
+    for (const topologies::routing_stage& stage : routing.stages())
       for (const topologies::sub_network& s : stage.sub_networks)
         for (const topologies::forwarding_exit& e : s.exits) exit_routes_.push_back({{e.exit, e.receiver}, &e.path});
     std::sort(exit_routes_.begin(), exit_routes_.end(),
@@ -140,7 +141,7 @@ class grid_schedule {
 
   void add_forward(const encoded_size_function& encoded_size) {
     const block_range all{0, count_};
-    for (const topologies::plan_stage& stage : routing_->stages()) {
+    for (const topologies::routing_stage& stage : routing_->stages()) {
       std::size_t deepest = 0;
       for (const topologies::sub_network& s : stage.sub_networks)
         for (std::size_t depth : s.depth) deepest = std::max(deepest, depth);
@@ -264,7 +265,7 @@ class grid_schedule {
     const std::size_t all = routing_->leaves();
     const auto stages = routing_->stages();
     for (std::size_t k = stages.size(); k-- > 0;) {
-      const topologies::plan_stage& stage = stages[k];
+      const topologies::routing_stage& stage = stages[k];
       bool any = false;
       std::size_t deepest = 0;
       for (const topologies::sub_network& s : stage.sub_networks) {

@@ -208,7 +208,7 @@ class router {
   /// forwarding groups, greedily the index that removes the most of them (in 2-D
   /// exactly the forwarding groups). When no other dimension has an index to
   /// spare, the line itself shrinks to its usable part.
-  void classify(std::size_t d, plan_stage& stage) {
+  void classify(std::size_t d, routing_stage& stage) {
     for (bool first = true;; first = false) {
       std::vector<rank_t> lines;  // one node per line along d of the product (coordinate 0 along d)
       for (rank_t v = 0; v < shape_.size(); ++v) {
@@ -306,7 +306,7 @@ class router {
 
   /// The forwarding of one stage: the alive nodes in `leaving` go to the nodes of
   /// `staying` (the stage's sub-network).
-  void forward(plan_stage& stage, const std::vector<bool>& leaving, const std::vector<bool>& staying) {
+  void forward(routing_stage& stage, const std::vector<bool>& leaving, const std::vector<bool>& staying) {
     const std::size_t n = shape_.size();
     // Each node's next hop towards its nearest node of the sub-network over usable
     // links, leaving the stage's line first.
@@ -392,7 +392,7 @@ class router {
     std::vector<bool> before(n), after(n);
     for (rank_t v = 0; v < n; ++v) before[v] = true;
     for (std::size_t d : order) {
-      plan_stage stage;
+      routing_stage stage;
       stage.dimension = d;
       classify(d, stage);
       if (hosting_ && d == first_dimension_) assign_hosts();
@@ -491,8 +491,8 @@ class router {
   std::vector<bool> joined_;  // the largest part of the grid joined by usable links
 };
 
-/// Plans the reduction of every alive node's vector on `g` (see the file comment).
-/// Planning a 32×32×16 torus with 1 % of its nodes degraded takes well under a
+/// Routes the reduction of every alive node's vector on `g` (see the file comment).
+/// Routing a 32×32×16 torus with 1 % of its nodes degraded takes well under a
 /// second (benchmarks/grid_routing_bench).
 /// @par Dimension order
 /// Unless options.dimension_order gives it: when the degraded set is not contiguous,

@@ -55,7 +55,7 @@ struct sub_network {
 
 /// One dimension's stage: which groups along it were critical, and how the nodes
 /// it removed from the sub-network forward what they hold.
-struct plan_stage {
+struct routing_stage {
   std::size_t dimension = 0;
   std::size_t critical_groups = 0;
   std::size_t forwarding_groups = 0;
@@ -71,13 +71,13 @@ struct excluded_node {
 class grid_routing {
  public:
   const grid_shape& shape() const noexcept { return shape_; }
-  /// The grid with its faults resolved, as planned for.
+  /// The grid with its faults resolved, as routed for.
   const grid& links() const noexcept { return links_; }
   forwarding mode() const noexcept { return mode_; }
   /// The dimensions in the order the core reduces them (reduce-scatter along the
   /// first one first; all-gather in reverse).
   std::span<const std::size_t> dimension_order() const noexcept { return order_; }
-  std::span<const plan_stage> stages() const noexcept { return stages_; }
+  std::span<const routing_stage> stages() const noexcept { return stages_; }
 
   /// The core's indices along d, ascending.
   std::span<const std::size_t> core_indices(std::size_t d) const noexcept { return core_indices_[d]; }
@@ -189,7 +189,7 @@ class grid_routing {
   /// after the core's size.
   std::size_t forwarding_hops() const noexcept {
     std::size_t hops = 0;
-    for (const plan_stage& stage : stages_)
+    for (const routing_stage& stage : stages_)
       for (const sub_network& s : stage.sub_networks)
         for (const forwarding_exit& e : s.exits) hops += e.path.size() - 1;
     return hops;
@@ -206,7 +206,7 @@ class grid_routing {
     mix(shape_.wraps());
     for (std::size_t d : order_) mix(d);
     for (rank_t v : core_) mix(v * 31 + host_[v]);
-    for (const plan_stage& stage : stages_)
+    for (const routing_stage& stage : stages_)
       for (const sub_network& s : stage.sub_networks) {
         for (rank_t m : s.members) mix(m);
         for (const forwarding_exit& e : s.exits) mix(e.exit * 31 + e.receiver);
@@ -222,7 +222,7 @@ class grid_routing {
                                    mode_ == forwarding::sub_networks ? "by sub-network" : "per node");
     for (std::size_t d : order_) text += fmt::format(" {}", d);
     text += "\n";
-    for (const plan_stage& stage : stages_) {
+    for (const routing_stage& stage : stages_) {
       text += fmt::format("stage along dimension {}: {} critical, {} forwarding groups\n", stage.dimension,
                           stage.critical_groups, stage.forwarding_groups);
       for (const sub_network& s : stage.sub_networks) {
@@ -268,7 +268,7 @@ class grid_routing {
     for (rank_t v = 0; v < shape_.size(); ++v)
       picture.cell(v) = !links_.alive(v) ? 'X' : !included_flag_[v] ? '?' : in_core(v) ? '#' : 'o';
     char letter = 'A';
-    for (const plan_stage& stage : stages_)
+    for (const routing_stage& stage : stages_)
       for (const sub_network& s : stage.sub_networks) {
         for (rank_t m : s.members)
           if (included_flag_[m]) picture.cell(m) = letter;
@@ -309,7 +309,7 @@ class grid_routing {
   grid links_{grid_shape({1}, false)};
   forwarding mode_ = forwarding::sub_networks;
   std::vector<std::size_t> order_;
-  std::vector<plan_stage> stages_;
+  std::vector<routing_stage> stages_;
   std::vector<std::vector<std::size_t>> core_indices_;
   std::vector<rank_t> core_;
   std::vector<rank_t> host_;                // who plays each core place, npos elsewhere
