@@ -23,7 +23,7 @@
 ///   MASTER_ADDR + MASTER_PORT. When TORCHELASTIC_USE_AGENT_STORE=True, torchrun's own
 ///   agent already serves a TCPStore on MASTER_PORT, so qcoll's store takes MASTER_PORT + 1.
 ///   Else, under mpirun with every rank on this host, 127.0.0.1 and
-///   port 20000 + FNV-1a(job id) % 20000 (see mpirun_local_port): mpirun passes no address,
+///   port 20000 + FNV-1a(job id) % 12768 (see mpirun_local_port): mpirun passes no address,
 ///   but every rank knows the job id, so all ranks agree without talking. A multi-host
 ///   mpirun job has no such common knowledge of rank 0's host: set MASTER_ADDR/MASTER_PORT
 ///   (mpirun -x) or QCOLL_STORE.
@@ -109,17 +109,19 @@ struct job {
 };
 
 /// The store port of an mpirun job whose ranks are all on one host:
-/// 20000 + FNV-1a-32(job_id) % 20000: every rank computes the same port from the job id
-/// alone. 20000–39999 avoids the well-known and most registered service ports; it
-/// overlaps Linux's ephemeral range (32768+) in part, so a port that happens to be in
-/// use is reported by store_server, and QCOLL_STORE or MASTER_ADDR/MASTER_PORT override it.
+/// 20000 + FNV-1a-32(job_id) % 12768: every rank computes the same port from the job id
+/// alone. 20000–32767 avoids the well-known and most registered service ports, and
+/// stays below Linux's ephemeral range (32768–60999 by default): a port there is
+/// taken at random by any outgoing connection on the host (a test running beside the
+/// job did so, 1 run in 30), which no choice of job id can avoid. A port that is still
+/// in use is reported by store_server; QCOLL_STORE or MASTER_ADDR/MASTER_PORT override it.
 constexpr std::uint16_t mpirun_local_port(std::string_view job_id) noexcept {
   std::uint32_t hash = 2166136261u;
   for (char c : job_id) {
     hash ^= static_cast<unsigned char>(c);
     hash *= 16777619u;
   }
-  return static_cast<std::uint16_t>(20000 + hash % 20000);
+  return static_cast<std::uint16_t>(20000 + hash % 12768);
 }
 
 namespace detail {
