@@ -798,7 +798,7 @@ BOOST_AUTO_TEST_CASE(an_excluded_rank_is_told_why_and_nobody_waits_for_it) {
   auto plans = make_plans(plan, 16, 50, quantizers::identity<float>{});
   const grid_outcome outcome = run_plans(plans, integer_inputs(1, 16, 50, 1), reduce_op::sum);
   BOOST_TEST(outcome.codes[node("b2")] == errc::invalid_argument);
-  BOOST_TEST(outcome.messages[node("b2")].find("node b2, which the plan excludes: fully degraded") != std::string::npos);
+  BOOST_TEST(outcome.messages[node("b2")].find("node b2, which the routing excludes: fully degraded") != std::string::npos);
   BOOST_TEST(!outcome.codes[node("a1")]);
 }
 
