@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// Builds a kernel_table from the reference kernels or from the xsimd kernels of
-/// one architecture. A table for an architecture can only be built in a
+/// one architecture: each entry is a quantizer's one driver (kernels/group/)
+/// instantiated with the backend's arithmetic. A table for an architecture can only be built in a
 /// translation unit compiled for it (xsimd 8 exposes an architecture's batches
 /// only when its instruction set is enabled): src/kernels.cpp does that once per
 /// architecture; a header-only build gets the one its own flags enable.
@@ -26,8 +27,8 @@ inline constexpr kernel_table make_reference_table() noexcept {
       .one_bit_decode = &reference::one_bit_decode,
       .k_level_encode = &reference::k_level_encode,
       .k_level_decode = &reference::k_level_decode,
-      .bfp_encode = &reference::bfp_encode,
-      .bfp_decode = &reference::bfp_decode,
+      .bfp_encode = &bfp_detail::encode<reference::bfp_kernels>,
+      .bfp_decode = &bfp_detail::decode<reference::bfp_kernels>,
   };
 }
 
@@ -39,8 +40,8 @@ constexpr kernel_table make_simd_table() noexcept {
       .one_bit_decode = &simd::one_bit_kernels<Arch>::decode,
       .k_level_encode = &simd::k_level_kernels<Arch>::encode,
       .k_level_decode = &simd::k_level_kernels<Arch>::decode,
-      .bfp_encode = &simd::bfp_kernels<Arch>::encode,
-      .bfp_decode = &simd::bfp_kernels<Arch>::decode,
+      .bfp_encode = &bfp_detail::encode<simd::bfp_kernels<Arch>>,
+      .bfp_decode = &bfp_detail::decode<simd::bfp_kernels<Arch>>,
   };
 }
 
