@@ -25,8 +25,8 @@ inline constexpr kernel_table make_reference_table() noexcept {
       .name = "reference",
       .one_bit_encode = &reference::one_bit_encode,
       .one_bit_decode = &reference::one_bit_decode,
-      .k_level_encode = &reference::k_level_encode,
-      .k_level_decode = &reference::k_level_decode,
+      .k_level_encode = &k_level_detail::encode<reference::k_level_kernels>,
+      .k_level_decode = &k_level_detail::decode<reference::k_level_kernels>,
       .bfp_encode = &bfp_detail::encode<reference::bfp_kernels>,
       .bfp_decode = &bfp_detail::decode<reference::bfp_kernels>,
   };
@@ -38,8 +38,8 @@ constexpr kernel_table make_simd_table() noexcept {
       .name = Arch::name(),
       .one_bit_encode = &simd::one_bit_kernels<Arch>::encode,
       .one_bit_decode = &simd::one_bit_kernels<Arch>::decode,
-      .k_level_encode = &simd::k_level_kernels<Arch>::encode,
-      .k_level_decode = &simd::k_level_kernels<Arch>::decode,
+      .k_level_encode = &k_level_detail::encode<simd::k_level_kernels<Arch>>,
+      .k_level_decode = &k_level_detail::decode<simd::k_level_kernels<Arch>>,
       .bfp_encode = &bfp_detail::encode<simd::bfp_kernels<Arch>>,
       .bfp_decode = &bfp_detail::decode<simd::bfp_kernels<Arch>>,
   };
