@@ -23,8 +23,8 @@ QCOLL_CPU_KERNELS_BEGIN
 inline constexpr kernel_table make_reference_table() noexcept {
   return {
       .name = "reference",
-      .one_bit_encode = &reference::one_bit_encode,
-      .one_bit_decode = &reference::one_bit_decode,
+      .one_bit_encode = &one_bit_detail::encode<reference::one_bit_kernels>,
+      .one_bit_decode = &one_bit_detail::decode<reference::one_bit_kernels>,
       .k_level_encode = &k_level_detail::encode<reference::k_level_kernels>,
       .k_level_decode = &k_level_detail::decode<reference::k_level_kernels>,
       .bfp_encode = &bfp_detail::encode<reference::bfp_kernels>,
@@ -36,8 +36,8 @@ template <class Arch>
 constexpr kernel_table make_simd_table() noexcept {
   return {
       .name = Arch::name(),
-      .one_bit_encode = &simd::one_bit_kernels<Arch>::encode,
-      .one_bit_decode = &simd::one_bit_kernels<Arch>::decode,
+      .one_bit_encode = &one_bit_detail::encode<simd::one_bit_kernels<Arch>>,
+      .one_bit_decode = &one_bit_detail::decode<simd::one_bit_kernels<Arch>>,
       .k_level_encode = &k_level_detail::encode<simd::k_level_kernels<Arch>>,
       .k_level_decode = &k_level_detail::decode<simd::k_level_kernels<Arch>>,
       .bfp_encode = &bfp_detail::encode<simd::bfp_kernels<Arch>>,
