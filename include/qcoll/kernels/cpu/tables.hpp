@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// Builds a kernel_table from the reference kernels or from the xsimd kernels of
-/// one architecture. A table for an architecture can only be built in a
+/// one architecture: each entry is a quantizer's one driver (kernels/group/)
+/// instantiated with the backend's arithmetic. A table for an architecture can only be built in a
 /// translation unit compiled for it (xsimd 8 exposes an architecture's batches
 /// only when its instruction set is enabled): src/kernels.cpp does that once per
 /// architecture; a header-only build gets the one its own flags enable.
@@ -22,12 +23,12 @@ QCOLL_CPU_KERNELS_BEGIN
 inline constexpr kernel_table make_reference_table() noexcept {
   return {
       .name = "reference",
-      .one_bit_encode = &reference::one_bit_encode,
-      .one_bit_decode = &reference::one_bit_decode,
-      .k_level_encode = &reference::k_level_encode,
-      .k_level_decode = &reference::k_level_decode,
-      .bfp_encode = &reference::bfp_encode,
-      .bfp_decode = &reference::bfp_decode,
+      .one_bit_encode = &one_bit_detail::encode<reference::one_bit_kernels>,
+      .one_bit_decode = &one_bit_detail::decode<reference::one_bit_kernels>,
+      .k_level_encode = &k_level_detail::encode<reference::k_level_kernels>,
+      .k_level_decode = &k_level_detail::decode<reference::k_level_kernels>,
+      .bfp_encode = &bfp_detail::encode<reference::bfp_kernels>,
+      .bfp_decode = &bfp_detail::decode<reference::bfp_kernels>,
   };
 }
 
@@ -35,12 +36,12 @@ template <class Arch>
 constexpr kernel_table make_simd_table() noexcept {
   return {
       .name = Arch::name(),
-      .one_bit_encode = &simd::one_bit_kernels<Arch>::encode,
-      .one_bit_decode = &simd::one_bit_kernels<Arch>::decode,
-      .k_level_encode = &simd::k_level_kernels<Arch>::encode,
-      .k_level_decode = &simd::k_level_kernels<Arch>::decode,
-      .bfp_encode = &simd::bfp_kernels<Arch>::encode,
-      .bfp_decode = &simd::bfp_kernels<Arch>::decode,
+      .one_bit_encode = &one_bit_detail::encode<simd::one_bit_kernels<Arch>>,
+      .one_bit_decode = &one_bit_detail::decode<simd::one_bit_kernels<Arch>>,
+      .k_level_encode = &k_level_detail::encode<simd::k_level_kernels<Arch>>,
+      .k_level_decode = &k_level_detail::decode<simd::k_level_kernels<Arch>>,
+      .bfp_encode = &bfp_detail::encode<simd::bfp_kernels<Arch>>,
+      .bfp_decode = &bfp_detail::decode<simd::bfp_kernels<Arch>>,
   };
 }
 

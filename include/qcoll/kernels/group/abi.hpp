@@ -10,7 +10,10 @@
 /// kernels/group/ is the bottom of the kernel layer: the arithmetic of one group
 /// (or block) record and the code packing, which the scalar reference
 /// (kernels/cpu/reference/) and the xsimd kernels (kernels/cpu/simd/) share as one
-/// piece of code, so that they give the same bits; it includes nothing else of
+/// piece of code, so that they give the same bits, and each quantizer's driver —
+/// the walk over a frame's records, the record fields, the non-finite case, the
+/// chunking and code packing — written once as a template over the backend's
+/// arithmetic (a policy type of static hooks); it includes nothing else of
 /// kernels/. kernels/cpu/tables.hpp and dispatch.hpp sit above the backends. The
 /// code here stays in namespace qcoll::kernels::cpu for now: the quantizers name
 /// kernels::cpu::bfp_detail, k_level_detail and unpack_codes.
@@ -29,6 +32,16 @@
 #define QCOLL_CPU_KERNELS_END \
   }                           \
   }
+
+/// The per-group hooks a backend hands to the shared drivers of kernels/group/
+/// (bfp_detail::encode and the like). Each is called from one place in a driver;
+/// forcing it inline keeps every driver instantiation the single loop nest it
+/// would be if the backend had written the driver itself.
+#if defined(__GNUC__) || defined(__clang__)
+#define QCOLL_KERNEL_INLINE [[gnu::always_inline]] inline
+#else
+#define QCOLL_KERNEL_INLINE inline
+#endif
 
 QCOLL_CPU_KERNELS_BEGIN
 

@@ -5,6 +5,9 @@
 /// the exact powers of two that scale by it, the rounding of one value to its
 /// mantissa, and the non-finite marker. The SIMD kernels vectorise the same
 /// operations in the same order (cpu/simd/bfp.hpp) and use these for their tails.
+/// Below them, the driver both backends run (encode, decode): the walk over a
+/// frame's blocks, the record fields, the non-finite block and the chunks of
+/// mantissas, around the backend's arithmetic.
 ///
 /// @par The rules (spec bfp-lazy-update.md §2; b = mantissa bits with the sign)
 /// - v = x + residual (x alone without error feedback); m = max |v| over the block,
@@ -22,11 +25,13 @@
 ///   residual = v − decoded. Error ≤ 2^e / 2 except for saturated values (≤ 2^e).
 
 #include <qcoll/kernels/group/abi.hpp>
+#include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/quantizers/format/options.hpp>
 #include <qcoll/quantizers/format/wire.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 QCOLL_CPU_KERNELS_BEGIN
 namespace bfp_detail {
@@ -163,6 +168,115 @@ inline std::int32_t sign_extend(std::uint32_t code, unsigned bits) noexcept {
 }
 
 inline float quiet_nan() noexcept { return float_of(0x7fc00000u); }
+
+/// The scalar loops: the reference runs them on whole blocks, the SIMD kernels on
+/// the values past their last whole register.
+
+/// max(largest, the magnitude bits of values [begin, end)).
+inline std::uint32_t largest_magnitude(const float* x, const float* residual_in, std::size_t begin, std::size_t end,
+                                       std::uint32_t largest) noexcept {
+  for (std::size_t i = begin; i < end; ++i) {
+    const std::uint32_t magnitude = magnitude_bits(fed(x, residual_in, i));
+    largest = magnitude > largest ? magnitude : largest;
+  }
+  return largest;
+}
+
+/// The mantissas of values [begin, end) of a finite block into mantissas[i - begin]
+/// (two's complement bits), their new errors to residual_out[i] (when not null).
+inline void encode_values(const block_scale& block, unsigned bits, const float* x, const float* residual_in,
+                          float* residual_out, std::size_t begin, std::size_t end, std::uint32_t* mantissas) noexcept {
+  for (std::size_t i = begin; i < end; ++i) {
+    const float v = fed(x, residual_in, i);
+    const std::int32_t q = mantissa(v, block.scale, bits);
+    mantissas[i - begin] = static_cast<std::uint32_t>(q);
+    if (residual_out) residual_out[i] = v - decoded(q, block.unit);
+  }
+}
+
+/// y[j] = (or +=) the value of the b-bit field fields[j] in a block of unit 2^e, j < count.
+inline void decode_values(const std::uint32_t* fields, std::size_t count, unsigned bits, float unit, float* y,
+                          bool accumulate) noexcept {
+  for (std::size_t j = 0; j < count; ++j) {
+    const float value = decoded(sign_extend(fields[j], bits), unit);
+    y[j] = accumulate ? y[j] + value : value;
+  }
+}
+
+// The driver. `Kernels` is the backend's arithmetic, a type with these static
+// functions (QCOLL_KERNEL_INLINE, each called from one place below):
+//   std::uint32_t max_magnitude(const float* x, const float* residual_in, std::size_t g)
+//     the largest magnitude_bits(fed(…)) of a block's g values;
+//   void encode_chunk(const block_scale&, unsigned bits, const float* x, const float* residual_in,
+//                     float* residual_out, std::size_t first, std::size_t count, std::uint32_t* mantissas)
+//     the mantissas (two's complement bits) of values [first, first + count) of a finite
+//     block into mantissas[0, count) (64-byte aligned), and their new residuals when
+//     residual_out is not null;
+//   void fill_nan(float* y, std::size_t g)
+//     y[0, g) = quiet_nan(), for a non-finite block in both decode modes;
+//   void decode_chunk(const std::uint32_t* fields, std::size_t count, unsigned bits, float unit, float* y,
+//                     bool accumulate)
+//     y[j] = (or +=) decoded(sign_extend(fields[j], bits), unit), j < count (fields 64-byte aligned).
+
+/// Encodes one block of g values into its record.
+template <class Kernels>
+QCOLL_KERNEL_INLINE void encode_block(unsigned bits, const float* x, const float* residual_in, float* residual_out,
+                                      std::size_t g, std::byte* record) noexcept {
+  const block_scale block = decide(Kernels::max_magnitude(x, residual_in, g), bits);
+  store<std::int8_t>(record, static_cast<std::int8_t>(block.exponent));
+  std::byte* codes = record + layout(g, bits).table_bytes;
+  if (block.nonfinite) {
+    keep_residual(residual_in, residual_out, g);
+    __builtin_memset(codes, 0, layout(g, bits).codes_bytes(g));
+    return;
+  }
+  alignas(64) std::uint32_t mantissas[chunk];
+  for (std::size_t first = 0; first < g; first += chunk) {
+    const std::size_t c = g - first < chunk ? g - first : chunk;
+    Kernels::encode_chunk(block, bits, x, residual_in, residual_out, first, c, mantissas);
+    pack_codes(std::span<const std::uint32_t>(mantissas, c), bits, codes + first * bits / 8);
+  }
+}
+
+/// Encodes in.size() values into the records of a frame (header excluded).
+/// The residuals are both empty (no error feedback) or both as long as `in`, and
+/// either the same range or disjoint.
+template <class Kernels>
+void encode(const quantizers::bfp_options& options, std::span<const float> in, std::span<const float> residual_in,
+            std::span<float> residual_out, std::byte* records) noexcept {
+  const std::size_t block = block_values(options, in.size());
+  const bool feedback = !residual_out.empty();
+  for_each_group(layout(block, options.mantissa_bits), in.size(), records,
+                 [&](std::size_t first, std::size_t g, std::byte* record) {
+                   encode_block<Kernels>(options.mantissa_bits, in.data() + first,
+                                         feedback ? residual_in.data() + first : nullptr,
+                                         feedback ? residual_out.data() + first : nullptr, g, record);
+                 });
+}
+
+/// out = decoded (accumulate false) or out += decoded (accumulate true). The
+/// records must have passed the quantizer's checks (exponents in range).
+template <class Kernels>
+void decode(const quantizers::bfp_options& options, const std::byte* records, std::span<float> out,
+            bool accumulate) noexcept {
+  const unsigned bits = options.mantissa_bits;
+  const auto records_layout = layout(block_values(options, out.size()), bits);
+  for_each_group(records_layout, out.size(), records, [&](std::size_t first, std::size_t g, const std::byte* record) {
+    const int exponent = load<std::int8_t>(record);
+    const std::byte* codes = record + records_layout.table_bytes;
+    float* y = out.data() + first;
+    // out + NaN is NaN: both modes store the one quiet NaN, whatever out held, so
+    // no backend's NaN payload differs.
+    if (exponent == nonfinite_exponent) return Kernels::fill_nan(y, g);
+    const float unit = pow2(exponent);
+    alignas(64) std::uint32_t fields[chunk];
+    for (std::size_t start = 0; start < g; start += chunk) {
+      const std::size_t c = g - start < chunk ? g - start : chunk;
+      unpack_codes(codes + start * bits / 8, bits, std::span<std::uint32_t>(fields, c));
+      Kernels::decode_chunk(fields, c, bits, unit, y + start, accumulate);
+    }
+  });
+}
 
 }  // namespace bfp_detail
 QCOLL_CPU_KERNELS_END

@@ -5,7 +5,10 @@
 /// one value, and the counter-based random numbers of stochastic rounding. The
 /// SIMD kernels vectorise the same operations in the same order and fall back to
 /// these functions for the last partial vector of a group, so every backend gives
-/// the same bits. quantizers/k_level.hpp states the semantics.
+/// the same bits. quantizers/k_level.hpp states the semantics. Below them, the
+/// driver both backends run (encode, decode): the walk over a frame's groups, the
+/// random streams, the table, the non-finite group and the chunks of codes, around
+/// the backend's arithmetic.
 
 #include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/kernels/group/codes.hpp>
@@ -16,7 +19,6 @@
 #include <cstdint>
 #include <limits>
 #include <span>
-#include <type_traits>
 
 QCOLL_CPU_KERNELS_BEGIN
 namespace k_level_detail {
@@ -49,6 +51,19 @@ inline float fed(const float* x, const float* residual_in, std::size_t i) noexce
 /// never replaces an extreme; non-finite groups are caught separately).
 inline float lower(float value, float low) noexcept { return value < low ? value : low; }
 inline float higher(float value, float high) noexcept { return value > high ? value : high; }
+
+/// Widens [low, high] over values [begin, end) of a group; whether they are all finite.
+inline bool widen_extremes(const float* x, const float* residual_in, std::size_t begin, std::size_t end, float& low,
+                           float& high) noexcept {
+  bool finite = true;
+  for (std::size_t i = begin; i < end; ++i) {
+    const float v = fed(x, residual_in, i);
+    finite = finite && is_finite(v);
+    low = lower(v, low);
+    high = higher(v, high);
+  }
+  return finite;
+}
 
 struct table {
   float min = 0;   ///< level 0 (on the wire)
@@ -237,24 +252,78 @@ inline void decode_values(float min, float step, const std::uint32_t* codes, std
   }
 }
 
-/// Calls encode_group(std::bool_constant<stochastic>, x, residual_in, residual_out, g,
-/// stream, record) for every group of a frame, with each group's random stream; both
-/// residual pointers are null without error feedback.
-template <class EncodeGroup>
-void encode_groups(const quantizers::k_level_options& options, std::span<const float> in,
-                   std::span<const float> residual_in, std::span<float> residual_out,
-                   quantizers::encode_position position, std::byte* records, EncodeGroup&& encode_group) noexcept {
+// The driver. `Kernels` is the backend's arithmetic, a type with these static
+// functions (QCOLL_KERNEL_INLINE, each called from one place below):
+//   bool extremes(const float* x, const float* residual_in, std::size_t g, float& low, float& high)
+//     the group's lowest and highest fed value, as lower() and higher() find them, and
+//     whether every value is finite;
+//   template <bool stochastic>
+//   void encode_chunk(const float* x, const float* residual_in, float* residual_out, std::size_t first,
+//                     std::size_t count, const table&, const group_stream&, std::uint32_t* codes)
+//     encode_values<stochastic>(…, first, first + count, …, codes) (codes 64-byte aligned);
+//   void decode_chunk(float min, float step, const std::uint32_t* codes, std::size_t count, float* y,
+//                     bool accumulate)
+//     decode_values(min, step, codes, count, y, accumulate) (codes 64-byte aligned).
+
+/// Encodes one group of g values into its record.
+template <class Kernels, bool stochastic>
+QCOLL_KERNEL_INLINE void encode_group(const quantizers::k_level_options& options, const float* x,
+                                      const float* residual_in, float* residual_out, std::size_t g,
+                                      const group_stream& stream, std::byte* record) noexcept {
+  const unsigned bits = code_bits(options.levels);
+  float low, high;
+  if (!Kernels::extremes(x, residual_in, g, low, high)) {
+    keep_residual(residual_in, residual_out, g);
+    store_nonfinite(options, record, g);
+    return;
+  }
+  const table t = make_table(low, high, options.levels);
+  store_table(record, t.min, t.step);
+  alignas(64) std::uint32_t codes[chunk];
+  for (std::size_t first = 0; first < g; first += chunk) {
+    const std::size_t count = g - first < chunk ? g - first : chunk;
+    Kernels::template encode_chunk<stochastic>(x, residual_in, residual_out, first, count, t, stream, codes);
+    pack_codes(std::span<const std::uint32_t>(codes, count), bits, codes_of(record) + first * bits / 8);
+  }
+}
+
+/// Encodes in.size() values into the records of a frame (header excluded), each
+/// group with its random stream. The residuals are both empty (no error feedback)
+/// or both as long as `in`, and either the same range or disjoint.
+template <class Kernels>
+void encode(const quantizers::k_level_options& options, std::span<const float> in,
+            std::span<const float> residual_in, std::span<float> residual_out, quantizers::encode_position position,
+            std::byte* records) noexcept {
   stream_maker streams(options, position);
   const bool stochastic = options.rounding == quantizers::rounding::stochastic;
   const bool feedback = !residual_out.empty();
-  for_each_group(layout(options), in.size(), records, [&](std::size_t first, std::size_t g, auto* record) {
+  for_each_group(layout(options), in.size(), records, [&](std::size_t first, std::size_t g, std::byte* record) {
     const float* x = in.data() + first;
     const float* r_in = feedback ? residual_in.data() + first : nullptr;
     float* r_out = feedback ? residual_out.data() + first : nullptr;
     if (stochastic)
-      encode_group(std::true_type{}, x, r_in, r_out, g, streams.group(first, g), record);
+      encode_group<Kernels, true>(options, x, r_in, r_out, g, streams.group(first, g), record);
     else
-      encode_group(std::false_type{}, x, r_in, r_out, g, group_stream{}, record);
+      encode_group<Kernels, false>(options, x, r_in, r_out, g, group_stream{}, record);
+  });
+}
+
+/// out = decoded (accumulate false) or out += decoded (accumulate true).
+template <class Kernels>
+void decode(const quantizers::k_level_options& options, const std::byte* records, std::span<float> out,
+            bool accumulate) noexcept {
+  const auto records_layout = layout(options);
+  const unsigned bits = records_layout.code_bits;
+  alignas(64) std::uint32_t codes[chunk];
+  for_each_group(records_layout, out.size(), records, [&](std::size_t start, std::size_t g, const std::byte* record) {
+    const float min = load<float>(record);
+    const float step = load<float>(record + sizeof(float));
+    float* y = out.data() + start;
+    for (std::size_t first = 0; first < g; first += chunk) {
+      const std::size_t count = g - first < chunk ? g - first : chunk;
+      unpack_codes(codes_of(record) + first * bits / 8, bits, std::span<std::uint32_t>(codes, count));
+      Kernels::decode_chunk(min, step, codes, count, y + first, accumulate);
+    }
   });
 }
 

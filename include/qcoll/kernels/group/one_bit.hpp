@@ -3,7 +3,9 @@
 /// The parts of the one_bit kernels that every backend shares as one piece of code:
 /// the reconstruction table from the bin sums, the rare paths (non-finite values, sums
 /// that overflow float), the scalar loops the SIMD kernels run on a group's last
-/// partial block (so it is the reference's own code), and the walk over a frame.
+/// partial block (so it is the reference's own code), and the driver both backends
+/// run (encode, decode): the walk over a frame's groups, the group-mean threshold,
+/// the table and the non-finite group, around the backend's arithmetic.
 
 #include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/kernels/group/codes.hpp>
@@ -138,17 +140,76 @@ inline void update_residual(const float* x, const float* residual_in, float* res
   }
 }
 
-/// Calls encode_group(x, residual_in, residual_out, g, record) for every group of a
-/// frame; both residual pointers are null without error feedback.
-template <class EncodeGroup>
-void encode_groups(const quantizers::one_bit_options& options, std::span<const float> in,
-                   std::span<const float> residual_in, std::span<float> residual_out, std::byte* records,
-                   EncodeGroup&& encode_group) noexcept {
+/// y[i] = (or +=) the value of bit i, i in [from, to).
+inline void decode_values(const std::byte* bits, std::size_t from, std::size_t to, float zero, float one, float* y,
+                          bool accumulate) noexcept {
+  for (std::size_t i = from; i < to; ++i) {
+    const float value = ((bits[i / 8] >> (i % 8)) & std::byte{1}) != std::byte{0} ? one : zero;
+    y[i] = accumulate ? y[i] + value : value;
+  }
+}
+
+// The driver. `Kernels` is the backend's arithmetic, a type with these static
+// functions (QCOLL_KERNEL_INLINE, each called from one place below):
+//   lane_sums sum(const float* x, const float* residual_in, std::size_t g)
+//     the group's fed values summed into the summation lanes (lanes.hpp);
+//   void classify(const quantizers::one_bit_options&, const float* x, const float* residual_in, std::size_t g,
+//                 float threshold, std::byte* bits, lane_sums& sum0, lane_sums& sum1, bin_statistics& stats)
+//     classify() over the whole group: every bit of the record written, sum0 and sum1
+//     (zero on entry) the bins' lane sums, stats.count1, and stats.low and stats.high
+//     (needed for min_max only);
+//   void update_residual(const float* x, const float* residual_in, float* residual_out, std::size_t g,
+//                        float threshold, const table&)
+//     update_residual() over the whole group;
+//   void decode_group(const std::byte* bits, std::size_t g, float zero, float one, float* y, bool accumulate)
+//     decode_values(bits, 0, g, …).
+
+/// Encodes one group of g values into its record; residual_in and residual_out:
+/// both null, the same array, or disjoint.
+template <class Kernels>
+QCOLL_KERNEL_INLINE void encode_group(const quantizers::one_bit_options& options, const float* x,
+                                      const float* residual_in, float* residual_out, std::size_t g,
+                                      std::byte* record) noexcept {
+  float threshold = 0;
+  if (options.threshold == quantizers::threshold::group_mean) {
+    const float total = fold_lanes(Kernels::sum(x, residual_in, g));
+    if (!is_finite(total) && has_nonfinite(x, residual_in, g)) {
+      keep_residual(residual_in, residual_out, g);
+      return store_nonfinite(record, g);
+    }
+    threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual_in, g);
+  }
+  lane_sums sum0{}, sum1{};
+  bin_statistics stats;
+  Kernels::classify(options, x, residual_in, g, threshold, record + 2 * sizeof(float), sum0, sum1, stats);
+  const table values = store_table(options, stats, sum0, sum1, threshold, x, residual_in, g, record);
+  if (values.nonfinite) return keep_residual(residual_in, residual_out, g);
+  if (residual_out) Kernels::update_residual(x, residual_in, residual_out, g, threshold, values);
+}
+
+/// Encodes in.size() values into the records of a frame (header excluded).
+/// The residuals are both empty (no error feedback) or both as long as `in`, and
+/// either the same range or disjoint.
+template <class Kernels>
+void encode(const quantizers::one_bit_options& options, std::span<const float> in,
+            std::span<const float> residual_in, std::span<float> residual_out, std::byte* records) noexcept {
   const bool feedback = !residual_out.empty();
-  for_each_group(layout(options.group_size), in.size(), records, [&](std::size_t first, std::size_t g, auto* record) {
-    encode_group(in.data() + first, feedback ? residual_in.data() + first : nullptr,
-                 feedback ? residual_out.data() + first : nullptr, g, record);
-  });
+  for_each_group(layout(options.group_size), in.size(), records,
+                 [&](std::size_t first, std::size_t g, std::byte* record) {
+                   encode_group<Kernels>(options, in.data() + first, feedback ? residual_in.data() + first : nullptr,
+                                         feedback ? residual_out.data() + first : nullptr, g, record);
+                 });
+}
+
+/// out = decoded (accumulate false) or out += decoded (accumulate true).
+template <class Kernels>
+void decode(const quantizers::one_bit_options& options, const std::byte* records, std::span<float> out,
+            bool accumulate) noexcept {
+  for_each_group(layout(options.group_size), out.size(), records,
+                 [&](std::size_t first, std::size_t g, const std::byte* record) {
+                   Kernels::decode_group(record + 2 * sizeof(float), g, load<float>(record),
+                                         load<float>(record + sizeof(float)), out.data() + first, accumulate);
+                 });
 }
 
 }  // namespace one_bit_detail

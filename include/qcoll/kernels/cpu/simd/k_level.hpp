@@ -1,14 +1,14 @@
 #pragma once
 /// @file
-/// k_level kernels over xsimd batches. Each value goes through the same IEEE
-/// operations as in the reference (kernels/group/k_level.hpp), W lanes at a time; the last
-/// partial vector of a group, and a vector whose values straddle a change of the
-/// random key, take the shared scalar code. Codes are computed into a stack buffer
-/// and packed by the one packer every backend uses, so the results match the
-/// reference bit for bit.
+/// k_level kernels over xsimd batches, the arithmetic that the shared driver
+/// (k_level_detail::encode, decode in kernels/group/k_level.hpp) runs per group.
+/// Each value goes through the same IEEE operations as in the reference, W lanes at
+/// a time; the last partial vector of a chunk, and a vector whose values straddle a
+/// change of the random key, take the shared scalar code. Codes go into the
+/// driver's chunk buffer and are packed by the one packer every backend uses, so
+/// the results match the reference bit for bit.
 
 #include <qcoll/kernels/group/abi.hpp>
-#include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/kernels/group/k_level.hpp>
 
 #include <xsimd/xsimd.hpp>
@@ -17,7 +17,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <span>
 #include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -79,7 +78,8 @@ struct k_level_kernels {
   }
 
   /// The group's extremes and whether every value is finite.
-  static bool extremes(const float* x, const float* residual_in, std::size_t g, float& low, float& high) noexcept {
+  QCOLL_KERNEL_INLINE static bool extremes(const float* x, const float* residual_in, std::size_t g, float& low,
+                                           float& high) noexcept {
     using namespace k_level_detail;
     const std::size_t body = g / width * width;
     batch lows(std::numeric_limits<float>::infinity()), highs(-std::numeric_limits<float>::infinity());
@@ -105,94 +105,49 @@ struct k_level_kernels {
       low = lower(low_lanes[j], low);
       high = higher(high_lanes[j], high);
     }
-    for (std::size_t i = body; i < g; ++i) {
-      const float v = k_level_detail::fed(x, residual_in, i);
-      finite = finite && is_finite(v);
-      low = lower(v, low);
-      high = higher(v, high);
-    }
-    return finite;
+    return widen_extremes(x, residual_in, body, g, low, high) && finite;
   }
 
   template <bool stochastic>
-  static void encode_group(const quantizers::k_level_options& options, const float* x, const float* residual_in,
-                           float* residual_out, std::size_t g, const k_level_detail::group_stream& stream,
-                           std::byte* record) noexcept {
+  QCOLL_KERNEL_INLINE static void encode_chunk(const float* x, const float* residual_in, float* residual_out,
+                                               std::size_t first, std::size_t count, const k_level_detail::table& t,
+                                               const k_level_detail::group_stream& stream,
+                                               std::uint32_t* codes) noexcept {
     using namespace k_level_detail;
-    const unsigned bits = code_bits(options.levels);
-    float low, high;
-    if (!extremes(x, residual_in, g, low, high)) {
-      keep_residual(residual_in, residual_out, g);
-      store_nonfinite(options, record, g);
-      return;
-    }
-    const table t = make_table(low, high, options.levels);
-    store_table(record, t.min, t.step);
     const batch min(t.min), step(t.step), scale(t.scale), inverse(t.inverse), top(t.top);
     const batch zero(0.0f), one(1.0f), half(0.5f);
-    alignas(64) std::array<std::uint32_t, chunk> buffer;
-    for (std::size_t first = 0; first < g; first += chunk) {
-      const std::size_t count = g - first < chunk ? g - first : chunk;
-      const std::size_t body = count / width * width;
-      for (std::size_t j = 0; j < body; j += width) {
-        const std::size_t i = first + j;
-        if (stochastic && i < stream.split && i + width > stream.split) {  // the key changes mid-vector
-          encode_values<stochastic>(x, residual_in, residual_out, i, i + width, t, stream, buffer.data() + j);
-          continue;
-        }
-        const batch v = fed(x, residual_in, i);
-        // position(): t in [0, top]; min(a, b) = a < b ? a : b.
-        const batch place = xsimd::min(((v - min) * scale) * inverse, top);
-        batch code = xsimd::batch_cast<float>(xsimd::batch_cast<std::int32_t>(place));
-        const batch fraction = place - code;
-        if constexpr (stochastic) code = code + xsimd::select(uniform(stream, i) < fraction, one, zero);
-        else code = code + xsimd::select(fraction >= half, one, zero);
-        xsimd::bitwise_cast<uint_batch>(xsimd::batch_cast<std::int32_t>(code)).store_aligned(buffer.data() + j);
-        if (residual_out) (v - (min + code * step)).store_unaligned(residual_out + i);
+    const std::size_t body = count / width * width;
+    for (std::size_t j = 0; j < body; j += width) {
+      const std::size_t i = first + j;
+      if (stochastic && i < stream.split && i + width > stream.split) {  // the key changes mid-vector
+        encode_values<stochastic>(x, residual_in, residual_out, i, i + width, t, stream, codes + j);
+        continue;
       }
-      encode_values<stochastic>(x, residual_in, residual_out, first + body, first + count, t, stream,
-                                buffer.data() + body);
-      pack_codes(std::span<const std::uint32_t>(buffer.data(), count), bits, codes_of(record) + first * bits / 8);
+      const batch v = fed(x, residual_in, i);
+      // position(): t in [0, top]; min(a, b) = a < b ? a : b.
+      const batch place = xsimd::min(((v - min) * scale) * inverse, top);
+      batch code = xsimd::batch_cast<float>(xsimd::batch_cast<std::int32_t>(place));
+      const batch fraction = place - code;
+      if constexpr (stochastic) code = code + xsimd::select(uniform(stream, i) < fraction, one, zero);
+      else code = code + xsimd::select(fraction >= half, one, zero);
+      xsimd::bitwise_cast<uint_batch>(xsimd::batch_cast<std::int32_t>(code)).store_aligned(codes + j);
+      if (residual_out) (v - (min + code * step)).store_unaligned(residual_out + i);
     }
+    encode_values<stochastic>(x, residual_in, residual_out, first + body, first + count, t, stream, codes + body);
   }
 
-  static void encode(const quantizers::k_level_options& options, std::span<const float> in,
-                     std::span<const float> residual_in, std::span<float> residual_out,
-                     quantizers::encode_position position, std::byte* records) noexcept {
-    k_level_detail::encode_groups(options, in, residual_in, residual_out, position, records,
-                                  [&](auto stochastic, const float* x, const float* r_in, float* r_out, std::size_t g,
-                                      auto stream, std::byte* record) {
-                                    encode_group<decltype(stochastic)::value>(options, x, r_in, r_out, g, stream,
-                                                                              record);
-                                  });
-  }
-
-  static void decode(const quantizers::k_level_options& options, const std::byte* records, std::span<float> out,
-                     bool accumulate) noexcept {
-    using namespace k_level_detail;
-    const auto records_layout = layout(options);
-    const unsigned bits = records_layout.code_bits;
-    alignas(64) std::array<std::uint32_t, chunk> buffer;
-    for_each_group(records_layout, out.size(), records, [&](std::size_t start, std::size_t g, auto* records) {
-      const float min = load<float>(records);
-      const float step = load<float>(records + sizeof(float));
-      const batch min_lanes(min), step_lanes(step);
-      float* y = out.data() + start;
-      for (std::size_t first = 0; first < g; first += chunk) {
-        const std::size_t count = g - first < chunk ? g - first : chunk;
-        unpack_codes(codes_of(records) + first * bits / 8, bits, std::span<std::uint32_t>(buffer.data(), count));
-        const std::size_t body = count / width * width;
-        for (std::size_t j = 0; j < body; j += width) {
-          // Codes are at most 255: the signed conversion is exact.
-          const int_batch codes = xsimd::bitwise_cast<int_batch>(uint_batch::load_aligned(buffer.data() + j));
-          const batch code = xsimd::batch_cast<float>(codes);
-          const batch value = min_lanes + code * step_lanes;
-          float* at = y + first + j;
-          (accumulate ? batch::load_unaligned(at) + value : value).store_unaligned(at);
-        }
-        decode_values(min, step, buffer.data() + body, count - body, y + first + body, accumulate);
-      }
-    });
+  QCOLL_KERNEL_INLINE static void decode_chunk(float min, float step, const std::uint32_t* codes, std::size_t count,
+                                               float* y, bool accumulate) noexcept {
+    const batch min_lanes(min), step_lanes(step);
+    const std::size_t body = count / width * width;
+    for (std::size_t j = 0; j < body; j += width) {
+      // Codes are at most 255: the signed conversion is exact.
+      const batch code = xsimd::batch_cast<float>(xsimd::bitwise_cast<int_batch>(uint_batch::load_aligned(codes + j)));
+      const batch value = min_lanes + code * step_lanes;
+      float* at = y + j;
+      (accumulate ? batch::load_unaligned(at) + value : value).store_unaligned(at);
+    }
+    k_level_detail::decode_values(min, step, codes + body, count - body, y + body, accumulate);
   }
 };
 
