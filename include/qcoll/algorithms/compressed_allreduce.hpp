@@ -19,6 +19,7 @@
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/partition.hpp>
+#include <qcoll/topologies/graph.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -39,12 +40,8 @@ enum class stripe_route : std::uint8_t {
 namespace qcoll::algorithms {
 
 /// The route a topology gives: direct when every pair of ranks is linked. O(n²).
-template <ring_topology Topology>
-stripe_route route_for(const Topology& topology) {
-  for (rank_t a = 0; a < topology.size(); ++a)
-    for (rank_t b = 0; b < topology.size(); ++b)
-      if (a != b && !topology.linked(a, b)) return stripe_route::ring;
-  return stripe_route::direct;
+inline stripe_route route_for(const topologies::graph& topology) {
+  return topology.fully_linked() ? stripe_route::direct : stripe_route::ring;
 }
 
 /// Where stripes, chunks and their frames lie. Stripe j is block j of the buffer's
