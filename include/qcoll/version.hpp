@@ -3,7 +3,7 @@
 /// The library version, defined once: CMake parses these three lines.
 
 #define QCOLL_VERSION_MAJOR 0
-#define QCOLL_VERSION_MINOR 1
+#define QCOLL_VERSION_MINOR 2
 #define QCOLL_VERSION_PATCH 0
 
 namespace qcoll {
