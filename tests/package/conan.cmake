@@ -17,7 +17,5 @@ set_tests_properties(package.conan package.conan_center_stubs PROPERTIES
   # Both results right, and the kernels built for each x86 instruction set and picked at run time.
   PASS_REGULAR_EXPRESSION "${qcoll_conan_pass}"
   # PASS_REGULAR_EXPRESSION makes CTest ignore the exit status: fail on the script's and Conan's errors.
-  FAIL_REGULAR_EXPRESSION "package.conan FAILED|ERROR: "
-  # tools/python-tools installs into one virtual environment, which two installs at once would break.
-  RESOURCE_LOCK qcoll_python_tools)
+  FAIL_REGULAR_EXPRESSION "package.conan FAILED|ERROR: ")
 unset(qcoll_conan_pass)
