@@ -11,6 +11,7 @@
 /// stderr and ignored.
 
 #include <qcoll/kernels/cpu/kernel_table.hpp>
+#include <qcoll/kernels/cpu/simd/xsimd_compat.hpp>
 
 #include <xsimd/xsimd.hpp>
 
@@ -44,11 +45,7 @@ namespace qcoll::kernels::cpu {
 /// own translation units, which may not run on this CPU).
 template <class Arch>
 bool cpu_runs() noexcept {
-  const auto cpu = xsimd::available_architectures();
-  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) return cpu.avx512f;
-  else if constexpr (std::is_base_of_v<xsimd::avx2, Arch>) return cpu.avx2;
-  else if constexpr (std::is_base_of_v<xsimd::sse2, Arch>) return cpu.sse2;
-  else return cpu.best >= Arch::version();
+  return simd::cpu_has<Arch>();
 }
 
 struct backend {

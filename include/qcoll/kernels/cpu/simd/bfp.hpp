@@ -8,6 +8,7 @@
 /// register go through the reference's scalar code, so the results match the
 /// reference bit for bit.
 
+#include <qcoll/kernels/cpu/simd/xsimd_compat.hpp>
 #include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/kernels/group/bfp.hpp>
 
@@ -37,8 +38,9 @@ struct bfp_kernels {
     const int_batch magnitude_mask(0x7fffffff);
     int_batch largest(0);
     // Non-negative int32 compare in the float's bit order; NaN and Inf sort on top.
+    // (An integer max, unlike a float one, is the same in every xsimd version.)
     for (std::size_t i = 0; i < body; i += width)
-      largest = xsimd::max(largest, xsimd::bitwise_cast<int_batch>(fed(x, residual_in, i)) & magnitude_mask);
+      largest = xsimd::max(largest, bit_cast<std::int32_t>(fed(x, residual_in, i)) & magnitude_mask);
     alignas(64) std::int32_t lanes[width];
     largest.store_aligned(lanes);
     std::uint32_t result = 0;
@@ -57,8 +59,8 @@ struct bfp_kernels {
         zero(0.0f);
     const batch limit(saturation_limit(bits)), minus_limit(-saturation_limit(bits));
     // Saturated mantissas, as float lanes holding the int32 bits (a select moves bits unchanged).
-    const batch largest = xsimd::bitwise_cast<batch>(int_batch(max_mantissa(bits)));
-    const batch smallest = xsimd::bitwise_cast<batch>(int_batch(-max_mantissa(bits)));
+    const batch largest = bit_cast<float>(int_batch(max_mantissa(bits)));
+    const batch smallest = bit_cast<float>(int_batch(-max_mantissa(bits)));
     // int32 and uint32 may alias: the buffer holds the two's complement bits.
     auto* signed_mantissas = reinterpret_cast<std::int32_t*>(mantissas);
     const std::size_t body = count / width * width;
@@ -70,10 +72,10 @@ struct bfp_kernels {
       const batch d = y - t;
       const batch rounded = t + xsimd::select(d >= half, one, xsimd::select(d <= minus_half, minus_one, zero));
       // The conversion is exact below 2^31 in magnitude; ±2^(b−1) lanes are replaced.
-      batch q_bits = xsimd::bitwise_cast<batch>(xsimd::batch_cast<std::int32_t>(rounded));
+      batch q_bits = bit_cast<float>(xsimd::batch_cast<std::int32_t>(rounded));
       q_bits = xsimd::select(rounded >= limit, largest, q_bits);
       q_bits = xsimd::select(rounded <= minus_limit, smallest, q_bits);
-      const int_batch q = xsimd::bitwise_cast<int_batch>(q_bits);
+      const int_batch q = bit_cast<std::int32_t>(q_bits);
       q.store_aligned(signed_mantissas + j);
       if (residual_out) (v - xsimd::batch_cast<float>(q) * unit).store_unaligned(residual_out + i);
     }

@@ -8,6 +8,7 @@
 /// driver's chunk buffer and are packed by the one packer every backend uses, so
 /// the results match the reference bit for bit.
 
+#include <qcoll/kernels/cpu/simd/xsimd_compat.hpp>
 #include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/kernels/group/k_level.hpp>
 
@@ -74,7 +75,7 @@ struct k_level_kernels {
     const k_level_detail::random_key& key = stream.key_at(i);
     const uint_batch index = uint_batch(stream.index_low(i)) + uint_batch::load_aligned(iota);
     const uint_batch bits = lowbias32(lowbias32(index ^ uint_batch(key.low)) ^ uint_batch(key.high));
-    return xsimd::batch_cast<float>(xsimd::bitwise_cast<int_batch>(bits >> 8)) * batch(0x1p-24f);
+    return xsimd::batch_cast<float>(bit_cast<std::int32_t>(bits >> 8)) * batch(0x1p-24f);
   }
 
   /// The group's extremes and whether every value is finite.
@@ -88,9 +89,9 @@ struct k_level_kernels {
     const uint_batch exponent(0x7f800000u), carry(0x00800000u);
     for (std::size_t i = 0; i < body; i += width) {
       const batch v = fed(x, residual_in, i);
-      lows = xsimd::min(lows, v);  // min(a, b) = a < b ? a : b, as lower()
-      highs = xsimd::max(highs, v);
-      flags |= (xsimd::bitwise_cast<uint_batch>(v) & exponent) + carry;
+      lows = lane_min(v, lows);  // as lower(v, low)
+      highs = lane_max(v, highs);  // as higher(v, high)
+      flags |= (bit_cast<std::uint32_t>(v) & exponent) + carry;
     }
     alignas(64) std::array<float, width> low_lanes, high_lanes;
     alignas(64) std::array<std::uint32_t, width> flag_lanes;
@@ -124,13 +125,13 @@ struct k_level_kernels {
         continue;
       }
       const batch v = fed(x, residual_in, i);
-      // position(): t in [0, top]; min(a, b) = a < b ? a : b.
-      const batch place = xsimd::min(((v - min) * scale) * inverse, top);
+      // position(): t in [0, top].
+      const batch place = lane_min(((v - min) * scale) * inverse, top);
       batch code = xsimd::batch_cast<float>(xsimd::batch_cast<std::int32_t>(place));
       const batch fraction = place - code;
       if constexpr (stochastic) code = code + xsimd::select(uniform(stream, i) < fraction, one, zero);
       else code = code + xsimd::select(fraction >= half, one, zero);
-      xsimd::bitwise_cast<uint_batch>(xsimd::batch_cast<std::int32_t>(code)).store_aligned(codes + j);
+      bit_cast<std::uint32_t>(xsimd::batch_cast<std::int32_t>(code)).store_aligned(codes + j);
       if (residual_out) (v - (min + code * step)).store_unaligned(residual_out + i);
     }
     encode_values<stochastic>(x, residual_in, residual_out, first + body, first + count, t, stream, codes + body);
@@ -142,7 +143,7 @@ struct k_level_kernels {
     const std::size_t body = count / width * width;
     for (std::size_t j = 0; j < body; j += width) {
       // Codes are at most 255: the signed conversion is exact.
-      const batch code = xsimd::batch_cast<float>(xsimd::bitwise_cast<int_batch>(uint_batch::load_aligned(codes + j)));
+      const batch code = xsimd::batch_cast<float>(bit_cast<std::int32_t>(uint_batch::load_aligned(codes + j)));
       const batch value = min_lanes + code * step_lanes;
       float* at = y + j;
       (accumulate ? batch::load_unaligned(at) + value : value).store_unaligned(at);

@@ -7,6 +7,7 @@
 /// scalar code as the reference, so the results match the reference bit for bit.
 
 #include <qcoll/kernels/cpu/simd/masks.hpp>
+#include <qcoll/kernels/cpu/simd/xsimd_compat.hpp>
 #include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/kernels/group/lanes.hpp>
 #include <qcoll/kernels/group/one_bit.hpp>
@@ -73,8 +74,8 @@ struct one_bit_kernels {
         sum1[k] += xsimd::select(in_one, v, zero);
         sum0[k] += xsimd::select(in_one, zero, v);
         if (min_max) {
-          low[k] = xsimd::min(low[k], v);
-          high[k] = xsimd::max(high[k], v);
+          low[k] = lane_min(v, low[k]);  // as classify()'s v < low ? v : low
+          high[k] = lane_max(v, high[k]);
         }
       }
       store(bits + i / 8, static_cast<std::uint16_t>(block_bits));
