@@ -28,6 +28,11 @@ qcoll_launcher_test(env_given_job_id_and_secret
   CHECK EXIT=0 STDERR_EMPTY=ON VERIFY=env RANKS=2 TRANSPORT=shm JOB_ID=given-job "SECRET=given secret" PASSTHROUGH=kept
   COMMAND -n 2 ${launcher_rank} env
   ENVIRONMENT QCOLL_JOB_ID=given-job "QCOLL_SECRET=given secret" QCOLL_TEST_PASSTHROUGH=kept QCOLL_RANK=99 QCOLL_TRANSPORT=tcp)
+# A secret in a file stays in the file: qcoll-run sets no QCOLL_SECRET, which would win over it.
+qcoll_launcher_test(env_given_secret_file
+  CHECK EXIT=0 STDERR_EMPTY=ON VERIFY=env RANKS=2 TRANSPORT=shm SECRET=unset PASSTHROUGH=kept
+  COMMAND -n 2 ${launcher_rank} env
+  ENVIRONMENT QCOLL_SECRET_FILE=${CMAKE_CURRENT_SOURCE_DIR}/launcher/rank.sh QCOLL_TEST_PASSTHROUGH=kept)
 qcoll_launcher_test(many_ranks CHECK EXIT=0 STDERR_EMPTY=ON VERIFY=env RANKS=64 TRANSPORT=shm
   COMMAND -n 64 ${launcher_rank} env)
 

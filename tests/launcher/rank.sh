@@ -9,7 +9,7 @@ cpus)  # the CPUs this rank may run on
 env)  # the job's environment, in one line that check_job.cmake parses
   echo "rank=$QCOLL_RANK size=$QCOLL_WORLD_SIZE local=$QCOLL_LOCAL_RANK" \
        "local_size=$QCOLL_LOCAL_WORLD_SIZE transport=$QCOLL_TRANSPORT store=$QCOLL_STORE" \
-       "job=$QCOLL_JOB_ID secret=$QCOLL_SECRET passthrough=${QCOLL_TEST_PASSTHROUGH-unset}"
+       "job=$QCOLL_JOB_ID secret=${QCOLL_SECRET-unset} passthrough=${QCOLL_TEST_PASSTHROUGH-unset}"
   ;;
 rank1_fails)  # the others would run for 30 s unless stopped
   if [ "$QCOLL_RANK" = 1 ]; then exit 3; fi

@@ -74,7 +74,8 @@ Options:
   -h, --help           print this help and exit
   --version            print the qcoll version and exit
 
-{} and {} are kept when set (a non-empty job id), else generated.
+{} and {} are kept when set (a non-empty job id), else generated; no secret
+is generated when {} names a file that holds it (the ranks read it there).
 SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every running rank. When a rank
 fails, the others are stopped: SIGTERM, then SIGKILL after the grace period. At the end,
 shared memory left in /dev/shm by the job (qcoll-<job id>) is removed.
@@ -84,7 +85,8 @@ Exit status: 0 when every rank exits 0, else the status of the first rank that f
 127 when the program cannot be run; 2 on bad usage; 125 when qcoll-run itself fails.
 )",
                      variables, max_ranks, qcoll::rendezvous::variables::transport,
-                     qcoll::rendezvous::variables::job_id, qcoll::rendezvous::variables::secret);
+                     qcoll::rendezvous::variables::job_id, qcoll::rendezvous::variables::secret,
+                     qcoll::rendezvous::variables::secret_file);
 }
 
 command_line parse_command_line(int argc, char** argv) {

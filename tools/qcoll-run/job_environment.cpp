@@ -58,10 +58,14 @@ unsigned find_free_loopback_port() {
 job_environment make_job_environment(int ranks, const std::string& transport) {
   const char* given_job_id = std::getenv(variables::job_id);
   const char* given_secret = std::getenv(variables::secret);
+  const char* given_secret_file = std::getenv(variables::secret_file);
   job_environment job;
   // An empty job id would name no segment at all; an empty secret means "no authentication".
   job.job_id = given_job_id != nullptr && *given_job_id != '\0' ? given_job_id : random_hex(8);
-  const std::string secret = given_secret != nullptr ? given_secret : random_hex(16);
+  // A secret given in a file stays there: the ranks read QCOLL_SECRET_FILE themselves, so
+  // the secret is in no process's environment (a QCOLL_SECRET would also win over it).
+  const bool secret_in_file = given_secret == nullptr && given_secret_file != nullptr && *given_secret_file != '\0';
+  const std::string secret = given_secret != nullptr ? given_secret : secret_in_file ? "" : random_hex(16);
 
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string_view variable = *entry;
@@ -74,7 +78,7 @@ job_environment make_job_environment(int ranks, const std::string& transport) {
   job.shared.push_back(fmt::format("{}={}", variables::local_world_size, ranks));
   job.shared.push_back(fmt::format("{}=127.0.0.1:{}", variables::store, find_free_loopback_port()));
   job.shared.push_back(fmt::format("{}={}", variables::job_id, job.job_id));
-  job.shared.push_back(fmt::format("{}={}", variables::secret, secret));
+  if (!secret_in_file) job.shared.push_back(fmt::format("{}={}", variables::secret, secret));
   job.shared.push_back(fmt::format("{}={}", variables::transport, transport));
   return job;
 }
