@@ -3,6 +3,9 @@
 # installed qcollConfig.cmake does; Conan's CMakeDeps writes its own config and never
 # runs that one. CMakeDeps includes this file after it has created qcoll::qcoll and
 # found xsimd (whose target the kernels link), so the package stays header-only.
+if(DEFINED qcoll_FOUND AND NOT qcoll_FOUND)
+  return()  # the system's dependencies were refused (qcollConanSystemDependencies.cmake)
+endif()
 include("${CMAKE_CURRENT_LIST_DIR}/qcollKernels.cmake")
 # This file lies in <package>/lib/cmake/qcoll; the headers in <package>/include.
 get_filename_component(qcoll_conan_include_dir "${CMAKE_CURRENT_LIST_DIR}/../../../include" ABSOLUTE)

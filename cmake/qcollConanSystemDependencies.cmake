@@ -3,5 +3,13 @@
 # generates no CMake config for them and leaves them out of qcoll::qcoll's links, so
 # they are found here, the way qcoll's own installed config finds them.
 include("${CMAKE_CURRENT_LIST_DIR}/qcollDependencies.cmake")
-set_property(TARGET qcoll::qcoll APPEND PROPERTY INTERFACE_LINK_LIBRARIES
-  Boost::headers fmt::fmt xsimd Threads::Threads)
+if(DEFINED qcoll_FOUND AND NOT qcoll_FOUND)
+  return()  # a dependency is missing or unsupported; qcoll_NOT_FOUND_MESSAGE says which
+endif()
+# qcoll::qcoll is created anew by each directory that finds qcoll; link them into each once.
+get_target_property(qcoll_conan_links qcoll::qcoll INTERFACE_LINK_LIBRARIES)
+if(NOT "fmt::fmt" IN_LIST qcoll_conan_links)
+  set_property(TARGET qcoll::qcoll APPEND PROPERTY INTERFACE_LINK_LIBRARIES
+    Boost::headers fmt::fmt xsimd Threads::Threads)
+endif()
+unset(qcoll_conan_links)

@@ -1,7 +1,7 @@
 # An installed qcoll meets a dependency outside its supported range (xsimd 15, fmt 13):
 # find_package(qcoll) must fail, and say which versions it supports and which it found.
 # A stand-in package of that version is put first on the prefix path.
-#   cmake -DPREFIX=<installed qcoll> -DCONSUMER=<tests/package> -DWORK=<dir> -DCOMPILER=… -P unsupported_dependency.cmake
+#   cmake -DPREFIX=<installed qcoll> -DCONSUMER=<tests/package> -DWORK=<dir> -DCOMPILER=… -DGENERATOR=… -P unsupported_dependency.cmake
 foreach(case "xsimd;15.0.0;xsimd;xsimd 8.1 to 14.x" "fmt;13.0.0;fmt::fmt;fmt 9.0 to 12.x")
   list(GET case 0 package)
   list(GET case 1 version)
@@ -19,7 +19,7 @@ foreach(case "xsimd;15.0.0;xsimd;xsimd 8.1 to 14.x" "fmt;13.0.0;fmt::fmt;fmt 9.0
     "  set(PACKAGE_VERSION_COMPATIBLE FALSE)\n"
     "endif()\n")
   execute_process(
-    COMMAND ${CMAKE_COMMAND} -S "${CONSUMER}" -B "${WORK}/build" -DCMAKE_CXX_COMPILER=${COMPILER}
+    COMMAND ${CMAKE_COMMAND} -S "${CONSUMER}" -B "${WORK}/build" -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${COMPILER}
             "-DCMAKE_PREFIX_PATH=${stand_in};${PREFIX}" -DQCOLL_CONSUME=find_package
     RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE output)
   string(REGEX REPLACE "[ \n]+" " " output "${output}")  # CMake wraps its messages
