@@ -85,6 +85,28 @@ BOOST_AUTO_TEST_CASE(element_types_that_differ_across_ranks) {
     }
   }, quick);
   expect_every_rank_fails(outcome, errc::type_mismatch, {"f64", "f32"});
+
+  // 16-bit elements send float partials first: the header, not the byte count, tells.
+  const auto half_and_float = run_ranks(2, [](auto& comm) {
+    if (comm.rank() == 0) {
+      std::vector<bfloat16> v(64, bfloat16(1.0f));
+      comm.allreduce(std::span<bfloat16>(v), reduce_op::sum);
+    } else {
+      std::vector<float> v(64, 1.0f);
+      comm.allreduce(std::span<float>(v), reduce_op::sum);
+    }
+  }, quick);
+  expect_every_rank_fails(half_and_float, errc::type_mismatch, {"bf16", "f32"});
+  const auto bf16_and_f16 = run_ranks(3, [](auto& comm) {
+    if (comm.rank() == 2) {
+      std::vector<float16> v(64, float16(1.0f));
+      comm.allreduce(std::span<float16>(v), reduce_op::sum);
+    } else {
+      std::vector<bfloat16> v(64, bfloat16(1.0f));
+      comm.allreduce(std::span<bfloat16>(v), reduce_op::sum);
+    }
+  }, quick);
+  expect_every_rank_fails(bf16_and_f16, errc::type_mismatch, {"bf16", "f16"});
 }
 
 BOOST_AUTO_TEST_CASE(ranks_that_call_different_operations) {

@@ -26,6 +26,7 @@
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/progress_thread.hpp>
+#include <qcoll/kernels/cpu/convert.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
@@ -108,18 +109,26 @@ class communicator {
       step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
     if (!detail::same_range(in, out) && detail::overlaps(in, out))
       step.fail(errc::invalid_argument, "input and output overlap without being the same range");
-    if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
 
     const algorithms::ring_view ring(topology_.ring_order(), rank());
-    struct in_place {
-      std::span<T> data;
-      std::span<T> incoming_block;
-      std::span<const T> own(block_range b) const { return b.of(data); }
-      std::span<T> incoming(std::size_t, block_range b) const { return incoming_block.first(b.size); }
-      std::span<T> partial(std::size_t, block_range b) const { return b.of(data); }
-    } buffers{out, scratch<T>(0, largest_block(out.size()))};
-    algorithms::ring_reduce_scatter<Transport, T>(step, ring, out.size(), op, buffers);
-    algorithms::ring_all_gather<Transport, T>(step, ring, out);
+    if constexpr (half_element<T>) {
+      // Reduce in float, round this rank's block once, then gather the rounded blocks.
+      // The input is read only before this rank's block of `out` is written.
+      const block_range mine = block_of(in.size(), size(), rank());
+      kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
+      algorithms::ring_all_gather<Transport, T>(step, ring, out);
+    } else {
+      if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+      struct in_place {
+        std::span<T> data;
+        std::span<T> incoming_block;
+        std::span<const T> own(block_range b) const { return b.of(data); }
+        std::span<T> incoming(std::size_t, block_range b) const { return incoming_block.first(b.size); }
+        std::span<T> partial(std::size_t, block_range b) const { return b.of(data); }
+      } buffers{out, scratch<T>(0, largest_block(out.size()))};
+      algorithms::ring_reduce_scatter<Transport, T>(step, ring, out.size(), op, buffers);
+      algorithms::ring_all_gather<Transport, T>(step, ring, out);
+    }
   }
 
   /// In-place allreduce.
@@ -147,21 +156,26 @@ class communicator {
       return;
     }
     const algorithms::ring_view ring(topology_.ring_order(), rank());
-    // Partials alternate between two scratch blocks: step s sends one while receiving
-    // into the other. The last step writes the result straight into `out`.
-    const std::size_t last_step = size() - 2;
-    struct out_of_place {
-      std::span<const T> input;
-      std::span<T> out;
-      std::span<T> scratch[2];
-      std::size_t last_step;
-      std::span<const T> own(block_range b) const { return b.of(input); }
-      std::span<T> incoming(std::size_t s, block_range b) const { return scratch[s % 2].first(b.size); }
-      std::span<T> partial(std::size_t s, block_range b) const {
-        return s == last_step ? out : scratch[s % 2].first(b.size);
-      }
-    } buffers{in, out, {scratch<T>(0, largest_block(in.size())), scratch<T>(1, largest_block(in.size()))}, last_step};
-    algorithms::ring_reduce_scatter<Transport, T>(step, ring, in.size(), op, buffers);
+    if constexpr (half_element<T>) {
+      kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), out);
+    } else {
+      // Partials alternate between two scratch blocks: step s sends one while receiving
+      // into the other. The last step writes the result straight into `out`.
+      const std::size_t last_step = size() - 2;
+      struct out_of_place {
+        std::span<const T> input;
+        std::span<T> out;
+        std::span<T> scratch[2];
+        std::size_t last_step;
+        std::span<const T> own(block_range b) const { return b.of(input); }
+        std::span<T> incoming(std::size_t s, block_range b) const { return scratch[s % 2].first(b.size); }
+        std::span<T> partial(std::size_t s, block_range b) const {
+          return s == last_step ? out : scratch[s % 2].first(b.size);
+        }
+      } buffers{in, out, {scratch<T>(0, largest_block(in.size())), scratch<T>(1, largest_block(in.size()))},
+                last_step};
+      algorithms::ring_reduce_scatter<Transport, T>(step, ring, in.size(), op, buffers);
+    }
   }
 
   /// Every rank contributes block r of `out` (`in`, of block_of(out.size(), size(), r)'s size)
@@ -321,6 +335,37 @@ class communicator {
     return algorithms::primitives<Transport>(transport_, header, options_.timeout);
   }
 
+  /// The ring reduce-scatter of 16-bit values, in float: each block of `in` is
+  /// widened (exactly) when the ring first needs it, partials travel and add as
+  /// float, so the float result returned — this rank's block, avg divided — is the
+  /// float reduction of the widened inputs, in the documented order, still to be
+  /// rounded once. Scratch: three float blocks (12/n bytes per element).
+  template <half_element T>
+  std::span<const float> reduce_scatter_in_float(algorithms::primitives<Transport>& step,
+                                                 const algorithms::ring_view& ring, std::span<const T> in,
+                                                 reduce_op op) {
+    const std::size_t block = largest_block(in.size());
+    struct widening {
+      std::span<const T> input;
+      std::span<float> partials[2];  // step s receives and reduces into partials[s % 2]
+      std::span<float> widened;
+      bool first_own = true;
+      // The ring asks for own(b) twice before step 0 sends (the block it sends and the
+      // one it reduces); the first goes where partial(−1) would be, which step 0 leaves alone.
+      std::span<const float> own(block_range b) {
+        const std::span<float> into = (first_own ? partials[1] : widened).first(b.size);
+        first_own = false;
+        kernels::cpu::widen(b.of(input), into);
+        return into;
+      }
+      std::span<float> incoming(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
+      std::span<float> partial(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
+    } buffers{in, {scratch<float>(0, block), scratch<float>(1, block)}, scratch<float>(2, block)};
+    if (size() == 1) return buffers.own(block_of(in.size(), 1, 0));
+    algorithms::ring_reduce_scatter<Transport, float>(step, ring, in.size(), op, buffers);
+    return buffers.partial(size() - 2, ring.block_at(in.size(), 0));
+  }
+
   /// Block 0 is never smaller than any other block.
   std::size_t largest_block(std::size_t count) const noexcept { return block_of(count, size(), 0).size; }
 
@@ -426,7 +471,7 @@ class communicator {
   topologies::graph topology_;
   communicator_options options_;
   std::uint64_t sequence_ = 0;
-  std::vector<std::byte> scratch_[2];
+  std::vector<std::byte> scratch_[3];
   std::optional<bool> fully_linked_;  // found by the first plan call
 };
 

@@ -60,7 +60,7 @@ class primitives {
   }
 
   /// send_recv, then result = incoming ⊕ own.
-  template <element T>
+  template <arithmetic_element T>
   void send_recv_reduce(rank_t to, std::span<const T> outgoing, rank_t from, std::span<T> incoming,
                         std::span<const T> own, std::span<T> result, reduce_op op) {
     send_recv(to, outgoing, from, incoming);

@@ -39,7 +39,7 @@ concept quantizer = requires(const Q& q, std::size_t n, std::span<const typename
                              std::span<typename Q::value_type> residual,
                              std::span<typename Q::value_type> out, std::span<std::byte> encoded,
                              std::span<const std::byte> received, quantizers::encode_position position) {
-  requires element<typename Q::value_type>;
+  requires arithmetic_element<typename Q::value_type>;
   { Q::keeps_residual } -> std::convertible_to<bool>;
   { q.bits_per_value() } -> std::convertible_to<double>;
   { q.group_size() } -> std::same_as<std::size_t>;

@@ -2,6 +2,8 @@
 /// @file
 /// Core vocabulary: ranks, element types, reduce operations and collective kinds.
 
+#include <qcoll/core/half.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -11,8 +13,7 @@ namespace qcoll {
 /// A rank is a position in the communicator, 0 … size − 1.
 using rank_t = std::size_t;
 
-/// Element types as they are named on the wire. bf16 and f16 are reserved for
-/// storage types (reduced in float); no collective accepts them yet.
+/// Element types as they are named on the wire.
 enum class dtype : std::uint8_t { f32 = 1, f64 = 2, bf16 = 3, f16 = 4 };
 
 /// Maps a C++ element type to its dtype. Specialise only for types the kernels support.
@@ -22,10 +23,22 @@ template <>
 struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
 template <>
 struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
+template <>
+struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
+template <>
+struct dtype_of<float16> : std::integral_constant<dtype, dtype::f16> {};
 
-/// An element type the collectives reduce: one with a dtype_of specialisation.
+/// An element type the collectives take: one with a dtype_of specialisation.
 template <class T>
-concept element = requires { dtype_of<T>::value; } && std::is_floating_point_v<T>;
+concept element = requires { dtype_of<T>::value; };
+
+/// An element type the kernels compute in (float, double).
+template <class T>
+concept arithmetic_element = element<T> && std::is_floating_point_v<T>;
+
+/// A 16-bit storage type (bfloat16, float16): reduced in float and rounded once.
+template <class T>
+concept half_element = element<T> && !std::is_floating_point_v<T>;
 
 /// Reduce operations. Semantics, identical in every kernel:
 /// - sum: IEEE addition in the documented fixed order (see docs/algorithms.md).

@@ -3,12 +3,7 @@
 /// The element-wise reduce operators, shared by every backend (scalar, SIMD, CUDA) so
 /// that their semantics are written once. Compiled by nvcc they are host and device code.
 
-#if defined(__CUDACC__)
-#define QCOLL_HOST_DEVICE __host__ __device__
-#else
-#define QCOLL_HOST_DEVICE
-#endif
-
+#include <qcoll/core/host_device.hpp>
 #include <qcoll/core/types.hpp>
 
 namespace qcoll::kernels::ops {

@@ -14,7 +14,7 @@
 
 namespace qcoll::quantizers {
 
-template <element T>
+template <arithmetic_element T>
 class identity : public detail::framed<identity<T>, T> {
  public:
   static constexpr const char* name = "identity";

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// One backend's quantizer kernels, as plain function pointers, so the backend is
+/// One backend's quantizer and conversion kernels, as plain function pointers, so the backend is
 /// chosen once at run time (dispatch.hpp) and every quantizer call goes through
 /// the same table. Kernels write and read a frame's group records only; the
 /// quantizer classes own the header and the validation.
@@ -10,6 +10,7 @@
 /// either the same range (in place) or disjoint. A group that keeps its residual
 /// (NaN or Inf) copies residual_in to residual_out.
 
+#include <qcoll/core/half.hpp>
 #include <qcoll/quantizers/format/options.hpp>
 
 #include <cstddef>
@@ -37,6 +38,13 @@ struct kernel_table {
                      std::byte* records) noexcept;
   void (*bfp_decode)(const quantizers::bfp_options&, const std::byte* records, std::span<float> out,
                      bool accumulate) noexcept;
+
+  // Conversions between float and the 16-bit element types (core/half.hpp's rules);
+  // `in` and `out` have the same size.
+  void (*widen_bf16)(std::span<const bfloat16> in, std::span<float> out) noexcept;
+  void (*narrow_bf16)(std::span<const float> in, std::span<bfloat16> out) noexcept;
+  void (*widen_f16)(std::span<const float16> in, std::span<float> out) noexcept;
+  void (*narrow_f16)(std::span<const float> in, std::span<float16> out) noexcept;
 };
 
 }  // namespace qcoll::kernels::cpu

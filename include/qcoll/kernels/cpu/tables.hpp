@@ -9,9 +9,11 @@
 
 #include <qcoll/kernels/cpu/kernel_table.hpp>
 #include <qcoll/kernels/cpu/reference/bfp.hpp>
+#include <qcoll/kernels/cpu/reference/convert.hpp>
 #include <qcoll/kernels/cpu/reference/k_level.hpp>
 #include <qcoll/kernels/cpu/reference/one_bit.hpp>
 #include <qcoll/kernels/cpu/simd/bfp.hpp>
+#include <qcoll/kernels/cpu/simd/convert.hpp>
 #include <qcoll/kernels/cpu/simd/k_level.hpp>
 #include <qcoll/kernels/cpu/simd/one_bit.hpp>
 #include <qcoll/kernels/group/abi.hpp>
@@ -29,6 +31,10 @@ inline constexpr kernel_table make_reference_table() noexcept {
       .k_level_decode = &k_level_detail::decode<reference::k_level_kernels>,
       .bfp_encode = &bfp_detail::encode<reference::bfp_kernels>,
       .bfp_decode = &bfp_detail::decode<reference::bfp_kernels>,
+      .widen_bf16 = &reference::convert_kernels::widen_bf16,
+      .narrow_bf16 = &reference::convert_kernels::narrow_bf16,
+      .widen_f16 = &reference::convert_kernels::widen_f16,
+      .narrow_f16 = &reference::convert_kernels::narrow_f16,
   };
 }
 
@@ -42,6 +48,10 @@ constexpr kernel_table make_simd_table() noexcept {
       .k_level_decode = &k_level_detail::decode<simd::k_level_kernels<Arch>>,
       .bfp_encode = &bfp_detail::encode<simd::bfp_kernels<Arch>>,
       .bfp_decode = &bfp_detail::decode<simd::bfp_kernels<Arch>>,
+      .widen_bf16 = &simd::convert_kernels<Arch>::widen_bf16,
+      .narrow_bf16 = &simd::convert_kernels<Arch>::narrow_bf16,
+      .widen_f16 = &simd::convert_kernels<Arch>::widen_f16,
+      .narrow_f16 = &simd::convert_kernels<Arch>::narrow_f16,
   };
 }
 

@@ -36,7 +36,7 @@ cudaError_t launch(const T* a, const T* b, T* out, std::size_t n, Op op, cudaStr
 
 /// out[i] = a[i] ⊕ b[i] for device pointers; `out` may equal `a` or `b`. Asynchronous on `stream`.
 /// avg reduces as sum, as in the scalar kernel.
-template <element T>
+template <arithmetic_element T>
 cudaError_t reduce(reduce_op op, const T* a, const T* b, T* out, std::size_t n, cudaStream_t stream = nullptr) {
   return ops::with_operator(op, [&](auto combine_op) { return detail::launch(a, b, out, n, combine_op, stream); });
 }

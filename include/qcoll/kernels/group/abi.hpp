@@ -18,6 +18,8 @@
 /// code here stays in namespace qcoll::kernels::cpu for now: the quantizers name
 /// kernels::cpu::bfp_detail, k_level_detail and unpack_codes.
 
+#include <qcoll/core/half.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -63,5 +65,10 @@ inline bool is_finite(float value) noexcept {
   __builtin_memcpy(&bits, &value, sizeof bits);
   return (bits & 0x7f800000u) != 0x7f800000u;
 }
+
+/// This build's own copy of the 16-bit float conversions (core/half.hpp): the tag
+/// lives in the ABI namespace, so each instruction set's copy has its own symbols.
+struct abi_tag {};
+using half_bits = qcoll::detail::half_bits<abi_tag>;
 
 QCOLL_CPU_KERNELS_END

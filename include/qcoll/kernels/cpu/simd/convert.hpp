@@ -1,0 +1,105 @@
+#pragma once
+/// @file
+/// Conversions between float and the 16-bit element types over xsimd batches: the
+/// rules of core/half.hpp as lane-wise integer operations (and, for float16's
+/// subnormals, the same float multiply-add the scalar rule uses), each case
+/// computed in every lane and the right one selected. Values past the last whole
+/// register go through the scalar rule, so results match the reference bit for bit.
+
+#include <qcoll/core/half.hpp>
+#include <qcoll/kernels/cpu/simd/xsimd_compat.hpp>
+#include <qcoll/kernels/group/abi.hpp>
+
+#include <xsimd/xsimd.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+QCOLL_CPU_KERNELS_BEGIN
+namespace simd {
+
+template <class Arch>
+struct convert_kernels {
+  using batch = xsimd::batch<float, Arch>;
+  using ints = xsimd::batch<std::int32_t, Arch>;
+  static constexpr std::size_t width = batch::size;
+
+  // 16-bit values travel in the low half of 32-bit lanes; the compiler turns these
+  // copies into the instruction set's widening and narrowing moves.
+  template <class Half>
+  static ints load_halves(const Half* in) noexcept {
+    alignas(64) std::int32_t lanes[width];
+    for (std::size_t j = 0; j < width; ++j) lanes[j] = in[j].bits;
+    return ints::load_aligned(lanes);
+  }
+  template <class Half>
+  static void store_halves(ints values, Half* out) noexcept {
+    alignas(64) std::int32_t lanes[width];
+    values.store_aligned(lanes);
+    for (std::size_t j = 0; j < width; ++j) out[j].bits = static_cast<std::uint16_t>(lanes[j]);
+  }
+
+  static ints bf16_from_float(batch value) noexcept {
+    const ints bits = bit_cast<std::int32_t>(value);
+    const ints upper = (bits >> 16) & ints(0xffff);
+    const ints rounded = ((bits + ints(0x7fff) + (upper & ints(1))) >> 16) & ints(0xffff);
+    const ints magnitude = bits & ints(0x7fffffff);
+    return xsimd::select(magnitude > ints(0x7f800000), upper | ints(0x0040), rounded);
+  }
+
+  static ints f16_from_float(batch value) noexcept {
+    const ints bits = bit_cast<std::int32_t>(value);
+    const ints sign = (bits >> 16) & ints(0x8000);
+    const ints magnitude = bits & ints(0x7fffffff);
+    const ints quiet_nan = sign | ints(0x7e00) | ((magnitude >> 13) & ints(0x3ff));
+    const ints rebased = magnitude - ints(0x38000000);
+    const ints normal = sign | ((rebased + ints(0xfff) + ((rebased >> 13) & ints(1))) >> 13);
+    const batch units = bit_cast<float>(magnitude) * batch(0x1p24f) + batch(0x1p23f);
+    const ints subnormal = sign | (bit_cast<std::int32_t>(units) - ints(0x4b000000));
+    ints result = xsimd::select(magnitude >= ints(0x38800000), normal, subnormal);
+    result = xsimd::select(magnitude >= ints(0x477ff000), sign | ints(0x7c00), result);
+    return xsimd::select(magnitude > ints(0x7f800000), quiet_nan, result);
+  }
+
+  static batch float_from_f16(ints half) noexcept {
+    const ints sign = (half & ints(0x8000)) << 16;
+    const ints exponent = (half >> 10) & ints(0x1f);
+    const ints mantissa = half & ints(0x3ff);
+    const ints normal = sign | ((exponent + ints(112)) << 23) | (mantissa << 13);
+    const ints special = sign | ints(0x7f800000) | (mantissa << 13) |
+                         xsimd::select(mantissa != ints(0), ints(0x00400000), ints(0));  // NaN quieted
+    const ints subnormal = sign | bit_cast<std::int32_t>(xsimd::batch_cast<float>(mantissa) * batch(0x1p-24f));
+    const ints result = xsimd::select(exponent == ints(0x1f), special,
+                                      xsimd::select(exponent == ints(0), subnormal, normal));
+    return bit_cast<float>(result);
+  }
+
+  static void widen_bf16(std::span<const bfloat16> in, std::span<float> out) noexcept {
+    const std::size_t body = in.size() / width * width;
+    for (std::size_t i = 0; i < body; i += width)
+      bit_cast<float>(load_halves(in.data() + i) << 16).store_unaligned(out.data() + i);
+    for (std::size_t i = body; i < in.size(); ++i) out[i] = half_bits::float_from_bf16(in[i].bits);
+  }
+  static void narrow_bf16(std::span<const float> in, std::span<bfloat16> out) noexcept {
+    const std::size_t body = in.size() / width * width;
+    for (std::size_t i = 0; i < body; i += width)
+      store_halves(bf16_from_float(batch::load_unaligned(in.data() + i)), out.data() + i);
+    for (std::size_t i = body; i < in.size(); ++i) out[i].bits = half_bits::bf16_from_float(in[i]);
+  }
+  static void widen_f16(std::span<const float16> in, std::span<float> out) noexcept {
+    const std::size_t body = in.size() / width * width;
+    for (std::size_t i = 0; i < body; i += width)
+      float_from_f16(load_halves(in.data() + i)).store_unaligned(out.data() + i);
+    for (std::size_t i = body; i < in.size(); ++i) out[i] = half_bits::float_from_f16(in[i].bits);
+  }
+  static void narrow_f16(std::span<const float> in, std::span<float16> out) noexcept {
+    const std::size_t body = in.size() / width * width;
+    for (std::size_t i = 0; i < body; i += width)
+      store_halves(f16_from_float(batch::load_unaligned(in.data() + i)), out.data() + i);
+    for (std::size_t i = body; i < in.size(); ++i) out[i].bits = half_bits::f16_from_float(in[i]);
+  }
+};
+
+}  // namespace simd
+QCOLL_CPU_KERNELS_END
