@@ -3,7 +3,10 @@
 // run over the same sizes:
 //
 //   quantizer_bench [-b 64K] [-e 256M] [-f 4] [-q one_bit,k_level4,k_level8,bfp8]
-//                   [-k reference,sse2,avx2,avx512f] [-t seconds per measurement]
+//                   [-c bf16,f16|none] [-k reference,sse2,avx2,avx512f] [-t seconds per measurement]
+//
+// A second table times the 16-bit conversions (-c): float → bf16/f16 (narrow) and
+// back (widen), in GB/s of float32 bytes, against the same streaming reference.
 //
 // GB/s counts float32 input bytes (n · 4) per second on one thread. The streaming
 // reference is y += x over n floats (reads 2n·4 bytes, writes n·4), reported in the
@@ -12,6 +15,7 @@
 
 #include "bench_args.hpp"
 
+#include <qcoll/core/half.hpp>
 #include <qcoll/kernels/cpu/dispatch.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/k_level.hpp>
@@ -21,6 +25,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <random>
 #include <span>
@@ -39,6 +44,7 @@ struct options {
   double factor = 4;
   double seconds = 0.3;
   std::vector<std::string> quantizers{"one_bit", "k_level4", "k_level8", "bfp8"};
+  std::vector<std::string> conversions{"bf16", "f16"};
   std::vector<std::string> backends;  // empty: the reference and every SIMD backend this CPU runs
 };
 
@@ -62,6 +68,7 @@ options parse(int argc, char** argv) {
     else if (flag == "-t") o.seconds = std::strtod(argv[i + 1], nullptr);
     else if (flag == "-q") o.quantizers = split(value);
     else if (flag == "-k") o.backends = split(value);
+    else if (flag == "-c") o.conversions = value == "none" ? std::vector<std::string>{} : split(value);
     else throw std::invalid_argument(fmt::format("unknown option {}", flag));
   }
   if (o.factor <= 1 || o.min_bytes < 4 || o.max_bytes < o.min_bytes) throw std::invalid_argument("need -f > 1 and 4 <= -b <= -e");
@@ -102,6 +109,32 @@ quantizer_case make_case(const std::string& name) {
   throw std::invalid_argument(fmt::format("unknown quantizer {} (one_bit, k_level<bits>, bfp<bits>)", name));
 }
 
+/// A 16-bit conversion as the two kernel calls the benchmark times.
+struct conversion_case {
+  std::string name;
+  std::function<void(const kernel_table&, std::span<const float>, std::span<std::uint16_t>)> narrow;
+  std::function<void(const kernel_table&, std::span<const std::uint16_t>, std::span<float>)> widen;
+};
+
+template <class Half>
+std::span<Half> as_half(std::span<std::uint16_t> bits) {
+  return {reinterpret_cast<Half*>(bits.data()), bits.size()};
+}
+template <class Half>
+std::span<const Half> as_half(std::span<const std::uint16_t> bits) {
+  return {reinterpret_cast<const Half*>(bits.data()), bits.size()};
+}
+
+conversion_case make_conversion(const std::string& name) {
+  if (name == "bf16")
+    return {name, [](const kernel_table& k, std::span<const float> in, std::span<std::uint16_t> out) { k.narrow_bf16(in, as_half<bfloat16>(out)); },
+            [](const kernel_table& k, std::span<const std::uint16_t> in, std::span<float> out) { k.widen_bf16(as_half<bfloat16>(in), out); }};
+  if (name == "f16")
+    return {name, [](const kernel_table& k, std::span<const float> in, std::span<std::uint16_t> out) { k.narrow_f16(in, as_half<float16>(out)); },
+            [](const kernel_table& k, std::span<const std::uint16_t> in, std::span<float> out) { k.widen_f16(as_half<float16>(in), out); }};
+  throw std::invalid_argument(fmt::format("unknown conversion {} (bf16, f16)", name));
+}
+
 /// Median seconds of `run` over repetitions filling about `budget` seconds.
 double median_seconds(const std::function<void()>& run, double budget) {
   using clock = std::chrono::steady_clock;
@@ -137,6 +170,9 @@ int main(int argc, char** argv) try {
   }
   std::vector<quantizer_case> cases;
   for (const auto& name : o.quantizers) cases.push_back(make_case(name));
+  std::vector<conversion_case> conversions;
+  for (const auto& name : o.conversions) conversions.push_back(make_conversion(name));
+  std::string conversion_rows;
 
   fmt::print("# quantizer_bench: GB/s of float32 input, one thread; stream = y += x over the same n\n");
   fmt::print("# active backend: {}\n", kernels::cpu::active_kernels().name);
@@ -161,6 +197,22 @@ int main(int argc, char** argv) try {
                    static_cast<double>(n * sizeof(float)) / static_cast<double>(records.size() + quantizers::wire::header_size));
       }
     }
+    for (const auto& conversion : conversions) {
+      std::vector<std::uint16_t> halves(n);
+      for (const kernel_table* backend : backends) {
+        const double narrow = gigabytes / median_seconds([&] { conversion.narrow(*backend, x, halves); }, o.seconds);
+        const double widen = gigabytes / median_seconds([&] { conversion.widen(*backend, halves, out); }, o.seconds);
+        conversion_rows += fmt::format("  {:>10} {:>10} {:>10} {:>9.2f} {:>12.2f} {:>7.0f}% {:>12.2f} {:>7.0f}%\n",
+                                       n * sizeof(float), conversion.name, backend->name, stream, narrow,
+                                       100 * narrow / stream, widen, 100 * widen / stream);
+      }
+    }
+  }
+  if (!conversions.empty()) {
+    fmt::print("# conversions: GB/s of float32 bytes; narrow = float -> 16 bits, widen = 16 bits -> float\n");
+    fmt::print("# {:>10} {:>10} {:>10} {:>9} {:>12} {:>8} {:>12} {:>8}\n", "size", "type", "backend", "stream", "narrow",
+               "%stream", "widen", "%stream");
+    fmt::print("{}", conversion_rows);
   }
   return 0;
 } catch (const std::exception& e) {

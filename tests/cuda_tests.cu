@@ -1,9 +1,14 @@
-// The CUDA reduce kernel against the scalar reference, bit for bit (NaN payloads
-// aside: the GPU canonicalises them). Without a CUDA device it reports itself
+// The CUDA kernels against the scalar reference, bit for bit: the reduce kernel (NaN
+// payloads aside: the GPU canonicalises them) and the 16-bit conversions (NaNs
+// included: both run core/half.hpp's rule). Without a CUDA device it reports itself
 // skipped (exit 77, which ctest shows as skipped).
 
+#include <qcoll/core/half.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
+#include <qcoll/kernels/cuda/convert.cuh>
 #include <qcoll/kernels/cuda/reduce.cuh>
+
+#include "support/half_inputs.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -60,6 +65,42 @@ void compare_with_reference(std::size_t n, qcoll::reduce_op op) {
   check(ok && same_bits_or_both_nan(got, expected), sizeof(T) == 4 ? "float" : "double", n, op);
 }
 
+/// Copies `in` to the device, runs `convert` there and returns the result.
+template <class Out, class In, class Convert>
+bool on_device(const std::vector<In>& in, std::vector<Out>& out, Convert convert) {
+  In* device_in = nullptr;
+  Out* device_out = nullptr;
+  out.assign(in.size(), Out{});
+  bool ok = cudaMalloc(&device_in, in.size() * sizeof(In) + 1) == cudaSuccess &&
+            cudaMalloc(&device_out, in.size() * sizeof(Out) + 1) == cudaSuccess;
+  ok = ok && cudaMemcpy(device_in, in.data(), in.size() * sizeof(In), cudaMemcpyHostToDevice) == cudaSuccess;
+  ok = ok && convert(device_in, device_out, in.size()) == cudaSuccess;
+  ok = ok && cudaMemcpy(out.data(), device_out, in.size() * sizeof(Out), cudaMemcpyDeviceToHost) == cudaSuccess;
+  cudaFree(device_in);
+  cudaFree(device_out);
+  return ok;
+}
+
+template <class Half>
+void conversions_match_the_cpu(const char* name) {
+  namespace cuda = qcoll::kernels::cuda;
+  const std::vector<float> floats = test::narrowing_inputs();
+  std::vector<Half> narrowed;
+  bool ok = on_device(floats, narrowed, [](const float* in, Half* out, std::size_t n) { return cuda::narrow(in, out, n); });
+  for (std::size_t i = 0; ok && i < floats.size(); ++i) ok = narrowed[i].bits == Half(floats[i]).bits;
+  check(ok, name, floats.size(), qcoll::reduce_op::sum);
+
+  std::vector<Half> every(0x10000);
+  for (std::uint32_t h = 0; h < 0x10000; ++h) every[h] = Half::from_bits(static_cast<std::uint16_t>(h));
+  std::vector<float> widened;
+  ok = on_device(every, widened, [](const Half* in, float* out, std::size_t n) { return cuda::widen(in, out, n); });
+  for (std::size_t i = 0; ok && i < every.size(); ++i) {
+    const float expected = float(every[i]);
+    ok = std::memcmp(&widened[i], &expected, sizeof expected) == 0;
+  }
+  check(ok, name, every.size(), qcoll::reduce_op::sum);
+}
+
 }  // namespace
 
 int main() {
@@ -73,6 +114,8 @@ int main() {
       compare_with_reference<float>(n, op);
       compare_with_reference<double>(n, op);
     }
+  conversions_match_the_cpu<qcoll::bfloat16>("bfloat16 conversions");
+  conversions_match_the_cpu<qcoll::float16>("float16 conversions");
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }
