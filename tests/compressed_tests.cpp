@@ -913,6 +913,25 @@ BOOST_AUTO_TEST_CASE(ranks_that_disagree_are_told_so) {
     BOOST_TEST(code == errc::protocol_error);
     BOOST_TEST(message.find("does not decode") != std::string::npos);
   }
+
+  // The same quantizer over bfloat16 buffers on one rank and float on the other:
+  // the frames would decode, so the message header's element type must tell.
+  outcome = each_rank(2, [](auto& comm, rank_t r) {
+    if (r == 0) {
+      std::vector<bfloat16> data(4096, bfloat16(1.0f));
+      compressed_allreduce_plan<quantizers::one_bit, bfloat16> plan(comm, data.size(), quantizers::one_bit{});
+      comm.allreduce(plan, std::span(data), reduce_op::sum);
+    } else {
+      std::vector<float> data(4096, 1.0f);
+      compressed_allreduce_plan plan(comm, data.size(), quantizers::one_bit{});
+      comm.allreduce(plan, std::span(data), reduce_op::sum);
+    }
+  });
+  for (const auto& [code, message] : outcome) {
+    BOOST_TEST_INFO(message);
+    BOOST_TEST(code == errc::type_mismatch);
+    BOOST_TEST(message.find("bf16") != std::string::npos);
+  }
 }
 
 // A group holding NaN decodes to NaN on every rank (and keeps its residual); the
@@ -931,6 +950,148 @@ BOOST_AUTO_TEST_CASE(non_finite_values_stay_in_their_group) {
     BOOST_TEST(std::all_of(out.begin() + 4096, out.begin() + 6144, [](float v) { return std::isfinite(v); }));
     BOOST_TEST(std::isnan(out.back()));
   }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// A plan over bfloat16 or float16 buffers: every rank gets the float plan's result
+// on the widened inputs, rounded once, and keeps the float plan's residuals.
+BOOST_AUTO_TEST_SUITE(compressed_half)
+
+namespace {
+
+template <class Half>
+std::vector<std::uint16_t> bits_of(std::span<const Half> values) {
+  std::vector<std::uint16_t> bits;
+  for (Half v : values) bits.push_back(v.bits);
+  return bits;
+}
+
+template <class Half, class Q>
+void check_half_plan(Q quantizer, std::size_t n, std::size_t count, bool ring) {
+  BOOST_TEST_CONTEXT(Q::name << " " << to_string(dtype_of<Half>::value) << " n=" << n << " count=" << count
+                             << (ring ? " ring" : " direct")) {
+    constexpr std::size_t calls = 4;
+    std::vector<std::vector<std::uint16_t>> got(n), expected(n), first_rank(n);
+    std::vector<std::vector<float>> residual_half(n), residual_float(n);
+    auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+      auto body = [&](auto& comm) {
+        const rank_t r = comm.rank();
+        const compressed_allreduce_options options{.chunk_values = 1000};
+        compressed_allreduce_plan<Q> wide(comm, count, quantizer, options);
+        compressed_allreduce_plan<Q, Half> half(comm, count, quantizer, options);
+        for (std::size_t c = 0; c < calls; ++c) {
+          const reduce_op op = c % 2 ? reduce_op::avg : reduce_op::sum;
+          const auto values = random_calls<float>(1, n, count, 100 * c + n);
+          std::vector<Half> in;
+          for (float v : values[0][r]) in.push_back(Half(v));
+          std::vector<float> wide_in, wide_out(count);
+          for (Half v : in) wide_in.push_back(float(v));
+          comm.allreduce(wide, std::span<const float>(wide_in), std::span<float>(wide_out), op);
+          for (float v : wide_out) expected[r].push_back(Half(v).bits);
+          if (c == 2) {  // started, in place
+            comm.start_allreduce(half, std::span<Half>(in), op);
+            half.wait();
+            const auto bits = bits_of<Half>(in);
+            got[r].insert(got[r].end(), bits.begin(), bits.end());
+          } else {
+            std::vector<Half> out(count);
+            comm.allreduce(half, std::span<const Half>(in), std::span<Half>(out), op);
+            const auto bits = bits_of<Half>(out);
+            got[r].insert(got[r].end(), bits.begin(), bits.end());
+          }
+        }
+        residual_half[r].assign(half.worker_residual().begin(), half.worker_residual().end());
+        residual_half[r].insert(residual_half[r].end(), half.server_residual().begin(), half.server_residual().end());
+        residual_float[r].assign(wide.worker_residual().begin(), wide.worker_residual().end());
+        residual_float[r].insert(residual_float[r].end(), wide.server_residual().begin(), wide.server_residual().end());
+      };
+      if (ring) {
+        communicator comm(std::move(endpoint), topologies::ring(n));
+        body(comm);
+      } else {
+        communicator comm(std::move(endpoint));
+        body(comm);
+      }
+    });
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    for (rank_t r = 0; r < n; ++r) {
+      BOOST_TEST(got[r] == expected[r], "rank " << r << ": results");
+      BOOST_TEST(got[r] == got[0], "rank " << r << " differs from rank 0");
+      BOOST_TEST(bitwise_equal(residual_half[r], residual_float[r]), "rank " << r << ": residuals");
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_quantizer_gives_the_float_plans_bits_rounded_once) {
+  for (std::size_t n : {1u, 2u, 3u, 4u})
+    for (std::size_t count : {0u, 1u, 777u, 5000u})
+      for (bool ring : {false, true}) {
+        check_half_plan<bfloat16>(quantizers::one_bit{{.group_size = 64}}, n, count, ring);
+        check_half_plan<float16>(quantizers::k_level{quantizers::k_level_options::with_bits(4)}, n, count, ring);
+        check_half_plan<bfloat16>(quantizers::bfp{}, n, count, ring);
+        check_half_plan<float16>(quantizers::identity<float>{}, n, count, ring);
+      }
+}
+
+// A failed 16-bit call leaves the residuals and the output buffer as they were
+// (the result is rounded into it only after the float call succeeded).
+BOOST_AUTO_TEST_CASE(a_failed_call_changes_neither_residuals_nor_output) {
+  const std::size_t n = 3, count = 5000;
+  std::vector<std::error_code> codes(n);
+  std::vector<bool> residual_kept(n, false), output_kept(n, false);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint), {.timeout = std::chrono::milliseconds(300)});
+    compressed_allreduce_plan<quantizers::one_bit, bfloat16> plan(comm, count, quantizers::one_bit{});
+    std::vector<bfloat16> in(count, bfloat16(0.3f + float(comm.rank()))), out(count, bfloat16(-5.0f));
+    comm.allreduce(plan, std::span<const bfloat16>(in), std::span<bfloat16>(out), reduce_op::sum);
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // absent from the second call
+      return;
+    }
+    const std::vector<float> worker(plan.worker_residual().begin(), plan.worker_residual().end());
+    const std::vector<bfloat16> before = out;
+    comm.allreduce(plan, std::span<const bfloat16>(in), std::span<bfloat16>(out), reduce_op::sum, codes[comm.rank()]);
+    residual_kept[comm.rank()] = bitwise_equal(plan.worker_residual(), worker);
+    output_kept[comm.rank()] = bits_of<bfloat16>(out) == bits_of<bfloat16>(before);
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < 2; ++r) {
+    BOOST_TEST((codes[r] == condition::transport_failure));
+    BOOST_TEST(residual_kept[r]);
+    BOOST_TEST(output_kept[r]);
+  }
+}
+
+// The grid plan shares the 16-bit path (plan_handle): on a 2x2 mesh, the same check.
+BOOST_AUTO_TEST_CASE(the_grid_plan_takes_16_bit_buffers_too) {
+  const auto routing = topologies::route_grid(topologies::mesh({2, 2}));
+  const std::size_t count = 3001;
+  std::vector<std::vector<std::uint16_t>> got(4), expected(4);
+  auto errors = transports::inproc::run_ranks(4, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    grid_allreduce_plan<quantizers::one_bit> wide(comm, routing, count);
+    grid_allreduce_plan<quantizers::one_bit, bfloat16> half(comm, routing, count);
+    for (std::size_t c = 0; c < 3; ++c) {
+      const auto values = random_calls<float>(1, 4, count, 7 + c);
+      std::vector<bfloat16> in;
+      for (float v : values[0][r]) in.push_back(bfloat16(v));
+      std::vector<float> wide_data;
+      for (bfloat16 v : in) wide_data.push_back(float(v));
+      comm.allreduce(wide, std::span<float>(wide_data), reduce_op::avg);
+      comm.allreduce(half, std::span<bfloat16>(in), reduce_op::avg);
+      for (float v : wide_data) expected[r].push_back(bfloat16(v).bits);
+      for (bfloat16 v : in) got[r].push_back(v.bits);
+    }
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < 4; ++r) BOOST_TEST(got[r] == expected[r], "rank " << r);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -48,6 +48,12 @@ struct compressed_allreduce_options {
 
 /// State and handle of a compressed allreduce of `count` values on one rank.
 ///
+/// @par Element types
+/// T is Q's own type, or bfloat16 or float16 for a quantizer that works in float:
+/// the call widens the input, runs the float plan on it and rounds the result once,
+/// so every rank gets the same bits — the float plan's on the widened inputs, rounded
+/// once — and residuals stay float (residual_type). plan_handle says more.
+///
 /// @par Residuals
 /// The worker residual holds this rank's quantization error for every value; the
 /// server residual holds the error of re-encoding the sums of the stripe this rank
@@ -60,14 +66,15 @@ struct compressed_allreduce_options {
 /// A plan is used by one thread at a time, and by one call at a time: starting a
 /// plan that is in flight is an error. Different plans may be in flight together on
 /// one communicator; they run in the order they were started.
-template <quantizer Q>
-class compressed_allreduce_plan : public plan_handle<Q> {
-  using base = plan_handle<Q>;
+template <quantizer Q, plan_element<Q> T = typename Q::value_type>
+class compressed_allreduce_plan : public plan_handle<Q, T> {
+  using base = plan_handle<Q, T>;
   using base::state_;
 
  public:
   using quantizer_type = Q;
-  using value_type = typename Q::value_type;
+  using value_type = T;
+  using residual_type = typename Q::value_type;
   static constexpr collective collective_kind = collective::compressed_allreduce;
 
   /// A plan for this rank of `comm`: its route follows the communicator's topology
@@ -83,7 +90,7 @@ class compressed_allreduce_plan : public plan_handle<Q> {
   template <ring_topology Topology>
   compressed_allreduce_plan(rank_t rank, const Topology& topology, std::size_t count, Q quantizer,
                             compressed_allreduce_options options = {})
-      : base("compressed_allreduce_plan") {
+      : base("compressed_allreduce_plan", count) {
     if (rank >= topology.size())
       qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: rank {} of a {}-rank topology",
                                  rank, topology.size());
@@ -110,11 +117,11 @@ class compressed_allreduce_plan : public plan_handle<Q> {
   block_range stripe(rank_t owner) const { return layout_.stripe(checked_rank(owner)); }
 
   /// This rank's quantization error for every value (empty when Q keeps none).
-  std::span<const value_type> worker_residual() const noexcept {
+  std::span<const residual_type> worker_residual() const noexcept {
     return state_.committed_residual().first(Q::keeps_residual ? count() : 0);
   }
   /// The error of re-encoding this rank's stripe (empty when Q keeps none).
-  std::span<const value_type> server_residual() const noexcept {
+  std::span<const residual_type> server_residual() const noexcept {
     return state_.committed_residual().subspan(Q::keeps_residual ? count() : 0);
   }
 
@@ -165,6 +172,7 @@ class compressed_allreduce_plan : public plan_handle<Q> {
   std::vector<rank_t> ring_order_;  // the ring the frames travel (route::ring)
 };
 static_assert(allreduce_plan<compressed_allreduce_plan<quantizers::identity<float>>, archetypes::transport>);
+static_assert(allreduce_plan<compressed_allreduce_plan<quantizers::identity<float>, bfloat16>, archetypes::transport>);
 
 template <class Communicator, class Q>
 compressed_allreduce_plan(const Communicator&, std::size_t, Q, compressed_allreduce_options = {})

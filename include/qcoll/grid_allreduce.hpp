@@ -61,14 +61,15 @@ struct grid_allreduce_options {
 /// As compressed_allreduce_plan: residuals persist from call to call and a failed
 /// call leaves them as they were; roll_back_last_call() undoes a successful one; one
 /// call at a time; start_allreduce runs it on the communicator's progress thread.
-template <quantizer Q = quantizers::identity<float>>
-class grid_allreduce_plan : public plan_handle<Q> {
-  using base = plan_handle<Q>;
+template <quantizer Q = quantizers::identity<float>, plan_element<Q> T = typename Q::value_type>
+class grid_allreduce_plan : public plan_handle<Q, T> {
+  using base = plan_handle<Q, T>;
   using base::state_;
 
  public:
   using quantizer_type = Q;
-  using value_type = typename Q::value_type;
+  using value_type = T;
+  using residual_type = typename Q::value_type;
   static constexpr collective collective_kind = collective::grid_allreduce;
 
   /// A plan for this rank of `comm`.
@@ -84,7 +85,7 @@ class grid_allreduce_plan : public plan_handle<Q> {
   /// outside the grid, or an included node without a rank.
   grid_allreduce_plan(rank_t rank, rank_t size, const topologies::grid_routing& routing, std::size_t count,
                       Q quantizer = Q{}, grid_allreduce_options options = {})
-      : base("grid_allreduce_plan") {
+      : base("grid_allreduce_plan", count) {
     if (rank >= size)
       qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan: rank {} of {}", rank, size);
     const std::vector<rank_t> node_of_rank = map_ranks(routing, size, std::move(options.node_of_rank));
@@ -130,12 +131,12 @@ class grid_allreduce_plan : public plan_handle<Q> {
   /// result telescopes: Σ_t out_t = Σ_t exact_t − Σ_ranks residual mass (for sum).
   /// After a new routing (a new plan starts with zero residuals), adding the old plan's
   /// mass to the next contribution keeps that gradient mass.
-  void add_residual_mass(std::span<value_type> into) const {
+  void add_residual_mass(std::span<residual_type> into) const {
     if (into.size() != count_)
       qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan::add_residual_mass: {} values for {}",
                                  into.size(), count_);
     if constexpr (Q::keeps_residual) {
-      const std::span<const value_type> residual = state_.committed_residual();
+      const std::span<const residual_type> residual = state_.committed_residual();
       for (const algorithms::schedule_step& s : state_.schedule.steps)
         if (s.verb == algorithms::step_verb::encode)
           for (std::size_t i = 0; i < s.values.size; ++i) into[s.values.offset + i] += residual[s.residual_offset + i];

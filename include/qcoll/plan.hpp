@@ -22,6 +22,7 @@
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/detail/request_storage.hpp>
+#include <qcoll/kernels/cpu/convert.hpp>
 
 #include <algorithm>
 #include <concepts>
@@ -31,6 +32,7 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace qcoll {
 
@@ -77,14 +79,28 @@ concept allreduce_plan =
       { cplan.queued_call() } -> std::same_as<plan_call<typename P::value_type>>;
     };
 
+/// The element types a plan over quantizer Q takes: Q's own, or a 16-bit type when
+/// Q works in float (the plan widens, reduces through Q in float, rounds once).
+template <class T, class Q>
+concept plan_element =
+    std::same_as<T, typename Q::value_type> || (half_element<T> && std::same_as<typename Q::value_type, float>);
+
 /// The part every quantized plan shares: its state (quantizer, schedule, residuals,
 /// frame buffers), its requests, the commit and roll-back of residuals, and the
 /// handle of a call started with communicator::start_allreduce.
-template <quantizer Q>
+///
+/// T is the element type of the buffers a call takes. For bfloat16 and float16 the
+/// call widens `in` (exactly) into a float buffer the plan keeps, runs the float
+/// schedule on it in place, and rounds the result into `out` once, after it
+/// succeeded: the result is the float plan's on the widened input, rounded once,
+/// residuals stay float, and a failed call leaves `out` untouched.
+template <quantizer Q, plan_element<Q> T = typename Q::value_type>
 class plan_handle : private detail::pending_operation {
  public:
   using quantizer_type = Q;
-  using value_type = typename Q::value_type;
+  using value_type = T;
+  /// The type the quantizer computes in and residuals are kept in.
+  using residual_type = typename Q::value_type;
 
   plan_handle(const plan_handle&) = delete;
   plan_handle& operator=(const plan_handle&) = delete;
@@ -93,6 +109,7 @@ class plan_handle : private detail::pending_operation {
   /// @throws qcoll::error (invalid_argument) when one is.
   plan_handle(plan_handle&& other)
       : state_((other.require_idle("move"), std::move(other.state_))),
+        widened_(std::move(other.widened_)),
         requests_(std::move(other.requests_)),
         name_(other.name_),
         can_roll_back_(other.can_roll_back_) {}
@@ -100,6 +117,7 @@ class plan_handle : private detail::pending_operation {
     require_idle("move");
     other.require_idle("move");
     state_ = std::move(other.state_);
+    widened_ = std::move(other.widened_);
     requests_ = std::move(other.requests_);
     can_roll_back_ = other.can_roll_back_;
     return *this;
@@ -130,7 +148,7 @@ class plan_handle : private detail::pending_operation {
   /// Forgets every residual (say, after the model was reloaded).
   void reset_residuals() {
     require_idle("reset_residuals");
-    for (auto& r : state_.residual) std::fill(r.begin(), r.end(), value_type{});
+    for (auto& r : state_.residual) std::fill(r.begin(), r.end(), residual_type{});
     can_roll_back_ = false;
   }
 
@@ -170,7 +188,13 @@ class plan_handle : private detail::pending_operation {
         requests_.template get<typename Transport::request>(state_.schedule.requests);
     can_roll_back_ = false;  // the staging residuals are about to be overwritten
     try {
-      algorithms::run_schedule(step, state_, requests, in, out, op);
+      if constexpr (half_element<T>) {
+        const std::span<float> widened = std::span<float>(widened_).first(in.size());
+        kernels::cpu::widen(in, widened);
+        algorithms::run_schedule(step, state_, requests, std::span<const float>(widened), widened, op);
+      } else {
+        algorithms::run_schedule(step, state_, requests, in, out, op);
+      }
     } catch (const std::system_error& e) {
       step.abandon(requests, e);
       throw;
@@ -178,6 +202,7 @@ class plan_handle : private detail::pending_operation {
     state_.committed = 1 - state_.committed;
     ++state_.calls;
     can_roll_back_ = true;
+    if constexpr (half_element<T>) kernels::cpu::narrow(std::span<const float>(widened_).first(in.size()), out);
   }
 
   detail::pending_operation& queue_call(std::span<const value_type> in, std::span<value_type> out, reduce_op op) {
@@ -187,7 +212,11 @@ class plan_handle : private detail::pending_operation {
   plan_call<value_type> queued_call() const noexcept { return queued_; }
 
  protected:
-  explicit plan_handle(const char* name) : name_(name) {}
+  /// `count`: the values a call takes (a 16-bit plan keeps a float buffer of them,
+  /// allocated here so that calls allocate nothing).
+  plan_handle(const char* name, std::size_t count) : name_(name) {
+    if constexpr (half_element<T>) widened_.assign(count, 0.0f);
+  }
   /// Waits for a call still in flight (its buffers and this state are in use).
   ~plan_handle() {
     std::string ignored;
@@ -197,6 +226,7 @@ class plan_handle : private detail::pending_operation {
   algorithms::quantized_state<Q> state_;
 
  private:
+  std::vector<float> widened_;  // 16-bit plans: the call's values in float
   detail::request_storage requests_;
   const char* name_;
   bool can_roll_back_ = false;
