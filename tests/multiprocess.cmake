@@ -122,6 +122,12 @@ if(QCOLL_BUILD_EXAMPLES)
       COMMAND ${CMAKE_COMMAND} ${example_checks}
               $<TARGET_FILE:qcoll-run> -n 4 --transport ${transport} $<TARGET_FILE:multiprocess_allreduce>)
   endforeach()
+  foreach(transport shm tcp)
+    add_test(NAME examples.bf16_gradients.qcoll_run_${transport}
+      COMMAND ${CMAKE_COMMAND} -DEXIT=0 "-DCOUNT_LINES=4:rank [0-3] of 4: exact bf16 sum = 1.25 .*: correct"
+              -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake --
+              $<TARGET_FILE:qcoll-run> -n 4 --transport ${transport} $<TARGET_FILE:bf16_gradients>)
+  endforeach()
   add_test(NAME examples.multiprocess_allreduce.torchrun_variables
     COMMAND ${CMAKE_COMMAND} ${example_checks}
             ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/torchrun_style.sh 4 29561 $<TARGET_FILE:multiprocess_allreduce>)
