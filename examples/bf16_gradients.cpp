@@ -57,7 +57,7 @@ int main() try {
     const double last = relative_error(steps);
     const bool compressed_ok = last < first / 4;
 
-    fmt::print("rank {} of {}: exact bf16 sum = {} ({}); 1-bit bf16 average: error {:.1f}% after 1 step, "
+    fmt::print("rank {} of {}: exact bf16 sum = {} ({}), 1-bit bf16 average: error {:.1f}% after 1 step, "
                "{:.1f}% over {} steps: {}\n",
                r, n, float(gradient.front()), exact_ok ? "exact" : "WRONG", 100 * first, 100 * last, steps,
                exact_ok && compressed_ok ? "correct" : "WRONG");
