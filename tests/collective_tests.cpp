@@ -335,8 +335,16 @@ void check_allreduce_and_reduce_scatter() {
               results[r].assign(count, Half(-7.0f));
               comm.allreduce(std::span<const Half>(inputs[r]), std::span<Half>(results[r]), op);
             }
-            blocks[r].assign(block_of(count, n, r).size, Half(-7.0f));
-            comm.reduce_scatter(std::span<const Half>(inputs[r]), std::span<Half>(blocks[r]), op);
+            const block_range mine = block_of(count, n, r);
+            if (in_place) {  // the output is this rank's block of the input itself
+              std::vector<Half> whole = inputs[r];
+              comm.reduce_scatter(std::span<const Half>(whole), mine.of(std::span<Half>(whole)), op);
+              blocks[r].assign(whole.begin() + static_cast<std::ptrdiff_t>(mine.offset),
+                               whole.begin() + static_cast<std::ptrdiff_t>(mine.offset + mine.size));
+            } else {
+              blocks[r].assign(mine.size, Half(-7.0f));
+              comm.reduce_scatter(std::span<const Half>(inputs[r]), std::span<Half>(blocks[r]), op);
+            }
           });
           BOOST_TEST_REQUIRE(outcome.all_succeeded());
           for (std::size_t r = 0; r < n; ++r) {

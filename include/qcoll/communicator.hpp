@@ -113,7 +113,12 @@ class communicator {
     const algorithms::ring_view ring(topology_.ring_order(), rank());
     if constexpr (half_element<T>) {
       // Reduce in float, round this rank's block once, then gather the rounded blocks.
-      // The input is read only before this rank's block of `out` is written.
+      // The input is read only before this rank's block of `out` is written. One rank
+      // copies the bits, as reduce_scatter does (no rounding: nothing was added).
+      if (size() == 1) {
+        if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+        return;
+      }
       const block_range mine = block_of(in.size(), size(), rank());
       kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
       algorithms::ring_all_gather<Transport, T>(step, ring, out);
@@ -339,7 +344,7 @@ class communicator {
   /// widened (exactly) when the ring first needs it, partials travel and add as
   /// float, so the float result returned — this rank's block, avg divided — is the
   /// float reduction of the widened inputs, in the documented order, still to be
-  /// rounded once. Scratch: three float blocks (12/n bytes per element).
+  /// rounded once. Scratch: three float blocks (12/n bytes per element). n ≥ 2.
   template <half_element T>
   std::span<const float> reduce_scatter_in_float(algorithms::primitives<Transport>& step,
                                                  const algorithms::ring_view& ring, std::span<const T> in,
@@ -361,7 +366,6 @@ class communicator {
       std::span<float> incoming(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
       std::span<float> partial(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
     } buffers{in, {scratch<float>(0, block), scratch<float>(1, block)}, scratch<float>(2, block)};
-    if (size() == 1) return buffers.own(block_of(in.size(), 1, 0));
     algorithms::ring_reduce_scatter<Transport, float>(step, ring, in.size(), op, buffers);
     return buffers.partial(size() - 2, ring.block_at(in.size(), 0));
   }

@@ -189,6 +189,8 @@ class plan_handle : private detail::pending_operation {
     can_roll_back_ = false;  // the staging residuals are about to be overwritten
     try {
       if constexpr (half_element<T>) {
+        if (widened_.size() < in.size())  // a derived plan that passed another count, or a moved-from plan
+          step.fail(errc::invalid_argument, "the plan holds {} values, the call has {}", widened_.size(), in.size());
         const std::span<float> widened = std::span<float>(widened_).first(in.size());
         kernels::cpu::widen(in, widened);
         algorithms::run_schedule(step, state_, requests, std::span<const float>(widened), widened, op);

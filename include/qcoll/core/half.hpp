@@ -10,13 +10,17 @@
 /// They do no arithmetic: collectives widen them to float, reduce in float and round
 /// once (docs/algorithms.md, "16-bit elements"). Their layout is that of
 /// std::bfloat16_t/std::float16_t, CUDA's __nv_bfloat16/__half and PyTorch's
-/// at::BFloat16/at::Half, so a buffer of those is viewed as one of these with
-/// reinterpret_cast (bit_cast for single values).
+/// at::BFloat16/at::Half: a buffer of those is passed as a span of these with
+/// reinterpret_cast, as PyTorch and CUDA interoperate (formally distinct types;
+/// the kernels reach the memory through function pointers in their own translation
+/// units); bit_cast for single values.
 ///
 /// Conversions, identical in every backend (CPU reference, SIMD, CUDA):
 /// - float → 16 bits rounds to nearest, ties to even; a value too large becomes ±Inf;
 ///   float16 keeps subnormals; NaN stays NaN, quieted, with the sign and the payload's
 ///   leading bits (as x86's vcvtps2ph and vcvtneps2bf16 do).
+/// - The float arithmetic these rules use (float16's subnormals) assumes the default
+///   rounding mode, round to nearest, as all of qcoll's kernels do.
 /// - 16 bits → float is exact; a float16 NaN comes out quiet (as x86's vcvtph2ps
 ///   makes it), a bfloat16 NaN keeps its bits (the widening is a shift, as everywhere).
 

@@ -23,7 +23,7 @@ struct message_header {
   std::uint64_t count = 0;     ///< element count as the caller passed it
   std::uint32_t root = 0;      ///< broadcast root; 0 for the others
   collective kind = collective::barrier;
-  dtype type = dtype::f32;
+  dtype type = dtype::f32;  ///< the caller's element type (16-bit collectives also send float partials)
   reduce_op op = reduce_op::sum;
   std::uint8_t reserved = 0;
 
