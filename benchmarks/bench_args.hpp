@@ -100,6 +100,7 @@ struct collective_options {
 
   operation op = operation::allreduce;
   std::string op_name = "allreduce";  // -o
+  std::string dtype_name = "float";   // -d: float, half or bfloat16 (nccl-tests' names)
   std::size_t min_bytes = 4096;                  // -b
   std::size_t max_bytes = std::size_t{64} << 20;  // -e
   std::size_t factor = 2;                        // -f
@@ -130,6 +131,7 @@ inline constexpr std::string_view collective_usage =
     "       collective_bench --job [options]    one rank of a job (qcoll-run, torchrun, mpirun, netlab)\n"
     "options (as ../shared/peers):\n"
     "  -o allreduce|reduce_scatter|all_gather   the collective (default allreduce)\n"
+    "  -d float|half|bfloat16   the element type (default float; 16-bit types reduce in float, exact table only)\n"
     "  -b BYTES -e BYTES -f N   sizes from -b to -e, times N each (default 4K, 64M, 2; K/M/G suffixes)\n"
     "  -n N -m N                at most / at least N timed iterations per size (default 50, 5)\n"
     "  -B BYTES                 iterations = clamp(BYTES / size, -m, -n) (default 128M)\n"
@@ -178,6 +180,7 @@ inline collective_options parse_collective_options(int argc, char** argv) {
       return v;
     };
     if (flag == "-o") o.op_name = value;
+    else if (flag == "-d") o.dtype_name = value;
     else if (flag == "-b") o.min_bytes = parse_bytes(value);
     else if (flag == "-e") o.max_bytes = parse_bytes(value);
     else if (flag == "-f") o.factor = parse_bytes(value);
@@ -213,6 +216,10 @@ inline collective_options parse_collective_options(int argc, char** argv) {
   else if (o.op_name == "reduce_scatter") o.op = operation::reduce_scatter;
   else if (o.op_name == "all_gather") o.op = operation::all_gather;
   else throw std::invalid_argument("-o is allreduce, reduce_scatter or all_gather, not '" + o.op_name + "'");
+  if (o.dtype_name != "float" && o.dtype_name != "half" && o.dtype_name != "bfloat16")
+    throw std::invalid_argument("-d is float, half or bfloat16, not '" + o.dtype_name + "'");
+  if (o.dtype_name != "float" && !o.compressed.empty())
+    throw std::invalid_argument("-d " + o.dtype_name + " runs the exact table only (no --compressed)");
   if (!o.compressed.empty() && o.op != operation::allreduce)
     throw std::invalid_argument("--compressed needs -o allreduce");
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");

@@ -30,7 +30,8 @@
 
 namespace bench {
 
-/// -b, -b·f, -b·f², … ≤ -e, each rounded down to whole float32 elements.
+/// -b, -b·f, -b·f², … ≤ -e, each rounded down to whole float32 elements (so to whole
+/// 16-bit elements too).
 inline std::vector<std::size_t> sweep_sizes(const collective_options& o) {
   std::vector<std::size_t> sizes;
   for (std::size_t s = o.min_bytes; s <= o.max_bytes; s *= o.factor) sizes.push_back(s / 4 * 4);
@@ -90,8 +91,11 @@ inline void dump_times(std::size_t bytes, const std::string& variant, const std:
 class table {
  public:
   /// `link_bytes_per_s` > 0 adds the link% column.
-  table(std::string title, std::size_t nranks, operation op, double link_bytes_per_s)
-      : nranks_(nranks), op_(op), link_bytes_per_s_(link_bytes_per_s) {
+  /// `type` and `element_bytes` name the element type (nccl-tests' names: float, half, bfloat16).
+  table(std::string title, std::size_t nranks, operation op, double link_bytes_per_s, std::string type = "float",
+        std::size_t element_bytes = sizeof(float))
+      : nranks_(nranks), op_(op), link_bytes_per_s_(link_bytes_per_s), type_(std::move(type)),
+        element_bytes_(element_bytes) {
     // The title must be the last '#' line before the column names: summarize.py takes it from there.
     std::printf("#\n# %s\n", title.c_str());
     std::printf("# %12s %12s %6s %12s %12s %12s %8s %6s %12s%s\n", "size(B)", "count", "type", "time(us)",
@@ -105,7 +109,7 @@ class table {
     const double min_us = times_us.empty() ? 0.0 : *std::min_element(times_us.begin(), times_us.end());
     const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
     const double busbw = algbw * bus_factor(op_, nranks_);
-    std::printf("  %12zu %12zu %6s %12.2f %12.3f %12.3f %8.0f %6d %12.2f", bytes, bytes / sizeof(float), "float",
+    std::printf("  %12zu %12zu %6s %12.2f %12.3f %12.3f %8.0f %6d %12.2f", bytes, bytes / element_bytes_, type_.c_str(),
                 time_us, algbw, busbw, wrong, static_cast<int>(times_us.size()), min_us);
     if (link_bytes_per_s_ > 0) std::printf(" %8.1f", busbw * 1e9 / link_bytes_per_s_ * 100.0);
     std::printf("\n");
@@ -123,6 +127,8 @@ class table {
   std::size_t nranks_;
   operation op_;
   double link_bytes_per_s_;
+  std::string type_;
+  std::size_t element_bytes_;
   double busbw_sum_ = 0;
   int rows_ = 0;
 };

@@ -15,6 +15,8 @@
 // after the loop (not timed); time = median of those, tmin = their minimum. Warm-up
 // times cap the iteration count at about -T seconds per size. Rank r holds
 // (r + 1)·((i mod 1021) + 1), so every sum is an exact small integer checked with ==.
+// -d half|bfloat16 runs the exact table over 16-bit elements: rank r holds
+// (r + 1)·((i mod 8) + 1) and the check is the exact sum rounded once to the type.
 //
 // --compressed LIST adds compressed allreduce variants (qcoll::compressed_allreduce_plan
 // over a quantizer) to an allreduce sweep: per size, the exact allreduce runs first and
@@ -76,23 +78,39 @@ float pattern(std::size_t i, qcoll::rank_t rank) {
   return static_cast<float>((rank + 1) * static_cast<std::size_t>((i % 1021) + 1));
 }
 
+/// The value the exact table's rank `rank` holds at i, for element type T. 16-bit
+/// types take (rank + 1)·((i mod 8) + 1), whose sums stay small integers.
+template <class T>
+float pattern_of(std::size_t i, qcoll::rank_t rank) {
+  if constexpr (qcoll::half_element<T>) return static_cast<float>((rank + 1) * ((i % 8) + 1));
+  else return pattern(i, rank);
+}
+
+/// A float as T, rounded once (to nearest even for the 16-bit types).
+template <class T>
+T as_element(float value) {
+  return static_cast<T>(value);
+}
+
 /// Page-aligned and faulted in before anything is timed, as the peers' buffers.
-struct aligned_floats {
-  explicit aligned_floats(std::size_t count) : count_(count) {
-    const std::size_t bytes = std::max<std::size_t>((count * sizeof(float) + 4095) / 4096 * 4096, 4096);
-    data_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
+template <class T>
+struct aligned_buffer {
+  explicit aligned_buffer(std::size_t count) : count_(count) {
+    const std::size_t bytes = std::max<std::size_t>((count * sizeof(T) + 4095) / 4096 * 4096, 4096);
+    data_.reset(static_cast<T*>(std::aligned_alloc(4096, bytes)));
     if (!data_) throw std::bad_alloc();
-    std::memset(data_.get(), 0, bytes);
+    std::memset(static_cast<void*>(data_.get()), 0, bytes);
   }
-  std::span<float> span() const noexcept { return {data_.get(), count_}; }
+  std::span<T> span() const noexcept { return {data_.get(), count_}; }
 
  private:
   struct free_deleter {
-    void operator()(float* p) const noexcept { std::free(p); }
+    void operator()(T* p) const noexcept { std::free(p); }
   };
-  std::unique_ptr<float[], free_deleter> data_;
+  std::unique_ptr<T[], free_deleter> data_;
   std::size_t count_;
 };
+using aligned_floats = aligned_buffer<float>;
 
 /// What a job's environment says about a shaped link (benchmarks/netlab sets these).
 struct link_info {
@@ -162,7 +180,8 @@ void print_preamble(const collective_options& o, qcoll::rank_t n, const run_cont
              o.job ? fmt::format("{} ranks as processes over the {} transport", n, ctx.transport)
                    : fmt::format("{} ranks as threads of one process over the in-process transport", n));
   fmt::print("# host: {}\n", bench::host_line());
-  fmt::print("# nranks: {}  op: sum  type: float32  in-place  transport: {}{}{}\n", n, ctx.transport,
+  const std::string type = o.dtype_name == "float" ? "float32" : o.dtype_name == "half" ? "float16" : "bfloat16";
+  fmt::print("# nranks: {}  op: sum  type: {}  in-place  transport: {}{}{}\n", n, type, ctx.transport,
              o.label.empty() ? "" : "  label: ", o.label);
   fmt::print("# time = median over iters of max-over-ranks per-iteration time (barrier before each iteration)\n");
   if (!ctx.knobs.empty()) fmt::print("# transport settings: {}\n", ctx.knobs);
@@ -373,56 +392,62 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
   return all_right;
 }
 
-/// The whole sweep on one rank: the single timing loop both modes share.
+/// The whole sweep on one rank: the single timing loop both modes share. T is the
+/// element type (-d); a 16-bit result is checked against the exact sum rounded once.
 /// Returns true when every element of every iteration was right (on every rank).
-template <class Communicator>
+template <class T, class Communicator>
 bool run_rank(Communicator& comm, const collective_options& o, const run_context& ctx) {
   const qcoll::rank_t n = comm.size(), me = comm.rank();
   const bool link_column = o.link_column != 0 && ctx.link.bits_per_s > 0;
   std::unique_ptr<bench::table> table;
   if (me == 0) {
     print_preamble(o, n, ctx, link_column);
-    table = std::make_unique<bench::table>(fmt::format("qcoll {} {}", o.op_name, ctx.transport), n, o.op,
-                                           link_column ? ctx.link.bits_per_s / 8.0 : 0.0);
+    const std::string type = o.dtype_name == "float" ? "" : " " + o.dtype_name;
+    table = std::make_unique<bench::table>(fmt::format("qcoll {}{} {}", o.op_name, type, ctx.transport), n, o.op,
+                                           link_column ? ctx.link.bits_per_s / 8.0 : 0.0, o.dtype_name, sizeof(T));
   }
   bool all_right = true;
   for (const std::size_t bytes : bench::sweep_sizes(o)) {
-    const std::size_t count = bytes / sizeof(float);
+    const std::size_t count = bytes / sizeof(T);
     const qcoll::block_range mine = qcoll::block_of(count, n, me);
-    aligned_floats buffer(count), pristine_buffer(count);
-    const std::span<float> data = buffer.span(), pristine = pristine_buffer.span();
+    aligned_buffer<T> buffer(count), pristine_buffer(count);
+    const std::span<T> data = buffer.span(), pristine = pristine_buffer.span();
     // all_gather starts with only this rank's block filled, so the check sees what arrived.
     for (std::size_t i = 0; i < count; ++i)
-      pristine[i] = o.op != operation::all_gather || (i >= mine.offset && i < mine.offset + mine.size) ? pattern(i, me)
-                                                                                                      : -1.0f;
+      pristine[i] = as_element<T>(
+          o.op != operation::all_gather || (i >= mine.offset && i < mine.offset + mine.size) ? pattern_of<T>(i, me)
+                                                                                            : -1.0f);
     const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+    // The reduced value at i, rounded to T once; the gathered value of `owner` at i.
+    const auto sum_at = [&](std::size_t i) { return float(as_element<T>(ranks_sum * pattern_of<T>(i, 0))); };
+    const auto value_at = [&](std::size_t i, qcoll::rank_t owner) { return float(as_element<T>(pattern_of<T>(i, owner))); };
 
     double wrong = 0;
     const auto one_iteration = [&]() -> double {
-      std::memcpy(data.data(), pristine.data(), bytes);
+      std::memcpy(static_cast<void*>(data.data()), pristine.data(), count * sizeof(T));
       comm.barrier();
       const double start = now_us();
       switch (o.op) {
         case operation::allreduce: comm.allreduce(data, qcoll::reduce_op::sum); break;
         case operation::reduce_scatter:
-          comm.reduce_scatter(std::span<const float>(data), mine.of(data), qcoll::reduce_op::sum);
+          comm.reduce_scatter(std::span<const T>(data), mine.of(data), qcoll::reduce_op::sum);
           break;
-        case operation::all_gather: comm.all_gather(std::span<const float>(mine.of(data)), data); break;
+        case operation::all_gather: comm.all_gather(std::span<const T>(mine.of(data)), data); break;
       }
       const double took = now_us() - start;
       if (!o.check) return took;
       std::size_t bad = 0;
       switch (o.op) {
         case operation::allreduce:
-          for (std::size_t i = 0; i < count; ++i) bad += data[i] != ranks_sum * pattern(i, 0);
+          for (std::size_t i = 0; i < count; ++i) bad += float(data[i]) != sum_at(i);
           break;
         case operation::reduce_scatter:
-          for (std::size_t i = mine.offset; i < mine.offset + mine.size; ++i) bad += data[i] != ranks_sum * pattern(i, 0);
+          for (std::size_t i = mine.offset; i < mine.offset + mine.size; ++i) bad += float(data[i]) != sum_at(i);
           break;
         case operation::all_gather:
           for (qcoll::rank_t owner = 0; owner < n; ++owner) {
             const qcoll::block_range b = qcoll::block_of(count, n, owner);
-            for (std::size_t i = b.offset; i < b.offset + b.size; ++i) bad += data[i] != pattern(i, owner);
+            for (std::size_t i = b.offset; i < b.offset + b.size; ++i) bad += float(data[i]) != value_at(i, owner);
           }
           break;
       }
@@ -443,7 +468,10 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
 template <class Communicator>
 bool run_rank_or_abort(Communicator& comm, const collective_options& o, const run_context& ctx) {
   try {
-    return ctx.variants.empty() ? run_rank(comm, o, ctx) : run_rank_compressed(comm, o, ctx);
+    if (!ctx.variants.empty()) return run_rank_compressed(comm, o, ctx);
+    if (o.dtype_name == "bfloat16") return run_rank<qcoll::bfloat16>(comm, o, ctx);
+    if (o.dtype_name == "half") return run_rank<qcoll::float16>(comm, o, ctx);
+    return run_rank<float>(comm, o, ctx);
   } catch (const std::exception& e) {
     if (!comm.aborted()) comm.abort(e.what());
     throw;
