@@ -340,11 +340,12 @@ class communicator {
     return algorithms::primitives<Transport>(transport_, header, options_.timeout);
   }
 
-  /// The ring reduce-scatter of 16-bit values, in float: each block of `in` is
-  /// widened (exactly) when the ring first needs it, partials travel and add as
-  /// float, so the float result returned — this rank's block, avg divided — is the
-  /// float reduction of the widened inputs, in the documented order, still to be
-  /// rounded once. Scratch: three float blocks (12/n bytes per element). n ≥ 2.
+  /// The ring reduce-scatter of 16-bit values, in float: the block sent at step 0 is
+  /// widened (exactly) into scratch, every later contribution is widened as it is
+  /// added (reduce_widened), partials travel and add as float, so the float result
+  /// returned — this rank's block, avg divided — is the float reduction of the widened
+  /// inputs, in the documented order, still to be rounded once. Scratch: two float
+  /// blocks (8/n bytes per element). n ≥ 2.
   template <half_element T>
   std::span<const float> reduce_scatter_in_float(algorithms::primitives<Transport>& step,
                                                  const algorithms::ring_view& ring, std::span<const T> in,
@@ -353,19 +354,17 @@ class communicator {
     struct widening {
       std::span<const T> input;
       std::span<float> partials[2];  // step s receives and reduces into partials[s % 2]
-      std::span<float> widened;
-      bool first_own = true;
-      // The ring asks for own(b) twice before step 0 sends (the block it sends and the
-      // one it reduces); the first goes where partial(−1) would be, which step 0 leaves alone.
-      std::span<const float> own(block_range b) {
-        const std::span<float> into = (first_own ? partials[1] : widened).first(b.size);
-        first_own = false;
+      // Asked once, for the block step 0 sends: it goes where partial(−1) would be,
+      // which step 0 leaves alone.
+      std::span<const float> own(block_range b) const {
+        const std::span<float> into = partials[1].first(b.size);
         kernels::cpu::widen(b.of(input), into);
         return into;
       }
+      std::span<const T> contribution(block_range b) const { return b.of(input); }
       std::span<float> incoming(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
       std::span<float> partial(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
-    } buffers{in, {scratch<float>(0, block), scratch<float>(1, block)}, scratch<float>(2, block)};
+    } buffers{in, {scratch<float>(0, block), scratch<float>(1, block)}};
     algorithms::ring_reduce_scatter<Transport, float>(step, ring, in.size(), op, buffers);
     return buffers.partial(size() - 2, ring.block_at(in.size(), 0));
   }
@@ -475,7 +474,7 @@ class communicator {
   topologies::graph topology_;
   communicator_options options_;
   std::uint64_t sequence_ = 0;
-  std::vector<std::byte> scratch_[3];
+  std::vector<std::byte> scratch_[2];
   std::optional<bool> fully_linked_;  // found by the first plan call
 };
 

@@ -7,6 +7,7 @@
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
+#include <qcoll/kernels/cpu/convert.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/describe.hpp>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -59,12 +61,14 @@ class primitives {
     finish_send(send_request, to, outgoing.size_bytes());
   }
 
-  /// send_recv, then result = incoming ⊕ own.
-  template <arithmetic_element T>
+  /// send_recv, then result = incoming ⊕ own (own widened to float first when it
+  /// holds 16-bit values and T is float).
+  template <arithmetic_element T, element Own>
   void send_recv_reduce(rank_t to, std::span<const T> outgoing, rank_t from, std::span<T> incoming,
-                        std::span<const T> own, std::span<T> result, reduce_op op) {
+                        std::span<const Own> own, std::span<T> result, reduce_op op) {
     send_recv(to, outgoing, from, incoming);
-    kernels::cpu::reduce<T>(op, incoming, own, result);
+    if constexpr (std::same_as<T, Own>) kernels::cpu::reduce<T>(op, incoming, own, result);
+    else kernels::cpu::reduce_widened(op, std::span<const T>(incoming), own, result);
   }
 
   // The split forms, for algorithms that keep many messages in flight (pipelined

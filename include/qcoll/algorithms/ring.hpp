@@ -49,10 +49,25 @@ class ring_view {
   std::size_t position_ = 0;
 };
 
+namespace detail {
+
+/// What a step reduces into a received partial: buffers.contribution(b) where the
+/// buffers have it (16-bit input, added to float partials without a widened copy),
+/// else own(b).
+template <class Buffers>
+auto contribution(Buffers& buffers, block_range b) {
+  if constexpr (requires { buffers.contribution(b); }) return buffers.contribution(b);
+  else return buffers.own(b);
+}
+
+}  // namespace detail
+
 /// Reduce-scatter in n − 1 steps. At step s this rank sends its partial of the block
 /// owned s + 1 places back and receives the partial of the block s + 2 places back.
 /// `buffers` says where things live:
-///   own(b)          this rank's contribution to block b
+///   own(b)          this rank's contribution to block b, as T (sent at step 0)
+///   contribution(b) optional: the same values as the step reduces them (of another
+///                   element type, which send_recv_reduce widens); own(b) if absent
 ///   incoming(s, b)  where the partial of b received at step s lands
 ///   partial(s, b)   where incoming ⊕ own goes (may be incoming(s, b) or own(b))
 /// After the last step partial(n − 2, own block) is the reduced block (avg divided).
@@ -65,8 +80,8 @@ void ring_reduce_scatter(primitives<Transport>& step, const ring_view& ring, std
     const block_range sent = ring.block_at(count, -1 - back);
     const block_range received = ring.block_at(count, -2 - back);
     const std::span<const T> outgoing = s == 0 ? buffers.own(sent) : buffers.partial(s - 1, sent);
-    step.send_recv_reduce(ring.next(), outgoing, ring.prev(), buffers.incoming(s, received), buffers.own(received),
-                          buffers.partial(s, received), op);
+    step.send_recv_reduce(ring.next(), outgoing, ring.prev(), buffers.incoming(s, received),
+                          detail::contribution(buffers, received), buffers.partial(s, received), op);
   }
   if (op == reduce_op::avg && n > 1) kernels::cpu::finish_avg(buffers.partial(n - 2, ring.block_at(count, 0)), n);
 }
