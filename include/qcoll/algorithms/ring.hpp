@@ -49,7 +49,7 @@ class ring_view {
   std::size_t position_ = 0;
 };
 
-namespace detail {
+namespace ring_detail {  // not `detail`: that would hide qcoll::detail from this namespace
 
 /// What a step reduces into a received partial: buffers.contribution(b) where the
 /// buffers have it (16-bit input, added to float partials without a widened copy),
@@ -60,7 +60,7 @@ auto contribution(Buffers& buffers, block_range b) {
   else return buffers.own(b);
 }
 
-}  // namespace detail
+}  // namespace ring_detail
 
 /// Reduce-scatter in n − 1 steps. At step s this rank sends its partial of the block
 /// owned s + 1 places back and receives the partial of the block s + 2 places back.
@@ -81,7 +81,7 @@ void ring_reduce_scatter(primitives<Transport>& step, const ring_view& ring, std
     const block_range received = ring.block_at(count, -2 - back);
     const std::span<const T> outgoing = s == 0 ? buffers.own(sent) : buffers.partial(s - 1, sent);
     step.send_recv_reduce(ring.next(), outgoing, ring.prev(), buffers.incoming(s, received),
-                          detail::contribution(buffers, received), buffers.partial(s, received), op);
+                          ring_detail::contribution(buffers, received), buffers.partial(s, received), op);
   }
   if (op == reduce_op::avg && n > 1) kernels::cpu::finish_avg(buffers.partial(n - 2, ring.block_at(count, 0)), n);
 }
