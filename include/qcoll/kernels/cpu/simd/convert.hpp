@@ -67,45 +67,49 @@ struct convert_kernels {
   static constexpr std::size_t chunk = 512;
   static_assert(chunk % width == 0);
 
-  template <class Half, class Compute>
-  static void widen_with(std::span<const Half> in, std::span<float> out, Compute compute) noexcept {
+  /// Widens whole registers with `lanes` and the values past the last one with
+  /// `value`, the scalar rule.
+  template <class Half, class Lanes, class Value>
+  static void widen_with(std::span<const Half> in, std::span<float> out, Lanes lanes_rule, Value value) noexcept {
     alignas(64) std::int32_t lanes[chunk];
     const std::size_t body = in.size() / width * width;
     for (std::size_t start = 0; start < body; start += chunk) {
       const std::size_t m = body - start < chunk ? body - start : chunk;
       const Half* from = in.data() + start;
       for (std::size_t j = 0; j < m; ++j) lanes[j] = from[j].bits;
-      for (std::size_t j = 0; j < m; j += width) compute(ints::load_aligned(lanes + j)).store_unaligned(out.data() + start + j);
+      for (std::size_t j = 0; j < m; j += width)
+        lanes_rule(ints::load_aligned(lanes + j)).store_unaligned(out.data() + start + j);
     }
+    for (std::size_t i = body; i < in.size(); ++i) out[i] = value(in[i].bits);
   }
 
-  template <class Half, class Compute>
-  static void narrow_with(std::span<const float> in, std::span<Half> out, Compute compute) noexcept {
+  /// Narrows whole registers with `lanes` and the values past the last one with
+  /// `value`, the scalar rule.
+  template <class Half, class Lanes, class Value>
+  static void narrow_with(std::span<const float> in, std::span<Half> out, Lanes lanes_rule, Value value) noexcept {
     alignas(64) std::int32_t lanes[chunk];
     const std::size_t body = in.size() / width * width;
     for (std::size_t start = 0; start < body; start += chunk) {
       const std::size_t m = body - start < chunk ? body - start : chunk;
-      for (std::size_t j = 0; j < m; j += width) compute(batch::load_unaligned(in.data() + start + j)).store_aligned(lanes + j);
+      for (std::size_t j = 0; j < m; j += width)
+        lanes_rule(batch::load_unaligned(in.data() + start + j)).store_aligned(lanes + j);
       Half* to = out.data() + start;
       for (std::size_t j = 0; j < m; ++j) to[j].bits = static_cast<std::uint16_t>(lanes[j]);
     }
+    for (std::size_t i = body; i < in.size(); ++i) out[i].bits = value(in[i]);
   }
 
   static void widen_bf16(std::span<const bfloat16> in, std::span<float> out) noexcept {
-    widen_with(in, out, [](ints half) { return bit_cast<float>(half << 16); });
-    for (std::size_t i = in.size() / width * width; i < in.size(); ++i) out[i] = half_bits::float_from_bf16(in[i].bits);
+    widen_with(in, out, [](ints half) { return bit_cast<float>(half << 16); }, &half_bits::float_from_bf16);
   }
   static void narrow_bf16(std::span<const float> in, std::span<bfloat16> out) noexcept {
-    narrow_with(in, out, [](batch value) { return bf16_from_float(value); });
-    for (std::size_t i = in.size() / width * width; i < in.size(); ++i) out[i].bits = half_bits::bf16_from_float(in[i]);
+    narrow_with(in, out, [](batch value) { return bf16_from_float(value); }, &half_bits::bf16_from_float);
   }
   static void widen_f16(std::span<const float16> in, std::span<float> out) noexcept {
-    widen_with(in, out, [](ints half) { return float_from_f16(half); });
-    for (std::size_t i = in.size() / width * width; i < in.size(); ++i) out[i] = half_bits::float_from_f16(in[i].bits);
+    widen_with(in, out, [](ints half) { return float_from_f16(half); }, &half_bits::float_from_f16);
   }
   static void narrow_f16(std::span<const float> in, std::span<float16> out) noexcept {
-    narrow_with(in, out, [](batch value) { return f16_from_float(value); });
-    for (std::size_t i = in.size() / width * width; i < in.size(); ++i) out[i].bits = half_bits::f16_from_float(in[i]);
+    narrow_with(in, out, [](batch value) { return f16_from_float(value); }, &half_bits::f16_from_float);
   }
 };
 
