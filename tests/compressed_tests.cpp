@@ -432,6 +432,62 @@ BOOST_AUTO_TEST_CASE(compression_ratio_of_one_bit) {
   }
 }
 
+// A plan made on a sub-communicator (7 ranks split 4 + 3) gives, started or not, what
+// the same plan gives on a world of the sub-communicator's size, bit for bit; the
+// parent's collectives in between are not disturbed.
+BOOST_AUTO_TEST_CASE(a_plan_on_a_sub_communicator_equals_a_world_of_its_size) {
+  const std::size_t n = 7, count = 5001;
+  const auto inputs = random_calls<float>(2, n, count, 123);  // [call][parent rank]
+  auto group_of = [](rank_t r) { return r < 4 ? 0 : 1; };
+  std::vector<std::vector<std::vector<float>>> on_sub(n);
+  std::vector<char> parent_correct(n);
+  auto run_sub = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    auto group = comm.split(group_of(r), 0);
+    compressed_allreduce_plan<quantizers::one_bit> plan(*group, count);
+    bool correct = true;
+    for (std::size_t call = 0; call < 2; ++call) {
+      std::vector<float> out(count);
+      if (call == 0) {
+        group->allreduce(plan, std::span(inputs[call][r]), std::span(out), reduce_op::avg);
+      } else {
+        group->start_allreduce(plan, std::span(inputs[call][r]), std::span(out), reduce_op::avg);
+        plan.wait();
+      }
+      on_sub[r].push_back(std::move(out));
+      double one = 1.0;
+      comm.allreduce(std::span(&one, 1), reduce_op::sum);
+      correct = correct && one == double(n);
+    }
+    parent_correct[r] = correct;
+  });
+  for (auto& e : run_sub)
+    if (e) std::rethrow_exception(e);
+  for (rank_t first : {rank_t{0}, rank_t{4}}) {
+    const std::size_t k = first == 0 ? 4 : 3;
+    std::vector<std::vector<std::vector<float>>> alone(k);
+    auto run_alone = transports::inproc::run_ranks(k, [&](transports::inproc::transport endpoint) {
+      communicator comm(std::move(endpoint));
+      const rank_t h = comm.rank();
+      compressed_allreduce_plan<quantizers::one_bit> plan(comm, count);
+      for (std::size_t call = 0; call < 2; ++call) {
+        std::vector<float> out(count);
+        comm.allreduce(plan, std::span(inputs[call][first + h]), std::span(out), reduce_op::avg);
+        alone[h].push_back(std::move(out));
+      }
+    });
+    for (auto& e : run_alone)
+      if (e) std::rethrow_exception(e);
+    for (rank_t h = 0; h < k; ++h) {
+      BOOST_TEST(static_cast<bool>(parent_correct[first + h]));
+      for (std::size_t call = 0; call < 2; ++call)
+        BOOST_TEST(test::bitwise_equal<float>(on_sub[first + h][call], alone[h][call]),
+                   "parent rank " << first + h << ", call " << call);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(error_feedback)

@@ -5,6 +5,7 @@
 
 #include <qcoll/qcoll.hpp>
 
+#include "support/expect_failure.hpp"
 #include "support/ranks.hpp"
 
 #include <chrono>
@@ -13,21 +14,11 @@
 #include <vector>
 
 using namespace qcoll;
+using test::expect_every_rank_fails;
 using test::rank_outcomes;
 using test::run_ranks;
 
 namespace {
-
-/// Every rank failed with `code`, and (if given) some rank's message mentions each of `mentions`.
-void expect_every_rank_fails(const rank_outcomes& outcome, errc code, std::vector<std::string> mentions = {}) {
-  std::string messages;
-  for (std::size_t r = 0; r < outcome.errors.size(); ++r) {
-    const auto [got, what] = outcome.failure(r);
-    BOOST_TEST(got == make_error_code(code), "rank " << r << " got '" << got.message() << "': " << what);
-    messages += what + "\n";
-  }
-  for (const auto& m : mentions) BOOST_TEST(messages.find(m) != std::string::npos, "no message mentions '" << m << "':\n" << messages);
-}
 
 const communicator_options quick{std::chrono::milliseconds(2000)};
 

@@ -675,6 +675,50 @@ BOOST_AUTO_TEST_CASE(lossy_results_are_bitwise_identical_on_every_rank) {
 // With error feedback the running sum telescopes: Σ_t out_t = Σ_t exact_t − Σ_ranks
 // (residual mass). Checked exactly (to float rounding), and the running error stays
 // bounded over many steps of gradients with a persistent direction.
+BOOST_AUTO_TEST_CASE(a_plan_runs_on_a_sub_communicator_as_on_a_world_of_its_size) {
+  // 8 ranks split into two halves (parent ranks 0–3 and 4–7); each half runs the
+  // 2×2-torus plan with one_bit. Each half's outputs are bitwise those of a 4-rank
+  // world with the same inputs, while the parent's allreduce between the calls sums all 8.
+  const auto routing = topo::route_grid(topo::torus({2, 2}, {}));
+  const std::size_t count = 777;
+  const auto inputs = random_inputs(2, 8, count, 5);  // [call][parent rank]
+  const quantizers::one_bit quantizer({.group_size = 64});
+  std::vector<std::vector<std::vector<float>>> sub_outputs(8);  // [parent rank][call]
+  std::vector<char> parent_correct(8);
+  auto errors = transports::inproc::run_ranks(8, [&](transports::inproc::transport endpoint) {
+    communicator<transports::inproc::transport> comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    auto half = comm.split(static_cast<std::int64_t>(r / 4), 0);
+    grid_plan<quantizers::one_bit> plan(*half, routing, count, quantizer);
+    bool correct = true;
+    for (const auto& call : inputs) {
+      std::vector<float> out(count);
+      half->allreduce(plan, std::span(call[r]), std::span(out), reduce_op::avg);
+      sub_outputs[r].push_back(std::move(out));
+      std::vector<double> ones(10, 1.0);
+      comm.allreduce(std::span<double>(ones), reduce_op::sum);
+      correct = correct && std::all_of(ones.begin(), ones.end(), [](double x) { return x == 8.0; });
+    }
+    parent_correct[r] = correct;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t first : {rank_t{0}, rank_t{4}}) {
+    std::vector<std::vector<std::vector<float>>> half_inputs(2);
+    for (std::size_t call = 0; call < 2; ++call)
+      half_inputs[call].assign(inputs[call].begin() + first, inputs[call].begin() + first + 4);
+    auto plans = make_plans(routing, 4, count, quantizer);
+    const grid_outcome world = run_plans(plans, half_inputs, reduce_op::avg);
+    for (rank_t h = 0; h < 4; ++h) {
+      BOOST_TEST_REQUIRE(!world.codes[h], world.messages[h]);
+      BOOST_TEST_REQUIRE(parent_correct[first + h]);
+      for (std::size_t call = 0; call < 2; ++call)
+        BOOST_TEST(test::bitwise_equal<float>(sub_outputs[first + h][call], world.outputs[h][call]),
+                   "parent rank " << first + h << ", call " << call);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(error_feedback_telescopes_and_stays_bounded) {
   const auto& plan = figure_7_plan();
   const std::size_t n = 16, count = 1024, steps = 200;

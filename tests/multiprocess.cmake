@@ -62,6 +62,9 @@ foreach(transport shm tcp)
     LINES "3:all collectives correct")
   qcoll_job_test(many_small_collectives RANKS 4 TRANSPORT ${transport} ARGS many_small
     LINES "4:1000 small allreduces correct")
+  # Sub-communicators (halves by parity) next to the world, blocking and started calls.
+  qcoll_job_test(split_into_halves RANKS 4 TRANSPORT ${transport} ARGS split 4194304
+    LINES "4:split collectives correct as rank [01] of 2")
   qcoll_job_test(mismatched_sizes RANKS 3 TRANSPORT ${transport} ARGS mismatch
     LINES "3:count mismatch reported")
   # The killed rank makes the job fail (137); every survivor names it, well before the timeout.

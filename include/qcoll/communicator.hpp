@@ -12,14 +12,24 @@
 /// message says which rank saw what. An aborted communicator stays aborted; make a
 /// new one (and a new transport) to go on.
 ///
+/// @par Sub-communicators
+/// split(color, key) makes a communicator over some of the ranks, as MPI_Comm_split
+/// does; it shares the transport's connections, numbers its own collectives and sends
+/// in tags of its own, so its messages and the parent's never match each other.
+/// Collectives on communicators that share ranks must be called in the same relative
+/// order on those ranks (as in MPI), since they share the connections.
+///
 /// @par Thread safety
-/// One thread per communicator at a time. Different communicators are independent.
-/// Calls started without waiting (start_allreduce) run on the communicator's one
-/// progress thread, in the order they were started; any other call first waits
-/// until they have run, so every rank still runs its collectives in program order.
+/// One thread at a time per communicator and the communicators split from it (they
+/// share one transport); unrelated communicators are independent. Calls started
+/// without waiting (start_allreduce, start_all_gather, …) run on one progress thread
+/// that a communicator shares with those split from it, in the order they were
+/// started; any other call first waits until they have run, so every rank still runs
+/// its collectives in program order.
 
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/ring.hpp>
+#include <qcoll/collective_handle.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/partition.hpp>
@@ -30,10 +40,12 @@
 #include <qcoll/plan.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
+#include <qcoll/transports/subgroup.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/describe.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +58,9 @@
 #include <vector>
 
 namespace qcoll {
+
+/// The color of a rank that takes no part in a split (MPI_UNDEFINED, NCCL_SPLIT_NOCOLOR).
+inline constexpr std::int64_t no_color = -1;
 
 struct communicator_options {
   /// How long any one step of a collective may wait for a peer before the call
@@ -60,41 +75,95 @@ template <transport Transport>
 class communicator {
  public:
   using transport_type = Transport;
+  /// What the collectives send through: this communicator's ranks of the transport.
+  using channel_type = transports::subgroup<Transport>;
 
   /// Over `topology`: any ring topology (topologies::ring, fully_connected, a user's
   /// model of ring_topology) converts to the graph kept here.
   communicator(Transport transport, topologies::graph topology, communicator_options options = {})
-      : transport_(std::move(transport)), topology_(std::move(topology)), options_(options) {
+      : shared_(std::move(transport)), channel_(shared_->transport), topology_(std::move(topology)), options_(options) {
     validate();
   }
 
   /// Over the default topology: fully connected, of the transport's size.
   explicit communicator(Transport transport, communicator_options options = {})
-      // Members initialise in declaration order, so transport_ is ready here.
-      : transport_(std::move(transport)), topology_(topologies::fully_connected(transport_.size())), options_(options) {
+      // Members initialise in declaration order, so channel_ is ready here.
+      : shared_(std::move(transport)), channel_(shared_->transport),
+        topology_(topologies::fully_connected(channel_.size())), options_(options) {
     validate();
   }
 
   communicator(communicator&&) noexcept = default;
   communicator& operator=(communicator&&) noexcept = default;
-  /// Lets calls started without waiting finish first (they use the transport).
-  ~communicator() { progress_.wait_idle(); }
+  /// Lets calls started without waiting finish first (they use this communicator).
+  ~communicator() { quiesce(); }
 
-  rank_t rank() const noexcept { return transport_.rank(); }
-  rank_t size() const noexcept { return transport_.size(); }
+  rank_t rank() const noexcept { return channel_.rank(); }
+  rank_t size() const noexcept { return channel_.size(); }
   const topologies::graph& topology() const noexcept { return topology_; }
-  Transport& transport() noexcept { return transport_; }
+  /// The transport the messages travel on: shared with the communicator this one was
+  /// split from and those split from it, so its ranks are the whole job's
+  /// (channel().base_rank(r) is rank r's there).
+  Transport& transport() noexcept { return shared_->transport; }
+  const channel_type& channel() const noexcept { return channel_; }
   const communicator_options& options() const noexcept { return options_; }
 
-  /// True once any rank aborted; every later collective fails at once.
-  bool aborted() const { return static_cast<bool>(transport_.failure().code); }
+  /// True once any rank aborted; every later collective fails at once. A
+  /// communicator and those split from it share the transport, so they abort together.
+  bool aborted() const { return static_cast<bool>(channel_.failure().code); }
 
-  /// Fails every rank's pending and future collectives with errc::aborted.
+  /// Fails every rank's pending and future collectives with errc::aborted — on this
+  /// communicator and on every one sharing its transport (the parent, sub-communicators).
   /// Calls in flight on the progress thread are waited for first.
   void abort(std::string_view reason) {
     quiesce();
-    transport_.abort(make_error_code(errc::aborted),
-                     fmt::format("rank {} aborted the communicator: {}", rank(), reason));
+    channel_.abort(make_error_code(errc::aborted), fmt::format("rank {} aborted the communicator: {}", rank(), reason));
+  }
+
+  /// A communicator over the ranks that pass the same `color`, ranked by `key` (ties
+  /// by rank here), as MPI_Comm_split and ncclCommSplit: collective over this
+  /// communicator. A rank passing `no_color` takes no part and gets nullopt. The new
+  /// communicator shares this one's transport and progress thread, has this one's
+  /// options, its own collective numbering and its own tags, and a fully connected
+  /// topology (every qcoll transport links every pair).
+  /// @par Errors
+  /// invalid_argument on every rank, this communicator still usable, when any rank
+  /// passes a color below 0 other than no_color, or when the transport has no
+  /// context left; as any collective (aborting) when the ranks disagree about the call.
+  std::optional<communicator> split(std::int64_t color, std::int64_t key) {
+    auto step = begin(collective::split, dtype::f64, reduce_op::sum, split_record::fields * size(), 0);
+    // Each rank's record, gathered in rank order; integers travel bit-cast in doubles.
+    std::vector<double> records(split_record::fields * size());
+    const split_record mine{color, key, shared_->next_context};
+    mine.store(block_of(records.size(), size(), rank()).of(std::span<double>(records)));
+    algorithms::ring_all_gather<channel_type, double>(step, ring(), std::span<double>(records));
+
+    std::vector<split_record> all(size());
+    for (rank_t r = 0; r < size(); ++r) all[r] = split_record::load(std::span<const double>(records), r);
+    for (rank_t r = 0; r < size(); ++r)
+      if (all[r].color < 0 && all[r].color != no_color)
+        detail::throw_error(errc::invalid_argument,
+                            "qcoll split on rank {} of {}: rank {} passed color {}; a color is ≥ 0, or no_color",
+                            rank(), size(), r, all[r].color);
+    if (color == no_color) return std::nullopt;
+
+    // Members in (key, rank) order; the context is one no member uses yet with any rank.
+    std::vector<rank_t> members;
+    std::uint64_t context = 0;
+    for (rank_t r = 0; r < size(); ++r)
+      if (all[r].color == color) {
+        members.push_back(r);
+        context = std::max(context, all[r].next_context);
+      }
+    std::stable_sort(members.begin(), members.end(), [&](rank_t a, rank_t b) { return all[a].key < all[b].key; });
+    if (context >= transports::max_contexts)
+      detail::throw_error(errc::invalid_argument, "qcoll split on rank {} of {}: the transport's {} contexts are used up",
+                          rank(), size(), transports::max_contexts);
+    shared_->next_context = context + 1;
+    for (rank_t& m : members) m = channel_.base_rank(m);
+    channel_type channel(shared_->transport, std::move(members), static_cast<std::uint32_t>(context));
+    const rank_t child_size = channel.size();
+    return communicator(shared_, std::move(channel), topologies::fully_connected(child_size), options_);
   }
 
   /// out = in₀ ⊕ in₁ ⊕ … on every rank, bit-identical everywhere.
@@ -110,7 +179,7 @@ class communicator {
     if (!detail::same_range(in, out) && detail::overlaps(in, out))
       step.fail(errc::invalid_argument, "input and output overlap without being the same range");
 
-    const algorithms::ring_view ring(topology_.ring_order(), rank());
+    const algorithms::ring_view ring = this->ring();
     if constexpr (half_element<T>) {
       // Reduce in float, round this rank's block once, then gather the rounded blocks.
       // The input is read only before this rank's block of `out` is written. One rank
@@ -121,7 +190,7 @@ class communicator {
       }
       const block_range mine = block_of(in.size(), size(), rank());
       kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
-      algorithms::ring_all_gather<Transport, T>(step, ring, out);
+      algorithms::ring_all_gather<channel_type, T>(step, ring, out);
     } else {
       if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
       struct in_place {
@@ -131,8 +200,8 @@ class communicator {
         std::span<T> incoming(std::size_t, block_range b) const { return incoming_block.first(b.size); }
         std::span<T> partial(std::size_t, block_range b) const { return b.of(data); }
       } buffers{out, scratch<T>(0, largest_block(out.size()))};
-      algorithms::ring_reduce_scatter<Transport, T>(step, ring, out.size(), op, buffers);
-      algorithms::ring_all_gather<Transport, T>(step, ring, out);
+      algorithms::ring_reduce_scatter<channel_type, T>(step, ring, out.size(), op, buffers);
+      algorithms::ring_all_gather<channel_type, T>(step, ring, out);
     }
   }
 
@@ -160,7 +229,7 @@ class communicator {
       if (!detail::same_range(in, out)) std::copy_n(in.begin(), out.size(), out.begin());
       return;
     }
-    const algorithms::ring_view ring(topology_.ring_order(), rank());
+    const algorithms::ring_view ring = this->ring();
     if constexpr (half_element<T>) {
       kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), out);
     } else {
@@ -179,7 +248,7 @@ class communicator {
         }
       } buffers{in, out, {scratch<T>(0, largest_block(in.size())), scratch<T>(1, largest_block(in.size()))},
                 last_step};
-      algorithms::ring_reduce_scatter<Transport, T>(step, ring, in.size(), op, buffers);
+      algorithms::ring_reduce_scatter<channel_type, T>(step, ring, in.size(), op, buffers);
     }
   }
 
@@ -197,7 +266,7 @@ class communicator {
     if (detail::overlaps(in, out) && !detail::same_range(in, mine.of(out)))
       step.fail(errc::invalid_argument, "input overlaps the output other than as exactly block {}", rank());
     if (!detail::same_range(in, mine.of(out))) std::copy(in.begin(), in.end(), mine.of(out).begin());
-    algorithms::ring_all_gather<Transport, T>(step, algorithms::ring_view(topology_.ring_order(), rank()), out);
+    algorithms::ring_all_gather<channel_type, T>(step, ring(), out);
   }
 
   /// Copies root's `data` into every rank's `data` (same size on every rank).
@@ -208,9 +277,9 @@ class communicator {
   void broadcast(std::span<T> data, rank_t root) {
     auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root);
     if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
-    const algorithms::ring_view ring(topology_.ring_order(), rank());
-    algorithms::ring_scatter<Transport, T>(step, ring, root, data);
-    algorithms::ring_all_gather<Transport, T>(step, ring, data);
+    const algorithms::ring_view ring = this->ring();
+    algorithms::ring_scatter<channel_type, T>(step, ring, root, data);
+    algorithms::ring_all_gather<channel_type, T>(step, ring, data);
   }
 
   /// Returns once every rank has entered the barrier.
@@ -218,7 +287,7 @@ class communicator {
   /// n − 1 steps of header-only messages (an all-gather of nothing).
   void barrier() {
     auto step = begin(collective::barrier, dtype::f32, reduce_op::sum, 0, 0);
-    algorithms::ring_all_gather<Transport, float>(step, algorithms::ring_view(topology_.ring_order(), rank()),
+    algorithms::ring_all_gather<channel_type, float>(step, ring(),
                                                   std::span<float>());
   }
 
@@ -241,13 +310,13 @@ class communicator {
   /// or a plan made for another rank, size, topology or count; protocol_error for a
   /// frame this rank's quantizer cannot decode (ranks with different quantizers).
   /// Calling it on a plan in flight throws invalid_argument without aborting.
-  template <allreduce_plan<Transport> Plan>
+  template <allreduce_plan<channel_type> Plan>
   void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
                  reduce_op op) {
     plan.require_idle("allreduce");
     run_plan(plan, in, out, op);
   }
-  template <allreduce_plan<Transport> Plan>
+  template <allreduce_plan<channel_type> Plan>
   void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
     allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
   }
@@ -259,19 +328,49 @@ class communicator {
   /// @par Errors
   /// invalid_argument at once for a plan already in flight; everything else is
   /// reported by plan.wait().
-  template <allreduce_plan<Transport> Plan>
+  template <allreduce_plan<channel_type> Plan>
   void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
                        std::span<typename Plan::value_type> out, reduce_op op) {
     plan.require_idle("start_allreduce");
-    progress_.get().submit(plan.queue_call(in, out, op), &run_started<Plan>, this, &plan);
+    shared_->progress().submit(plan.queue_call(in, out, op), &run_started<Plan>, this, &plan);
   }
-  template <allreduce_plan<Transport> Plan>
+  template <allreduce_plan<channel_type> Plan>
   void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
     start_allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
   }
 
+  /// The exact collectives, started on the progress thread: each returns at once and
+  /// `handle` finishes it (handle.test(), handle.wait()). Arguments and results are
+  /// those of the blocking call; `in`, `out` and `data` must stay valid and untouched
+  /// until wait() returns, and are the caller's again after it. Started calls run one
+  /// after another in start order, which must be the same on every rank, and before
+  /// any later blocking call of this communicator (or one sharing its transport).
+  /// @par Errors
+  /// invalid_argument at once for a handle already in flight; everything else,
+  /// argument checks included, is reported by handle.wait().
+  template <element T>
+  void start_allreduce(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle) {
+    start<T, collective::allreduce>(handle, in, out, op, 0);
+  }
+  template <element T>
+  void start_allreduce(std::span<T> data, reduce_op op, collective_handle& handle) {
+    start<T, collective::allreduce>(handle, std::span<const T>(data), data, op, 0);
+  }
+  template <element T>
+  void start_reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle) {
+    start<T, collective::reduce_scatter>(handle, in, out, op, 0);
+  }
+  template <element T>
+  void start_all_gather(std::span<const T> in, std::span<T> out, collective_handle& handle) {
+    start<T, collective::all_gather>(handle, in, out, reduce_op::sum, 0);
+  }
+  template <element T>
+  void start_broadcast(std::span<T> data, rank_t root, collective_handle& handle) {
+    start<T, collective::broadcast>(handle, std::span<const T>(data), data, reduce_op::sum, root);
+  }
+
   /// Blocks until every call started without waiting has run (their outcomes stay
-  /// with their plans).
+  /// with their plans and handles).
   void wait_all() { quiesce(); }
 
   // The std::error_code forms: the same calls, reporting instead of throwing.
@@ -298,46 +397,142 @@ class communicator {
   void barrier(std::error_code& ec) noexcept {
     ec = capture([&] { barrier(); });
   }
-  template <allreduce_plan<Transport> Plan>
+  template <allreduce_plan<channel_type> Plan>
   void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
                  reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { allreduce(plan, in, out, op); });
   }
-  template <allreduce_plan<Transport> Plan>
+  template <allreduce_plan<channel_type> Plan>
   void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { allreduce(plan, data, op); });
   }
-  template <allreduce_plan<Transport> Plan>
+  template <allreduce_plan<channel_type> Plan>
   void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
                        std::span<typename Plan::value_type> out, reduce_op op, std::error_code& ec) noexcept {
     ec = capture([&] { start_allreduce(plan, in, out, op); });
   }
-  template <allreduce_plan<Transport> Plan>
+  template <allreduce_plan<channel_type> Plan>
   void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op,
                        std::error_code& ec) noexcept {
     ec = capture([&] { start_allreduce(plan, data, op); });
   }
+  template <element T>
+  void start_allreduce(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle,
+                       std::error_code& ec) noexcept {
+    ec = capture([&] { start_allreduce(in, out, op, handle); });
+  }
+  template <element T>
+  void start_allreduce(std::span<T> data, reduce_op op, collective_handle& handle, std::error_code& ec) noexcept {
+    ec = capture([&] { start_allreduce(data, op, handle); });
+  }
+  template <element T>
+  void start_reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle,
+                            std::error_code& ec) noexcept {
+    ec = capture([&] { start_reduce_scatter(in, out, op, handle); });
+  }
+  template <element T>
+  void start_all_gather(std::span<const T> in, std::span<T> out, collective_handle& handle,
+                        std::error_code& ec) noexcept {
+    ec = capture([&] { start_all_gather(in, out, handle); });
+  }
+  template <element T>
+  void start_broadcast(std::span<T> data, rank_t root, collective_handle& handle, std::error_code& ec) noexcept {
+    ec = capture([&] { start_broadcast(data, root, handle); });
+  }
+  std::optional<communicator> split(std::int64_t color, std::int64_t key, std::error_code& ec) noexcept {
+    std::optional<communicator> result;
+    ec = capture([&] { result = split(color, key); });
+    return result;
+  }
 
  private:
+  /// What a communicator shares with those split from it: the transport, the
+  /// progress thread that runs the started calls of all of them (so one thread at a
+  /// time posts to the transport), and the next context no split has used here.
+  struct shared_connection {
+    explicit shared_connection(Transport t) : transport(std::move(t)) {}
+    detail::progress_thread& progress() {
+      if (!progress_thread) progress_thread = std::make_unique<detail::progress_thread>();
+      return *progress_thread;
+    }
+    Transport transport;
+    std::unique_ptr<detail::progress_thread> progress_thread;  // after the transport: stops first
+    std::uint64_t next_context = 1;
+  };
+
+  /// The shared connection, held by each communicator. Moving a communicator first
+  /// lets the started calls finish (they point at it).
+  class connection_ref {
+   public:
+    explicit connection_ref(Transport transport) : connection_(std::make_shared<shared_connection>(std::move(transport))) {}
+    explicit connection_ref(std::shared_ptr<shared_connection> connection) : connection_(std::move(connection)) {}
+    connection_ref(connection_ref&& other) noexcept : connection_((other.wait_idle(), std::move(other.connection_))) {}
+    connection_ref& operator=(connection_ref&& other) noexcept {
+      wait_idle();
+      other.wait_idle();
+      connection_ = std::move(other.connection_);
+      return *this;
+    }
+    shared_connection* operator->() const noexcept { return connection_.get(); }
+    const std::shared_ptr<shared_connection>& get() const noexcept { return connection_; }
+    void wait_idle() noexcept {
+      if (connection_ && connection_->progress_thread) connection_->progress_thread->wait_idle();
+    }
+    bool is_progress_thread() const noexcept {
+      return connection_ && connection_->progress_thread && connection_->progress_thread->is_current_thread();
+    }
+
+   private:
+    std::shared_ptr<shared_connection> connection_;
+  };
+
+  /// A split's product: ranks of `shared`'s transport.
+  communicator(const connection_ref& shared, channel_type channel, topologies::graph topology,
+               communicator_options options)
+      : shared_(shared.get()), channel_(std::move(channel)), topology_(std::move(topology)), options_(options) {
+    validate();
+  }
+
+  /// What each rank contributes to a split.
+  struct split_record {
+    static constexpr std::size_t fields = 3;
+    std::int64_t color = 0;
+    std::int64_t key = 0;
+    std::uint64_t next_context = 0;
+
+    void store(std::span<double> into) const {
+      into[0] = std::bit_cast<double>(color);
+      into[1] = std::bit_cast<double>(key);
+      into[2] = std::bit_cast<double>(next_context);
+    }
+    static split_record load(std::span<const double> records, rank_t r) {
+      const std::span<const double> from = records.subspan(r * fields, fields);
+      return {std::bit_cast<std::int64_t>(from[0]), std::bit_cast<std::int64_t>(from[1]),
+              std::bit_cast<std::uint64_t>(from[2])};
+    }
+  };
+
+  algorithms::ring_view ring() const { return algorithms::ring_view(topology_.ring_order(), rank()); }
+
   void validate() const {
-    if (topology_.size() != transport_.size())
+    if (topology_.size() != channel_.size())
       detail::throw_error(errc::invalid_argument, "communicator: topology has {} ranks but the transport has {}",
-                          topology_.size(), transport_.size());
+                          topology_.size(), channel_.size());
     if (options_.timeout <= std::chrono::milliseconds::zero())
       detail::throw_error(errc::invalid_argument, "communicator: timeout must be positive");
   }
 
   /// Starts a collective: numbers it and refuses to run on an aborted communicator.
   /// Called from the caller's thread, it first lets started calls finish.
-  algorithms::primitives<Transport> begin(collective kind, dtype type, reduce_op op, std::size_t count,
+  algorithms::primitives<channel_type> begin(collective kind, dtype type, reduce_op op, std::size_t count,
                                           rank_t root) {
-    if (!progress_.is_current_thread()) quiesce();
+    if (!shared_.is_progress_thread()) quiesce();
     const transports::message_header header{sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, 0};
     // A rank that arrives after the abort gets the cause's code, like those that were waiting.
-    if (const transports::failure failed = transport_.failure(); failed.code)
+    if (const transports::failure failed = channel_.failure(); failed.code)
       throw error(failed.code, fmt::format("qcoll {} on rank {} of {}: the communicator was aborted: {}",
                                            qcoll::detail::describe(header), rank(), size(), failed.reason));
-    return algorithms::primitives<Transport>(transport_, header, options_.timeout);
+    return algorithms::primitives<channel_type>(channel_, header, options_.timeout);
   }
 
   /// The ring reduce-scatter of 16-bit values, in float: the block sent at step 0 is
@@ -347,7 +542,7 @@ class communicator {
   /// inputs, in the documented order, still to be rounded once. Scratch: two float
   /// blocks (8/n bytes per element). n ≥ 2.
   template <half_element T>
-  std::span<const float> reduce_scatter_in_float(algorithms::primitives<Transport>& step,
+  std::span<const float> reduce_scatter_in_float(algorithms::primitives<channel_type>& step,
                                                  const algorithms::ring_view& ring, std::span<const T> in,
                                                  reduce_op op) {
     const std::size_t block = largest_block(in.size());
@@ -365,7 +560,7 @@ class communicator {
       std::span<float> incoming(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
       std::span<float> partial(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
     } buffers{in, {scratch<float>(0, block), scratch<float>(1, block)}};
-    algorithms::ring_reduce_scatter<Transport, float>(step, ring, in.size(), op, buffers);
+    algorithms::ring_reduce_scatter<channel_type, float>(step, ring, in.size(), op, buffers);
     return buffers.partial(size() - 2, ring.block_at(in.size(), 0));
   }
 
@@ -384,7 +579,7 @@ class communicator {
     return {static_cast<T*>(start), elements};
   }
 
-  void quiesce() { progress_.wait_idle(); }
+  void quiesce() noexcept { shared_.wait_idle(); }
 
   /// What a plan is checked against; whether every pair is linked is found once (O(n²)).
   group_view group() {
@@ -392,16 +587,49 @@ class communicator {
     return {rank(), size(), topology_.ring_order(), *fully_linked_};
   }
 
+  template <element T, collective Kind>
+  void start(collective_handle& handle, std::span<const T> in, std::span<T> out, reduce_op op, rank_t root) {
+    shared_->progress().submit(handle.queue(Kind, in, out, op, root), &run_started_collective<T, Kind>, this, &handle);
+  }
+
+  /// The progress thread's side of start_allreduce(plan, …).
   template <class Plan>
   static std::error_code run_started(void* self, void* subject, std::string& message) noexcept {
-    auto& plan = *static_cast<Plan*>(subject);
-    try {
+    return report(message, [&] {
+      auto& plan = *static_cast<Plan*>(subject);
       const plan_call<typename Plan::value_type> call = plan.queued_call();
       static_cast<communicator*>(self)->run_plan(plan, call.in, call.out, call.op);
+    });
+  }
+
+  /// The progress thread's side of start_allreduce(in, out, op, handle) and the others.
+  template <element T, collective Kind>
+  static std::error_code run_started_collective(void* self, void* subject, std::string& message) noexcept {
+    return report(message, [&] {
+      auto& comm = *static_cast<communicator*>(self);
+      const auto& handle = *static_cast<const collective_handle*>(subject);
+      const std::span<const T> in = handle.in<T>();
+      const std::span<T> out = handle.out<T>();
+      const reduce_op op = handle.call_.op;
+      if constexpr (Kind == collective::allreduce) comm.allreduce(in, out, op);
+      else if constexpr (Kind == collective::reduce_scatter) comm.reduce_scatter(in, out, op);
+      else if constexpr (Kind == collective::all_gather) comm.all_gather(in, out);
+      else comm.broadcast(out, handle.call_.root);
+    });
+  }
+
+  /// Runs a started call's body: its outcome, and on failure the words that say why.
+  template <class Body>
+  static std::error_code report(std::string& message, Body&& body) noexcept {
+    try {
+      body();
       return {};
     } catch (const std::system_error& e) {
       message = e.what();
       return e.code();
+    } catch (const std::bad_alloc&) {
+      message = "out of memory";
+      return std::make_error_code(std::errc::not_enough_memory);
     } catch (const std::exception& e) {
       message = e.what();
       return make_error_code(errc::invalid_argument);
@@ -443,34 +671,9 @@ class communicator {
   }
 
 
-  /// The progress thread, started by the first start_allreduce. Moving a
-  /// communicator first lets its started calls finish (they point at it).
-  class progress_slot {
-   public:
-    progress_slot() = default;
-    progress_slot(progress_slot&& other) noexcept : thread_((other.wait_idle(), std::move(other.thread_))) {}
-    progress_slot& operator=(progress_slot&& other) noexcept {
-      wait_idle();
-      other.wait_idle();
-      thread_ = std::move(other.thread_);
-      return *this;
-    }
-    detail::progress_thread& get() {
-      if (!thread_) thread_ = std::make_unique<detail::progress_thread>();
-      return *thread_;
-    }
-    void wait_idle() noexcept {
-      if (thread_) thread_->wait_idle();
-    }
-    bool is_current_thread() const noexcept { return thread_ && thread_->is_current_thread(); }
-
-   private:
-    std::unique_ptr<detail::progress_thread> thread_;
-  };
-
-  // Declared first: it is moved (after draining) before the transport is.
-  progress_slot progress_;
-  Transport transport_;
+  // Declared first: it is moved (after the started calls have run) before the rest.
+  connection_ref shared_;
+  channel_type channel_;  // into shared_'s transport, which never moves
   topologies::graph topology_;
   communicator_options options_;
   std::uint64_t sequence_ = 0;

@@ -19,6 +19,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/detail/call_handle.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/detail/request_storage.hpp>
@@ -95,7 +96,7 @@ concept plan_element =
 /// succeeded: the result is the float plan's on the widened input, rounded once,
 /// residuals stay float, and a failed call leaves `out` untouched.
 template <quantizer Q, plan_element<Q> T = typename Q::value_type>
-class plan_handle : private detail::pending_operation {
+class plan_handle : public detail::call_handle {
  public:
   using quantizer_type = Q;
   using value_type = T;
@@ -108,10 +109,10 @@ class plan_handle : private detail::pending_operation {
   /// Plans move (so one per layer fits in a std::vector) while no call is in flight.
   /// @throws qcoll::error (invalid_argument) when one is.
   plan_handle(plan_handle&& other)
-      : state_((other.require_idle("move"), std::move(other.state_))),
+      : call_handle((other.require_idle("move"), std::move(other))),
+        state_(std::move(other.state_)),
         widened_(std::move(other.widened_)),
         requests_(std::move(other.requests_)),
-        name_(other.name_),
         can_roll_back_(other.can_roll_back_) {}
   plan_handle& operator=(plan_handle&& other) {
     require_idle("move");
@@ -138,7 +139,7 @@ class plan_handle : private detail::pending_operation {
   void roll_back_last_call() {
     require_idle("roll_back_last_call");
     if (!can_roll_back_)
-      detail::throw_error(errc::invalid_argument, "{}::roll_back_last_call: no successful call to roll back", name_);
+      detail::throw_error(errc::invalid_argument, "{}::roll_back_last_call: no successful call to roll back", name());
     // The previous residuals are intact in the staging buffers until the next call.
     state_.committed = 1 - state_.committed;
     --state_.calls;
@@ -152,30 +153,9 @@ class plan_handle : private detail::pending_operation {
     can_roll_back_ = false;
   }
 
-  // ---- the handle of a call started with communicator::start_allreduce ----
-
-  /// True from start_allreduce until the call has finished (successfully or not).
-  bool in_flight() const noexcept { return pending_operation::in_flight(); }
-  /// True once the started call has finished; wait() then returns at once.
-  bool test() const noexcept { return !in_flight(); }
-  /// Blocks until the started call has finished; throws qcoll::error if it failed.
-  /// Every step of the call has the communicator's timeout, so this returns.
-  void wait() {
-    std::string message;
-    if (const std::error_code failure = wait_done(message)) throw error(failure, message);
-  }
-  void wait(std::error_code& ec) noexcept {
-    std::string message;
-    ec = wait_done(message);
-  }
-
   // ---- what a communicator uses (allreduce_plan) ----
-
-  /// @throws qcoll::error (invalid_argument) when a call is in flight.
-  void require_idle(const char* what) const {
-    if (in_flight())
-      detail::throw_error(errc::invalid_argument, "{}::{}: the plan is in flight; wait() for it first", name_, what);
-  }
+  // (in_flight, test, wait and require_idle: call_handle's, the handle of a call
+  // started with communicator::start_allreduce)
 
   /// Runs one call of the schedule. On failure every rank hears of it (the
   /// communicator is aborted), the requests still posted are taken back, and the
@@ -209,28 +189,24 @@ class plan_handle : private detail::pending_operation {
 
   detail::pending_operation& queue_call(std::span<const value_type> in, std::span<value_type> out, reduce_op op) {
     queued_ = {in, out, op};
-    return *this;
+    return operation();
   }
   plan_call<value_type> queued_call() const noexcept { return queued_; }
 
  protected:
   /// `count`: the values a call takes (a 16-bit plan keeps a float buffer of them,
   /// allocated here so that calls allocate nothing).
-  plan_handle(const char* name, std::size_t count) : name_(name) {
+  plan_handle(const char* name, std::size_t count) : call_handle(name) {
     if constexpr (half_element<T>) widened_.assign(count, 0.0f);
   }
   /// Waits for a call still in flight (its buffers and this state are in use).
-  ~plan_handle() {
-    std::string ignored;
-    if (in_flight()) wait_done(ignored);
-  }
+  ~plan_handle() { finish_in_flight(); }
 
   algorithms::quantized_state<Q> state_;
 
  private:
   std::vector<float> widened_;  // 16-bit plans: the call's values in float
   detail::request_storage requests_;
-  const char* name_;
   bool can_roll_back_ = false;
   plan_call<value_type> queued_{};  // read by the progress thread
 };

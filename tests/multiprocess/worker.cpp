@@ -57,8 +57,9 @@ std::vector<float> contribution(rank_t r, std::size_t count) {
   return v;
 }
 
+/// Runs and checks every exact collective at sizes up to max_bytes; returns the checks made.
 template <class Comm>
-void check_all_collectives(Comm& comm, std::size_t max_bytes) {
+std::size_t checked_collectives(Comm& comm, std::size_t max_bytes) {
   const rank_t n = comm.size(), me = comm.rank();
   std::size_t checks = 0;
   // 0, 4, 64, … bytes (×16), and max_bytes itself.
@@ -94,7 +95,69 @@ void check_all_collectives(Comm& comm, std::size_t max_bytes) {
     comm.barrier();
     checks += 4;
   }
-  fmt::print("rank {}: all collectives correct ({} checks, up to {} bytes)\n", me, checks, max_bytes);
+  return checks;
+}
+
+template <class Comm>
+void check_all_collectives(Comm& comm, std::size_t max_bytes) {
+  const std::size_t checks = checked_collectives(comm, max_bytes);
+  fmt::print("rank {}: all collectives correct ({} checks, up to {} bytes)\n", comm.rank(), checks, max_bytes);
+}
+
+/// Sub-communicators between processes: halves by parity, ranked in reverse; every
+/// collective on a half interleaved with the world's; exact allreduces started without
+/// waiting on both levels at once; a compressed allreduce (identity: exact sums) on a
+/// half. Every check is against values only the right members could have produced.
+template <class Comm>
+void split_collectives(Comm& comm, std::size_t max_bytes) {
+  const rank_t n = comm.size(), me = comm.rank();
+  auto half = comm.split(static_cast<std::int64_t>(me % 2), -static_cast<std::int64_t>(me));
+  if (!half) fail("split gave no communicator");
+  std::vector<rank_t> members;  // parent ranks, in the half's rank order
+  for (rank_t r = n; r-- > 0;)
+    if (r % 2 == me % 2) members.push_back(r);
+  if (half->size() != members.size() || members[half->rank()] != me)
+    fail(fmt::format("rank {} became rank {} of {}", me, half->rank(), half->size()));
+  // The half's rank h contributes as parent rank members[h] would: sums then differ per half.
+  auto half_sum = [&](std::size_t i) {
+    float sum = 0;
+    for (rank_t m : members) sum += value_of(m, i);
+    return sum;
+  };
+  std::size_t checks = 0;
+  for (std::size_t bytes = 4; bytes <= max_bytes; bytes *= 64) {
+    const std::size_t count = bytes / sizeof(float);
+    std::vector<float> in_half = contribution(me, count);
+    half->allreduce(std::span<float>(in_half), reduce_op::sum);
+    std::vector<float> in_world = contribution(me, count);
+    comm.allreduce(std::span<float>(in_world), reduce_op::sum);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (in_half[i] != half_sum(i)) fail(fmt::format("half allreduce of {} bytes: element {} is {}", bytes, i, in_half[i]));
+      if (in_world[i] != sum_of(n, i)) fail(fmt::format("world allreduce of {} bytes: element {}", bytes, i));
+    }
+    checks += 2;
+  }
+  checks += checked_collectives(*half, max_bytes);
+
+  const std::size_t count = max_bytes / sizeof(float);
+  std::vector<float> started_world = contribution(me, count), started_half = contribution(me, count);
+  collective_handle world_call, half_call;
+  comm.start_allreduce(std::span<float>(started_world), reduce_op::sum, world_call);
+  half->start_allreduce(std::span<float>(started_half), reduce_op::sum, half_call);
+  half_call.wait();
+  world_call.wait();
+  for (std::size_t i = 0; i < count; ++i)
+    if (started_world[i] != sum_of(n, i) || started_half[i] != half_sum(i))
+      fail(fmt::format("started allreduces: element {} is {} and {}", i, started_world[i], started_half[i]));
+
+  compressed_allreduce_plan<quantizers::identity<float>> plan(*half, 100003);
+  std::vector<float> compressed_in = contribution(me, 100003), compressed_out(100003);
+  half->allreduce(plan, std::span<const float>(compressed_in), std::span<float>(compressed_out), reduce_op::sum);
+  for (std::size_t i = 0; i < compressed_out.size(); ++i)
+    if (compressed_out[i] != half_sum(i)) fail(fmt::format("compressed allreduce on the half: element {}", i));
+  checks += 3;
+  fmt::print("rank {}: split collectives correct as rank {} of {} ({} checks, up to {} bytes)\n", me, half->rank(),
+             half->size(), checks, max_bytes);
 }
 
 template <class Comm>
@@ -607,6 +670,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   communicator comm(std::move(transport), communicator_options{timeout});
   if (scenario == "collectives") check_all_collectives(comm, amount);
   else if (scenario == "many_small") many_small(comm);
+  else if (scenario == "split") split_collectives(comm, amount);
   else if (scenario == "mismatch") mismatched_sizes(comm);
   else if (scenario == "kill") kill_a_rank(comm);
   else if (scenario == "kill_survivors_give_up") kill_a_rank_survivors_give_up(comm);

@@ -56,7 +56,14 @@ enum class collective : std::uint8_t {
   barrier = 5,
   compressed_allreduce = 6,  ///< allreduce through a quantizer (compressed_allreduce_plan)
   grid_allreduce = 7,        ///< allreduce over a mesh or torus plan (grid_allreduce_plan)
+  split = 8,                 ///< communicator::split's exchange of colors and keys
 };
+
+/// The largest value of each wire enum, for decoders that check what a peer sent
+/// (every enum starts at 1 and has no gaps).
+inline constexpr std::uint8_t max_dtype = static_cast<std::uint8_t>(dtype::f16);
+inline constexpr std::uint8_t max_reduce_op = static_cast<std::uint8_t>(reduce_op::max);
+inline constexpr std::uint8_t max_collective = static_cast<std::uint8_t>(collective::split);
 
 constexpr const char* to_string(dtype type) noexcept {
   switch (type) {
@@ -87,6 +94,7 @@ constexpr const char* to_string(collective kind) noexcept {
     case collective::barrier: return "barrier";
     case collective::compressed_allreduce: return "compressed_allreduce";
     case collective::grid_allreduce: return "grid_allreduce";
+    case collective::split: return "split";
   }
   return "collective?";
 }

@@ -109,7 +109,7 @@ inline std::optional<message_header> read_message_header(std::span<const std::by
   const auto type = std::to_integer<std::uint8_t>(in[21]);
   const auto op = std::to_integer<std::uint8_t>(in[22]);
   h.reserved = std::to_integer<std::uint8_t>(in[23]);
-  if (kind < 1 || kind > 7 || type < 1 || type > 4 || op < 1 || op > 4) {
+  if (kind < 1 || kind > max_collective || type < 1 || type > max_dtype || op < 1 || op > max_reduce_op) {
     problem = "message header with an unknown collective, type or operation";
     return std::nullopt;
   }

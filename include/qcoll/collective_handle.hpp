@@ -1,0 +1,71 @@
+#pragma once
+/// @file
+/// collective_handle: the caller-owned handle of an exact collective started without
+/// waiting (communicator::start_allreduce, start_reduce_scatter, start_all_gather,
+/// start_broadcast). It keeps the call's arguments until the progress thread runs it,
+/// so starting a call allocates nothing; one handle per call in flight, reusable once
+/// the call has finished.
+
+#include <qcoll/core/concepts.hpp>
+#include <qcoll/core/types.hpp>
+#include <qcoll/detail/call_handle.hpp>
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+namespace qcoll {
+
+template <transport Transport>
+class communicator;
+
+class collective_handle : public detail::call_handle {
+ public:
+  collective_handle() noexcept : call_handle("collective_handle") {}
+  /// Handles move (so several fit in a std::vector) while no call is in flight.
+  /// @throws qcoll::error (invalid_argument) when one is.
+  collective_handle(collective_handle&& other)
+      : call_handle((other.require_idle("move"), std::move(other))), call_(other.call_) {}
+  collective_handle& operator=(collective_handle&& other) {
+    require_idle("move");
+    other.require_idle("move");
+    call_ = other.call_;
+    return *this;
+  }
+  ~collective_handle() = default;  // call_handle's waits for a call in flight
+
+ private:
+  template <transport Transport>
+  friend class communicator;
+
+  /// The started call, type-erased; the communicator that queued it reads it back.
+  struct arguments {
+    collective kind = collective::barrier;
+    const void* in = nullptr;
+    std::size_t in_count = 0;
+    void* out = nullptr;
+    std::size_t out_count = 0;
+    reduce_op op = reduce_op::sum;
+    rank_t root = 0;
+  };
+
+  template <element T>
+  detail::pending_operation& queue(collective kind, std::span<const T> in, std::span<T> out, reduce_op op,
+                                   rank_t root) {
+    require_idle("start");
+    call_ = {kind, in.data(), in.size(), out.data(), out.size(), op, root};
+    return operation();
+  }
+  template <element T>
+  std::span<const T> in() const noexcept {
+    return {static_cast<const T*>(call_.in), call_.in_count};
+  }
+  template <element T>
+  std::span<T> out() const noexcept {
+    return {static_cast<T*>(call_.out), call_.out_count};
+  }
+
+  arguments call_{};  // read by the progress thread
+};
+
+}  // namespace qcoll
