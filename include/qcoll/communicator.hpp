@@ -339,6 +339,40 @@ class communicator {
     start_allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
   }
 
+  /// Point to point: sends `data` to rank `to`, which takes it with a recv (or
+  /// send_recv) from this rank of the same size and type. Messages between a pair of
+  /// ranks arrive in the order they were sent, and are numbered per pair, so a receive
+  /// that meets a message of another size or type, or a collective's, fails (aborting,
+  /// as a collective would) instead of taking the wrong bytes. Returns once the
+  /// transport has taken the data (the buffer is the caller's again); the receiver may
+  /// not have it yet.
+  template <element T>
+  void send(std::span<const T> data, rank_t to) {
+    auto step = begin_point_to_point<T>(sent_to_, to, data.size());
+    step.send(to, data);
+  }
+
+  /// Receives into `data` what rank `from` sends with send (or send_recv) to this rank.
+  template <element T>
+  void recv(std::span<T> data, rank_t from) {
+    auto step = begin_point_to_point<T>(received_from_, from, data.size());
+    step.recv(from, data);
+  }
+
+  /// Sends `outgoing` to `to` while receiving `incoming` from `from`: one exchange,
+  /// so neighbours that each send to the other (a pipeline's forward and backward
+  /// passes) cannot wait on each other. `to` and `from` may be the same rank.
+  template <element T>
+  void send_recv(std::span<const T> outgoing, rank_t to, std::span<T> incoming, rank_t from) {
+    auto receiving = begin_point_to_point<T>(received_from_, from, incoming.size());
+    auto sending = begin_point_to_point<T>(sent_to_, to, outgoing.size());
+    typename channel_type::request received, sent;
+    receiving.post_recv(received, from, 0, incoming);
+    sending.post_send(sent, to, 0, outgoing);
+    receiving.complete_recv(received, from, incoming.size_bytes());
+    sending.complete_send(sent, to, outgoing.size_bytes());
+  }
+
   /// The exact collectives, started on the progress thread: each returns at once and
   /// `handle` finishes it (handle.test(), handle.wait()). Arguments and results are
   /// those of the blocking call; `in`, `out` and `data` must stay valid and untouched
@@ -396,6 +430,19 @@ class communicator {
   }
   void barrier(std::error_code& ec) noexcept {
     ec = capture([&] { barrier(); });
+  }
+  template <element T>
+  void send(std::span<const T> data, rank_t to, std::error_code& ec) noexcept {
+    ec = capture([&] { send(data, to); });
+  }
+  template <element T>
+  void recv(std::span<T> data, rank_t from, std::error_code& ec) noexcept {
+    ec = capture([&] { recv(data, from); });
+  }
+  template <element T>
+  void send_recv(std::span<const T> outgoing, rank_t to, std::span<T> incoming, rank_t from,
+                 std::error_code& ec) noexcept {
+    ec = capture([&] { send_recv(outgoing, to, incoming, from); });
   }
   template <allreduce_plan<channel_type> Plan>
   void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
@@ -527,8 +574,26 @@ class communicator {
   algorithms::primitives<channel_type> begin(collective kind, dtype type, reduce_op op, std::size_t count,
                                           rank_t root) {
     if (!shared_.is_progress_thread()) quiesce();
-    const transports::message_header header{sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, 0};
-    // A rank that arrives after the abort gets the cause's code, like those that were waiting.
+    return step_for({sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, 0});
+  }
+
+  /// The primitives of one message of a point-to-point exchange with `peer`: numbered
+  /// per pair and direction (`counters`), so the collectives' numbering is untouched.
+  template <element T>
+  algorithms::primitives<channel_type> begin_point_to_point(std::vector<std::uint64_t>& counters, rank_t peer,
+                                                            std::size_t count) {
+    if (!shared_.is_progress_thread()) quiesce();
+    if (counters.size() != size()) counters.assign(size(), 0);
+    const std::uint64_t number = peer < size() ? counters[peer]++ : 0;
+    auto step = step_for({number, count, 0, collective::point_to_point, dtype_of<T>::value, reduce_op::sum, 0});
+    if (peer >= size()) step.fail(errc::invalid_argument, "peer {} is out of range", peer);
+    if (peer == rank()) step.fail(errc::invalid_argument, "a rank does not send to or receive from itself");
+    return step;
+  }
+
+  /// Primitives for a call with `header`; a rank that arrives after an abort gets the
+  /// cause's code, like those that were waiting.
+  algorithms::primitives<channel_type> step_for(const transports::message_header& header) {
     if (const transports::failure failed = channel_.failure(); failed.code)
       throw error(failed.code, fmt::format("qcoll {} on rank {} of {}: the communicator was aborted: {}",
                                            qcoll::detail::describe(header), rank(), size(), failed.reason));
@@ -677,6 +742,7 @@ class communicator {
   topologies::graph topology_;
   communicator_options options_;
   std::uint64_t sequence_ = 0;
+  std::vector<std::uint64_t> sent_to_, received_from_;  // point-to-point messages per peer
   std::vector<std::byte> scratch_[2];
   std::optional<bool> fully_linked_;  // found by the first plan call
 };

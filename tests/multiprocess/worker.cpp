@@ -150,6 +150,19 @@ void split_collectives(Comm& comm, std::size_t max_bytes) {
     if (started_world[i] != sum_of(n, i) || started_half[i] != half_sum(i))
       fail(fmt::format("started allreduces: element {} is {} and {}", i, started_world[i], started_half[i]));
 
+  // Point to point around the half's ring and the world's, a few rounds each.
+  for (Comm* c : {&*half, &comm}) {
+    const rank_t size = c->size(), at = c->rank();
+    if (size < 2) continue;
+    const std::vector<float> mine = contribution(at, 4099);
+    std::vector<float> got(4099);
+    for (int round = 0; round < 3; ++round) {
+      c->send_recv(std::span<const float>(mine), (at + 1) % size, std::span<float>(got), (at + size - 1) % size);
+      if (got != contribution((at + size - 1) % size, 4099)) fail(fmt::format("send_recv round {} on a size-{} ring", round, size));
+    }
+    ++checks;
+  }
+
   compressed_allreduce_plan<quantizers::identity<float>> plan(*half, 100003);
   std::vector<float> compressed_in = contribution(me, 100003), compressed_out(100003);
   half->allreduce(plan, std::span<const float>(compressed_in), std::span<float>(compressed_out), reduce_op::sum);

@@ -57,13 +57,14 @@ enum class collective : std::uint8_t {
   compressed_allreduce = 6,  ///< allreduce through a quantizer (compressed_allreduce_plan)
   grid_allreduce = 7,        ///< allreduce over a mesh or torus plan (grid_allreduce_plan)
   split = 8,                 ///< communicator::split's exchange of colors and keys
+  point_to_point = 9,        ///< send, recv, send_recv (numbered per pair of ranks)
 };
 
 /// The largest value of each wire enum, for decoders that check what a peer sent
 /// (every enum starts at 1 and has no gaps).
 inline constexpr std::uint8_t max_dtype = static_cast<std::uint8_t>(dtype::f16);
 inline constexpr std::uint8_t max_reduce_op = static_cast<std::uint8_t>(reduce_op::max);
-inline constexpr std::uint8_t max_collective = static_cast<std::uint8_t>(collective::split);
+inline constexpr std::uint8_t max_collective = static_cast<std::uint8_t>(collective::point_to_point);
 
 constexpr const char* to_string(dtype type) noexcept {
   switch (type) {
@@ -95,6 +96,7 @@ constexpr const char* to_string(collective kind) noexcept {
     case collective::compressed_allreduce: return "compressed_allreduce";
     case collective::grid_allreduce: return "grid_allreduce";
     case collective::split: return "split";
+    case collective::point_to_point: return "point_to_point";
   }
   return "collective?";
 }

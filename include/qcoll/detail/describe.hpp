@@ -16,6 +16,8 @@ inline std::string describe(const transports::message_header& h) {
   switch (h.kind) {
     case collective::barrier: return fmt::format("barrier #{}", h.sequence);
     case collective::split: return fmt::format("split #{}", h.sequence);
+    case collective::point_to_point:
+      return fmt::format("point_to_point(count={}, {}) message #{} of the pair", h.count, to_string(h.type), h.sequence);
     case collective::all_gather:
       return fmt::format("all_gather(count={}, {}) #{}", h.count, to_string(h.type), h.sequence);
     case collective::broadcast:

@@ -1,6 +1,7 @@
-// Sub-communicators (communicator::split) and exact collectives started without
-// waiting, over the in-process transport, through the public API. The shm and TCP
-// jobs run the same calls between processes (tests/multiprocess/worker.cpp, "split").
+// Sub-communicators (communicator::split), exact collectives started without waiting,
+// and point-to-point messages, over the in-process transport, through the public API.
+// The shm and TCP jobs run the same calls between processes
+// (tests/multiprocess/worker.cpp, "split").
 
 #include <boost/test/unit_test.hpp>
 
@@ -424,6 +425,125 @@ BOOST_AUTO_TEST_CASE(a_handle_in_flight_is_refused_without_aborting) {
   BOOST_TEST_REQUIRE(outcome.all_succeeded());
   BOOST_TEST(refusal.find("collective_handle::start: a call is in flight") != std::string::npos, refusal);
   for (rank_t r = 0; r < 2; ++r) BOOST_TEST(static_cast<bool>(correct[r]));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(point_to_point)
+
+BOOST_AUTO_TEST_CASE(send_recv_around_a_ring_delivers_each_neighbours_data) {
+  for (std::size_t n : {2, 3, 5})
+    for (std::size_t count : {0, 1, 1000, 100003}) {
+      BOOST_TEST_CONTEXT("n=" << n << " count=" << count) {
+        std::vector<char> correct(n);
+        const auto outcome = run_ranks(n, [&](auto& comm) {
+          const rank_t r = comm.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+          const std::vector<double> mine = input_of<double>(r, count, 1);
+          std::vector<double> got(count, -1.0);
+          bool ok = true;
+          for (int round = 0; round < 3; ++round) {  // the pair's messages are numbered
+            comm.send_recv(std::span<const double>(mine), next, std::span<double>(got), prev);
+            ok = ok && got == input_of<double>(prev, count, 1);
+          }
+          correct[r] = ok;
+        });
+        BOOST_TEST_REQUIRE(outcome.all_succeeded());
+        for (rank_t r = 0; r < n; ++r) BOOST_TEST(static_cast<bool>(correct[r]), "rank " << r);
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(messages_between_a_pair_arrive_in_send_order_between_collectives) {
+  // Rank 0 sends 50 messages of growing size to rank 2, with collectives in between
+  // on every rank; rank 1 only takes part in the collectives.
+  const std::size_t n = 3;
+  std::vector<int> wrong(n);
+  const auto outcome = run_ranks(n, [&](auto& comm) {
+    for (std::size_t m = 0; m < 50; ++m) {
+      std::vector<float> message(m, static_cast<float>(m));
+      if (comm.rank() == 0) comm.send(std::span<const float>(message), 2);
+      if (comm.rank() == 2) {
+        std::fill(message.begin(), message.end(), -1.0f);
+        comm.recv(std::span<float>(message), 0);
+        if (!std::all_of(message.begin(), message.end(), [&](float x) { return x == static_cast<float>(m); }))
+          ++wrong[2];
+      }
+      if (m % 10 == 0) {
+        std::vector<double> one(1, 1.0);
+        comm.allreduce(std::span<double>(one), reduce_op::sum);
+        if (one[0] != 3.0) ++wrong[comm.rank()];
+      }
+    }
+  });
+  BOOST_TEST_REQUIRE(outcome.all_succeeded());
+  for (rank_t r = 0; r < n; ++r) BOOST_TEST(wrong[r] == 0, "rank " << r);
+}
+
+BOOST_AUTO_TEST_CASE(neighbours_on_a_sub_communicator_exchange_both_ways) {
+  // A pipeline's two passes on the odd ranks of 6: activations forward, gradients back.
+  const std::size_t n = 6;
+  std::vector<char> correct(n);
+  const auto outcome = run_ranks(n, [&](auto& comm) {
+    const rank_t r = comm.rank();
+    auto line = comm.split(static_cast<std::int64_t>(r % 2), 0);
+    const rank_t s = line->rank(), k = line->size();
+    std::vector<float> forward(64, static_cast<float>(10 * r)), backward(64, -10.0f * static_cast<float>(r));
+    std::vector<float> from_prev(64, 0.0f), from_next(64, 0.0f);
+    if (s + 1 < k && s > 0) {
+      line->send_recv(std::span<const float>(forward), s + 1, std::span<float>(from_prev), s - 1);
+      line->send_recv(std::span<const float>(backward), s - 1, std::span<float>(from_next), s + 1);
+    } else if (s == 0) {
+      line->send(std::span<const float>(forward), 1);
+      line->recv(std::span<float>(from_next), 1);
+    } else {
+      line->recv(std::span<float>(from_prev), s - 1);
+      line->send(std::span<const float>(backward), s - 1);
+    }
+    const float prev_rank = s > 0 ? static_cast<float>(r - 2) : 0.0f, next_rank = s + 1 < k ? static_cast<float>(r + 2) : 0.0f;
+    correct[r] = (s == 0 || from_prev[0] == 10 * prev_rank) && (s + 1 == k || from_next[63] == -10 * next_rank);
+    comm.barrier();
+  });
+  BOOST_TEST_REQUIRE(outcome.all_succeeded());
+  for (rank_t r = 0; r < n; ++r) BOOST_TEST(static_cast<bool>(correct[r]), "rank " << r);
+}
+
+BOOST_AUTO_TEST_CASE(a_receive_of_another_size_fails_on_both_ranks) {
+  const auto outcome = run_ranks(2, [](auto& comm) {
+    std::vector<float> v(comm.rank() == 0 ? 10 : 11, 1.0f);
+    if (comm.rank() == 0) comm.send(std::span<const float>(v), 1);
+    else comm.recv(std::span<float>(v), 0);
+    comm.barrier();  // the sender learns of it here at the latest
+  }, quick);
+  expect_every_rank_fails(outcome, errc::count_mismatch, {"point_to_point(count=10, f32) message #0 of the pair"});
+}
+
+BOOST_AUTO_TEST_CASE(a_receive_that_meets_a_collective_fails_instead_of_taking_its_bytes) {
+  const auto outcome = run_ranks(2, [](auto& comm) {
+    std::vector<float> v(8, 1.0f);
+    if (comm.rank() == 0) comm.allreduce(std::span<float>(v), reduce_op::sum);
+    else comm.recv(std::span<float>(v), 0);
+  }, quick);
+  for (rank_t r = 0; r < 2; ++r) {
+    const auto [code, what] = outcome.failure(r);
+    BOOST_TEST(code == make_error_code(errc::operation_mismatch), "rank " << r << ": " << what);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_peer_is_refused_on_every_rank) {
+  const auto outcome = run_ranks(2, [](auto& comm) {
+    std::vector<float> v(4, 1.0f);
+    if (comm.rank() == 0) comm.send(std::span<const float>(v), 0);
+    comm.barrier();
+  }, quick);
+  expect_every_rank_fails(outcome, errc::invalid_argument, {"a rank does not send to or receive from itself"});
+  const auto far = run_ranks(2, [](auto& comm) {
+    std::vector<float> v(4, 1.0f);
+    std::error_code ec;
+    comm.recv(std::span<float>(v), 9, ec);
+    if (ec) throw error(ec, "recv");
+    comm.barrier();
+  }, quick);
+  expect_every_rank_fails(far, errc::invalid_argument);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
