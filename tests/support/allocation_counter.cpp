@@ -21,3 +21,10 @@ void* operator new(std::size_t bytes) {
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// The nothrow forms too (std::stable_sort's temporary buffer uses them): otherwise
+// the library's nothrow new would pair with the free above.
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(bytes == 0 ? 1 : bytes);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
