@@ -20,11 +20,12 @@
 #include <vector>
 
 using namespace qcoll;
+using test::all_ops;
+using test::natural_order;
 using test::run_ranks;
 
 namespace {
 
-constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max};
 constexpr std::size_t small_counts[] = {0, 1, 2, 3, 5, 7, 8, 9, 13, 64, 100, 1000, 4097};
 
 /// A ring whose order is not 0, 1, …: ranks in a fixed shuffled order.
@@ -36,11 +37,6 @@ topologies::ring shuffled_ring(std::size_t n) {
 }
 
 std::vector<rank_t> ring_order_of(const topologies::ring& t) { return {t.ring_order().begin(), t.ring_order().end()}; }
-std::vector<rank_t> natural_order(std::size_t n) {
-  std::vector<rank_t> order(n);
-  std::iota(order.begin(), order.end(), rank_t{0});
-  return order;
-}
 
 template <class T>
 std::vector<std::vector<T>> inputs_for(std::size_t n, std::size_t count, std::uint64_t seed) {

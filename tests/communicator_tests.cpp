@@ -22,19 +22,14 @@
 #include <vector>
 
 using namespace qcoll;
+using test::all_ops;
 using test::expect_every_rank_fails;
+using test::natural_order;
+using test::quick;
 using test::run_ranks;
 
 namespace {
 
-constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max};
-const communicator_options quick{std::chrono::milliseconds(2000)};
-
-std::vector<rank_t> natural_order(std::size_t n) {
-  std::vector<rank_t> order(n);
-  std::iota(order.begin(), order.end(), rank_t{0});
-  return order;
-}
 
 /// Rank r's input of a call numbered `call`, in a job of any size.
 template <class T>

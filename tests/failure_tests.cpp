@@ -15,14 +15,9 @@
 
 using namespace qcoll;
 using test::expect_every_rank_fails;
+using test::quick;
 using test::rank_outcomes;
 using test::run_ranks;
-
-namespace {
-
-const communicator_options quick{std::chrono::milliseconds(2000)};
-
-}  // namespace
 
 BOOST_AUTO_TEST_SUITE(bad_input)
 

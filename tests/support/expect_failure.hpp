@@ -7,10 +7,14 @@
 
 #include "ranks.hpp"
 
+#include <chrono>
 #include <string>
 #include <vector>
 
 namespace qcoll::test {
+
+/// A timeout short enough that a test of failures ends soon, long enough for a loaded machine.
+inline const communicator_options quick{std::chrono::milliseconds(2000)};
 
 /// Every rank failed with `code`, and (if given) some rank's message mentions each of `mentions`.
 inline void expect_every_rank_fails(const rank_outcomes& outcome, errc code, std::vector<std::string> mentions = {}) {

@@ -8,11 +8,21 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <span>
 #include <vector>
 
 namespace qcoll::test {
+
+inline constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max};
+
+/// 0, 1, …, n − 1: the ring order of topologies::ring(n) and fully_connected(n).
+inline std::vector<rank_t> natural_order(std::size_t n) {
+  std::vector<rank_t> order(n);
+  std::iota(order.begin(), order.end(), rank_t{0});
+  return order;
+}
 
 template <class T>
 T apply(reduce_op op, T a, T b) {
