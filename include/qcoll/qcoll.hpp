@@ -20,4 +20,5 @@
 #include <qcoll/topologies/grid.hpp>
 #include <qcoll/topologies/router.hpp>
 #include <qcoll/topologies/ring.hpp>
+#include <qcoll/training/depth_pipeline.hpp>
 #include <qcoll/transports/inproc.hpp>
