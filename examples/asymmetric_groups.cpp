@@ -25,11 +25,11 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
-#include <qcoll/launch/join.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 
 #include <fmt/format.h>
 
+#include "launched_main.hpp"
 #include "synthetic_classification.hpp"
 
 #include <algorithm>
@@ -45,7 +45,6 @@
 #include <string>
 #include <string_view>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -122,7 +121,9 @@ struct network {
   }
   std::size_t layers() const { return width.size() - 1; }
   std::size_t row_size(std::size_t l) const { return width[l] + 1; }
-  std::span<float> weights(std::size_t l) { return std::span(parameters).subspan(offset[l], offset[l + 1] - offset[l]); }
+  std::span<float> weights(std::size_t l) {
+    return std::span(parameters).subspan(offset[l], offset[l + 1] - offset[l]);
+  }
   /// Output neurons `outputs` of layer l: their rows of weights and bias.
   std::span<float> neurons(std::size_t l, range outputs) {
     return weights(l).subspan(outputs.begin * row_size(l), outputs.size() * row_size(l));
@@ -282,7 +283,9 @@ class asymmetric_trainer {
     std::vector<qcoll::collective_handle> handles(4 * L);  // per layer: 2 error halves, then 2 weight halves
     for (std::size_t l = L; l-- > 0;) {
       const std::size_t w = net_.width[l + 1];
-      auto error_half = [&](std::size_t h) { return std::span(buf_.errors[l]).subspan(part(B, 2, h).begin * w, B / 2 * w); };
+      auto error_half = [&](std::size_t h) {
+        return std::span(buf_.errors[l]).subspan(part(B, 2, h).begin * w, B / 2 * w);
+      };
       if (backward_) {
         if (l + 1 < L) start_error_broadcast(error_half(half_), half_, handles[4 * l + half_]);
       } else if (l + 1 < L) {
@@ -493,14 +496,9 @@ int run(Communicator& comm, const settings& s, std::string_view transport) {
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-  const settings s = parse(argc, argv);
-  return qcoll::launch::join_from_environment([&](auto transport) {
-    constexpr bool shared_memory = std::is_same_v<decltype(transport), qcoll::transports::shm::transport>;
-    qcoll::communicator comm(std::move(transport));
-    return run(comm, s, shared_memory ? "shm" : "tcp");
-  });
-} catch (const std::exception& e) {
-  fmt::print(stderr, "asymmetric_groups: {}\n", e.what());
-  return 2;
+int main(int argc, char** argv) {
+  return qcoll_examples::launched_main("asymmetric_groups", argc, argv, parse,
+                                       [](auto& comm, const settings& s, std::string_view transport) {
+                                         return run(comm, s, transport);
+                                       });
 }

@@ -18,10 +18,10 @@
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
-#include <qcoll/launch/join.hpp>
 
 #include <fmt/format.h>
 
+#include "launched_main.hpp"
 #include "synthetic_classification.hpp"
 
 #include <algorithm>
@@ -36,7 +36,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -507,14 +506,9 @@ int train_and_compare(Communicator& comm, const settings& s, std::string_view tr
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-  const settings s = parse(argc, argv);
-  return qcoll::launch::join_from_environment([&](auto transport) {
-    constexpr bool shared_memory = std::is_same_v<decltype(transport), qcoll::transports::shm::transport>;
-    qcoll::communicator comm(std::move(transport));
-    return train_and_compare(comm, s, shared_memory ? "shm" : "tcp");
-  });
-} catch (const std::exception& e) {
-  fmt::print(stderr, "data_parallel_training: {}\n", e.what());
-  return 2;
+int main(int argc, char** argv) {
+  return qcoll_examples::launched_main("data_parallel_training", argc, argv, parse,
+                                       [](auto& comm, const settings& s, std::string_view transport) {
+                                         return train_and_compare(comm, s, transport);
+                                       });
 }

@@ -19,11 +19,11 @@
 // errors. The shuffled control is reported, not judged.
 
 #include <qcoll/communicator.hpp>
-#include <qcoll/launch/join.hpp>
 #include <qcoll/training/depth_pipeline.hpp>
 
 #include <fmt/format.h>
 
+#include "launched_main.hpp"
 #include "synthetic_classification.hpp"
 
 #include <algorithm>
@@ -37,7 +37,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -280,8 +279,8 @@ int compare(Communicator& comm, const settings& s, std::string_view transport) {
   const double gap = smooth_accuracy[1] - smooth_accuracy[0];
   const bool ok = gap <= accuracy_limit_pp;
   if (printing) {
-    fmt::print("\nsmooth frames: backprop − Sideways test accuracy = {:.2f} pp (limit {:.2f}): {}\n", gap, accuracy_limit_pp,
-               ok ? "ok" : "too far");
+    fmt::print("\nsmooth frames: backprop − Sideways test accuracy = {:.2f} pp (limit {:.2f}): {}\n", gap,
+               accuracy_limit_pp, ok ? "ok" : "too far");
     std::fflush(stdout);
   }
   comm.barrier();
@@ -290,14 +289,9 @@ int compare(Communicator& comm, const settings& s, std::string_view transport) {
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-  const settings s = parse(argc, argv);
-  return qcoll::launch::join_from_environment([&](auto transport) {
-    constexpr bool shared_memory = std::is_same_v<decltype(transport), qcoll::transports::shm::transport>;
-    qcoll::communicator comm(std::move(transport));
-    return compare(comm, s, shared_memory ? "shm" : "tcp");
-  });
-} catch (const std::exception& e) {
-  fmt::print(stderr, "sideways_training: {}\n", e.what());
-  return 2;
+int main(int argc, char** argv) {
+  return qcoll_examples::launched_main("sideways_training", argc, argv, parse,
+                                       [](auto& comm, const settings& s, std::string_view transport) {
+                                         return compare(comm, s, transport);
+                                       });
 }

@@ -9,7 +9,7 @@ foreach(transport shm tcp)
             "-DCOUNT_LINES=1:^\\[0\\] asymmetric groups, 4 ranks +[0-9.]+ steps/s|1:^\\[0\\] data parallel, 1-bit allreduce +[0-9.]+ steps/s"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
             -- $<TARGET_FILE:qcoll-run> -n 4 --transport ${transport} -- $<TARGET_FILE:asymmetric_groups> --steps 5)
-  set_tests_properties(examples.asymmetric_groups.qcoll_run_${transport} PROPERTIES TIMEOUT 110)
+  set_tests_properties(examples.asymmetric_groups.qcoll_run_${transport} PROPERTIES TIMEOUT 110 PROCESSORS 2)
 endforeach()
 add_test(NAME examples.asymmetric_groups.single_rank
   COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=100 "-DSTDOUT_HAS=single rank, full batch"

@@ -33,7 +33,8 @@ class dense_block {
       : inputs_(inputs), outputs_(outputs), learning_rate_(learning_rate),
         weights_(inputs * outputs), biases_(outputs, 0.0f), output_(outputs) {
     // Small enough that tanh does not saturate (a saturated block has zero gradients).
-    for (std::size_t k = 0; k < weights_.size(); ++k) weights_[k] = 0.4f * std::sin(1.3f * float(k) + 7.1f * float(seed));
+    for (std::size_t k = 0; k < weights_.size(); ++k)
+      weights_[k] = 0.4f * std::sin(1.3f * float(k) + 7.1f * float(seed));
   }
 
   std::size_t input_size() const { return inputs_; }

@@ -1,0 +1,36 @@
+#pragma once
+/// @file
+/// The main() of the multi-process examples: parse the options, join the job that
+/// qcoll-run (or mpirun, torchrun) started, run on a communicator over its transport,
+/// and report any error as "program: message" with exit status 2.
+
+#include <qcoll/communicator.hpp>
+#include <qcoll/launch/join.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace qcoll_examples {
+
+/// run(comm, options, transport name) gives the exit status.
+template <class Parse, class Run>
+int launched_main(std::string_view program, int argc, char** argv, Parse&& parse, Run&& run) {
+  try {
+    const auto options = parse(argc, argv);
+    return qcoll::launch::join_from_environment([&](auto transport) {
+      constexpr bool shared_memory = std::is_same_v<decltype(transport), qcoll::transports::shm::transport>;
+      qcoll::communicator comm(std::move(transport));
+      return run(comm, options, shared_memory ? "shm" : "tcp");
+    });
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}: {}\n", program, e.what());
+    return 2;
+  }
+}
+
+}  // namespace qcoll_examples
