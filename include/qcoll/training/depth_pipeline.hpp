@@ -233,7 +233,8 @@ class depth_pipeline {
         run_forward(t, input, stats);
       }
       if (backward) {
-        if (last()) stats.loss += double(loss(t - backward_lag, std::span<const float>(output_), std::span<float>(output_grad_)));
+        if (last())
+          stats.loss += double(loss(t - backward_lag, std::span<const float>(output_), std::span<float>(output_grad_)));
         else output_grad_.swap(incoming_grad_);
         block_.backward(std::span<const float>(input_), std::span<const float>(output_grad_),
                         std::span<float>(input_grad_));
