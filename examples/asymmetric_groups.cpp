@@ -12,7 +12,10 @@
 //     group needs W too), started, into staging buffers, while the backward ranks
 //     compute E_{l−1} with the old W_l (the seed's two-stage pipeline).
 // Every float is computed by the same kernel, over the same rows in the same order,
-// as in the single-rank reference, which is why the equality is bitwise.
+// as in the single-rank reference, which is why the equality is bitwise. A started
+// call's buffers are left alone until it has finished: each layer's quarter is computed
+// into a buffer of its own and gathered from there, and a backward rank broadcasts a
+// copy of its error half (a broadcast writes the root's buffer too).
 // Then it trains the same model by 4-rank data parallelism (exact and 1-bit allreduce)
 // for comparison, and prints steps/s and the bytes each scheme sends per step.
 //
@@ -44,7 +47,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <tuple>
 #include <vector>
 
 namespace {
@@ -253,6 +255,12 @@ class asymmetric_trainer {
     const std::size_t r = world.rank();
     backward_ = r % 2 == 0;  // Fig. 6: {0, 2} backward, {1, 3} update
     half_ = r / 2;           // this rank's half of E's rows (backward) or of W's neurons (update)
+    // A started call's buffers are the library's until wait(); these copies keep what
+    // this rank goes on reading apart from them (see step()).
+    for (std::size_t l = 0; l < net_.layers(); ++l) {
+      own_rows_.emplace_back(s.batch * net_.width[l + 1]);
+      if (backward_) sent_error_.emplace_back(s.batch / 2 * net_.width[l + 1]);
+    }
     // Error half h travels from backward rank 2h to the update ranks: {2h, 1, 3}, root first.
     for (std::size_t h = 0; h < 2; ++h) {
       const bool member = r == 2 * h || !backward_;
@@ -264,15 +272,17 @@ class asymmetric_trainer {
     const std::size_t B = s_.batch, L = net_.layers(), me = world_.rank();
     buf_.load(data, step, B);
 
-    // Forward: my quarter of every layer; each layer's gather runs while the next computes.
+    // Forward: my quarter of every layer, into own_rows_ (only my rows are used), and
+    // gathered from there into the full-batch activations while layer l + 1 computes
+    // from own_rows_[l]: the gather only reads that buffer.
     std::vector<qcoll::collective_handle> gathers(L);
     const range quarter = part(B, 4, me);
     for (std::size_t l = 0; l < L; ++l) {
-      std::span<float> out(buf_.activations[l + 1]);
-      forward_rows(net_, l, buf_.activations[l], out, quarter);
+      const std::span<const float> in = l == 0 ? std::span<const float>(buf_.activations[0]) : own_rows_[l - 1];
+      forward_rows(net_, l, in, own_rows_[l], quarter);
       const std::size_t w = net_.width[l + 1];
-      world_.start_all_gather(std::span<const float>(out.subspan(quarter.begin * w, quarter.size() * w)), out,
-                              gathers[l]);
+      world_.start_all_gather(std::span<const float>(own_rows_[l]).subspan(quarter.begin * w, quarter.size() * w),
+                              std::span(buf_.activations[l + 1]), gathers[l]);
     }
     for (auto& g : gathers) g.wait();
 
@@ -287,7 +297,12 @@ class asymmetric_trainer {
         return std::span(buf_.errors[l]).subspan(part(B, 2, h).begin * w, B / 2 * w);
       };
       if (backward_) {
-        if (l + 1 < L) start_error_broadcast(error_half(half_), half_, handles[4 * l + half_]);
+        // A copy: the broadcast writes its buffer on the root too (the ring's all-gather
+        // hands the root its own blocks back), and E_l is read below meanwhile.
+        if (l + 1 < L) {
+          std::copy(error_half(half_).begin(), error_half(half_).end(), sent_error_[l].begin());
+          start_error_broadcast(sent_error_[l], half_, handles[4 * l + half_]);
+        }
       } else if (l + 1 < L) {
         for (std::size_t h = 0; h < 2; ++h) start_error_broadcast(error_half(h), h, handles[4 * l + h]);
         handles[4 * l].wait();
@@ -353,6 +368,8 @@ class asymmetric_trainer {
   bool backward_ = false;
   std::size_t half_ = 0;
   std::optional<Communicator> error_group_[2];
+  std::vector<std::vector<float>> own_rows_;    // [l]: layer l's output, my quarter's rows
+  std::vector<std::vector<float>> sent_error_;  // [l]: my half of E_l as broadcast (backward ranks)
 };
 
 /// Data parallelism: each rank a quarter of the batch, gradients averaged.
@@ -406,15 +423,22 @@ class data_parallel_trainer {
   std::vector<qcoll::compressed_allreduce_plan<qcoll::quantizers::one_bit>> plans_;
 };
 
-/// Runs `steps` steps of `train(step)` and returns (steps per second, the last step's
-/// mean loss over the samples this rank computed it for).
+/// What `timed` measured: steps per second, and the first and the last step's mean
+/// loss over the samples this rank computed it for.
+struct timing {
+  double rate = 0, first_loss = 0, last_loss = 0;
+};
+
 template <class Step>
-std::pair<double, double> timed(std::size_t steps, Step&& train) {
+timing timed(std::size_t steps, Step&& train) {
   const auto start = std::chrono::steady_clock::now();
-  double loss = 0;
-  for (std::size_t t = 0; t < steps; ++t) loss = train(t);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {double(steps) / seconds, loss};
+  timing t;
+  for (std::size_t step = 0; step < steps; ++step) {
+    t.last_loss = train(step);
+    if (step == 0) t.first_loss = t.last_loss;
+  }
+  t.rate = double(steps) / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return t;
 }
 
 double max_difference(std::span<const float> a, std::span<const float> b) {
@@ -434,58 +458,69 @@ int run(Communicator& comm, const settings& s, std::string_view transport) {
                problem_shape.features, s.layers, s.hidden, problem_shape.classes, reference.parameters.size(), s.batch,
                s.steps, s.learning_rate, s.seed, comm.size(), transport);
 
+  if (comm.size() != 1 && comm.size() != 4)
+    throw std::invalid_argument(fmt::format("the scheme runs on 4 ranks (or 1 for the baseline), not {}", comm.size()));
+
   // The reference: single-rank training on the full batch, on rank 0 while the others
   // wait (blocked, not spinning, after the transport's short spin).
-  double reference_rate = 0, reference_loss = 0;
+  timing single;
   if (printing) {
     step_buffers buffers(reference, s.batch);
-    std::tie(reference_rate, reference_loss) = timed(s.steps, [&](std::size_t t) {
+    single = timed(s.steps, [&](std::size_t t) {
       buffers.load(data, t, s.batch);
       return reference_step(reference, buffers, s.batch, s.learning_rate);
     });
   }
+  const auto print_row = [](std::string_view scheme, double rate, double first_loss, double last_loss,
+                             const std::string& rest) {
+    fmt::print("{:<34} {:>9.2f} steps/s   loss {:.4f} -> {:.4f}{}\n", scheme, rate, first_loss, last_loss, rest);
+  };
   if (comm.size() == 1) {
-    fmt::print("{:<34} {:>9.2f} steps/s   loss {:.4f}   sends 0 B per step\n", "single rank, full batch",
-               reference_rate, reference_loss);
+    print_row("single rank, full batch", single.rate, single.first_loss, single.last_loss, "   sends 0 B per step");
     return 0;
   }
-  if (comm.size() != 4)
-    throw std::invalid_argument(fmt::format("the scheme runs on 4 ranks (or 1 for the baseline), not {}", comm.size()));
 
   comm.broadcast(std::span(reference.parameters), 0);
   asymmetric_trainer<Communicator> asymmetric(comm, s);
   comm.barrier();
-  const auto [rate, loss] = timed(s.steps, [&](std::size_t t) { return asymmetric.step(data, t); });
+  const timing asym = timed(s.steps, [&](std::size_t t) { return asymmetric.step(data, t); });
   const bool equal = std::memcmp(asymmetric.net().parameters.data(), reference.parameters.data(),
                                  reference.parameters.size() * sizeof(float)) == 0;
-  const auto verdicts = [&] {
-    std::vector<double> mine{equal ? 1.0 : 0.0}, all(comm.size());
-    comm.all_gather(std::span<const double>(mine), std::span<double>(all));
-    return all;
-  }();
-  const bool all_equal = std::all_of(verdicts.begin(), verdicts.end(), [](double v) { return v == 1.0; });
 
   data_parallel_trainer<Communicator> exact(comm, s, false), one_bit(comm, s, true);
   comm.barrier();
-  const auto [exact_rate, exact_loss] = timed(s.steps, [&](std::size_t t) { return exact.step(data, t); });
+  const timing exact_timing = timed(s.steps, [&](std::size_t t) { return exact.step(data, t); });
   comm.barrier();
-  const auto [one_bit_rate, one_bit_loss] = timed(s.steps, [&](std::size_t t) { return one_bit.step(data, t); });
+  const timing one_bit_timing = timed(s.steps, [&](std::size_t t) { return one_bit.step(data, t); });
   comm.barrier();
 
-  // Bytes per step: the most any rank sends (the asymmetric ranks differ by role).
-  std::vector<double> mine{double(asymmetric.bytes_sent_per_step())}, all(comm.size());
-  comm.all_gather(std::span<const double>(mine), std::span<double>(all));
+  // Every rank's verdict, bytes (the asymmetric ranks differ by role) and losses.
+  constexpr std::size_t fields = 8;
+  const std::vector<double> mine{equal ? 1.0 : 0.0,       double(asymmetric.bytes_sent_per_step()),
+                                 asym.first_loss,          asym.last_loss,
+                                 exact_timing.first_loss,  exact_timing.last_loss,
+                                 one_bit_timing.first_loss, one_bit_timing.last_loss};
+  std::vector<double> all(fields * comm.size());
+  comm.all_gather(std::span<const double>(mine), std::span(all));
+  const auto field = [&](std::size_t rank, std::size_t k) { return all[fields * rank + k]; };
+  const auto quarters_mean = [&](std::size_t k) {  // the batch mean from the ranks' quarter means
+    return (field(0, k) + field(1, k) + field(2, k) + field(3, k)) / 4;
+  };
+  bool all_equal = true;
+  for (std::size_t r = 0; r < comm.size(); ++r) all_equal = all_equal && field(r, 0) == 1.0;
   if (printing) {
-    fmt::print("{:<34} {:>9.2f} steps/s   loss {:.4f}\n", "single rank, full batch (rank 0)", reference_rate,
-               reference_loss);
-    fmt::print("{:<34} {:>9.2f} steps/s   loss {:.4f}   sends {} / {} B per step (backward / update rank)\n",
-               "asymmetric groups, 4 ranks", rate, loss, std::size_t(all[0]), std::size_t(all[1]));
-    fmt::print("{:<34} {:>9.2f} steps/s   loss {:.4f}   sends {} B per step; weights differ by ≤ {:.2e}\n",
-               "data parallel, exact allreduce", exact_rate, exact_loss, exact.bytes_sent_per_step(),
-               max_difference(exact.net().parameters, reference.parameters));
-    fmt::print("{:<34} {:>9.2f} steps/s   loss {:.4f}   sends {} B per step; weights differ by ≤ {:.2e}\n",
-               "data parallel, 1-bit allreduce", one_bit_rate, one_bit_loss, one_bit.bytes_sent_per_step(),
-               max_difference(one_bit.net().parameters, reference.parameters));
+    fmt::print("losses: mean over the full batch of the step's samples, first step -> last step\n");
+    print_row("single rank, full batch (rank 0)", single.rate, single.first_loss, single.last_loss, "");
+    // An update rank (1) computes the output error, and so the loss, of every row.
+    print_row("asymmetric groups, 4 ranks", asym.rate, field(1, 2), field(1, 3),
+              fmt::format("   sends {} / {} B per step (backward / update rank)", std::size_t(field(0, 1)),
+                          std::size_t(field(1, 1))));
+    print_row("data parallel, exact allreduce", exact_timing.rate, quarters_mean(4), quarters_mean(5),
+              fmt::format("   sends {} B per step; weights differ by ≤ {:.2e}", exact.bytes_sent_per_step(),
+                          max_difference(exact.net().parameters, reference.parameters)));
+    print_row("data parallel, 1-bit allreduce", one_bit_timing.rate, quarters_mean(6), quarters_mean(7),
+              fmt::format("   sends {} B per step; weights differ by ≤ {:.2e}", one_bit.bytes_sent_per_step(),
+                          max_difference(one_bit.net().parameters, reference.parameters)));
     fmt::print("weights after {} steps {} single-rank full-batch training bit for bit on every rank\n", s.steps,
                all_equal ? "equal" : "do NOT equal");
     std::fflush(stdout);
