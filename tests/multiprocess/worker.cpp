@@ -15,6 +15,9 @@
 #include <qcoll/topologies/router.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/stream/engine.hpp>
+#ifdef QCOLL_TEST_MPI
+#include <qcoll/transports/mpi.hpp>
+#endif
 
 #include <fmt/format.h>
 
@@ -282,16 +285,21 @@ void freeze_a_rank(Comm& comm) {
 
 // ---- compressed allreduce ----
 
-/// The job's transport (shm or tcp: both are stream endpoints) by reference, as one
-/// type. The compressed scenarios run their communicators over it, so that the
-/// algorithms are compiled once per quantizer for both transports and both routes
-/// (the compile time of this file matters under sanitizers). Each communicator
-/// numbers its own calls; every rank makes each call through the same one, and
-/// never uses two at once.
+#ifdef QCOLL_TEST_MPI
+using job_transport = transports::mpi::transport;  // this build runs under mpirun
+#else
+using job_transport = transports::stream::endpoint;  // shm and tcp are both stream endpoints
+#endif
+
+/// The job's transport by reference, as one type. The compressed scenarios run their
+/// communicators over it, so that the algorithms are compiled once per quantizer for
+/// both transports and both routes (the compile time of this file matters under
+/// sanitizers). Each communicator numbers its own calls; every rank makes each call
+/// through the same one, and never uses two at once.
 class endpoint_ref {
  public:
-  using request = transports::stream::endpoint::request;
-  explicit endpoint_ref(transports::stream::endpoint& inner) : inner_(&inner) {}
+  using request = job_transport::request;
+  explicit endpoint_ref(job_transport& inner) : inner_(&inner) {}
   rank_t rank() const noexcept { return inner_->rank(); }
   rank_t size() const noexcept { return inner_->size(); }
   void post_send(request& r, rank_t peer, transports::tag_t tag, const transports::message_header& header,
@@ -307,7 +315,7 @@ class endpoint_ref {
   transports::failure failure() const { return inner_->failure(); }
 
  private:
-  transports::stream::endpoint* inner_;
+  job_transport* inner_;
 };
 static_assert(transport<endpoint_ref>);
 
@@ -678,6 +686,79 @@ void kill_during_compressed(endpoint_ref transport, communicator_options options
   fail("50 compressed allreduces completed although a rank was killed");
 }
 
+#ifdef QCOLL_TEST_MPI
+// ---- MPI only: failures an MPI launcher lets the ranks see ----
+
+/// The last rank stops answering for three timeouts (asleep, not killed: an MPI
+/// launcher ends the whole job when a rank dies). The others time out within their
+/// deadline and abort; the sleeper's next call then fails with their words.
+template <class Comm>
+void stall_a_rank(Comm& comm) {
+  const rank_t victim = comm.size() - 1;
+  std::vector<float> data = contribution(comm.rank(), std::size_t{1} << 20);
+  comm.allreduce(std::span<float>(data), reduce_op::sum);
+  const auto started = std::chrono::steady_clock::now();
+  if (comm.rank() == victim) std::this_thread::sleep_for(3 * comm.options().timeout);
+  try {
+    for (int round = 0; round < 100; ++round) comm.allreduce(std::span<float>(data), reduce_op::sum);
+  } catch (const qcoll::error& e) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    if (e.code() != errc::timeout) fail(fmt::format("expected a timeout, got: {}", e.what()));
+    if (comm.rank() == victim) {
+      fmt::print("rank {}: woke up to the others' abort: {}\n", comm.rank(), e.what());
+      return;
+    }
+    if (ms > 2 * comm.options().timeout) fail(fmt::format("the timeout was reported only after {}", ms));
+    fmt::print("rank {}: gave up on the stalled rank after {} ms: {}\n", comm.rank(), ms.count(), e.what());
+    return;
+  }
+  fail("100 allreduces completed although a rank stalled");
+}
+
+/// Rank 0 aborts the communicator with its own words in the middle of the others'
+/// allreduce: every rank fails with errc::aborted and those words.
+template <class Comm>
+void abort_with_reason(Comm& comm) {
+  std::vector<float> data = contribution(comm.rank(), std::size_t{1} << 18);
+  comm.allreduce(std::span<float>(data), reduce_op::sum);
+  const std::string words = "rank 0 gives up: the learning rate diverged";
+  try {
+    if (comm.rank() == 0) {
+      std::this_thread::sleep_for(100ms);  // the others are inside their allreduce by now
+      comm.abort(words);
+      comm.allreduce(std::span<float>(data), reduce_op::sum);
+    } else {
+      for (int round = 0; round < 100; ++round) comm.allreduce(std::span<float>(data), reduce_op::sum);
+    }
+  } catch (const qcoll::error& e) {
+    if (e.code() != errc::aborted) fail(fmt::format("expected aborted, got: {}", e.what()));
+    if (std::string_view(e.what()).find(words) == std::string_view::npos)
+      fail(fmt::format("the error does not carry rank 0's words: {}", e.what()));
+    fmt::print("rank {}: aborted with rank 0's words: {}\n", comm.rank(), e.what());
+    return;
+  }
+  fail("allreduces went on after rank 0 aborted");
+}
+
+/// Rank 0 sends rank 1 one message of more than 2 GiB (MPI counts are int: the
+/// transport describes it in 1 GiB units), each way; both check every 4 KiB page.
+template <class Comm>
+void over_two_gibibytes(Comm& comm) {
+  const std::size_t count = (std::size_t{1} << 29) + 1027;  // floats: 2 GiB + 4108 bytes
+  if (comm.size() != 2) fail("the scenario needs 2 ranks");
+  const auto value = [](std::size_t i, rank_t from) { return float((i * 7 + from) % 65521); };
+  std::vector<float> data(count);
+  const rank_t peer = 1 - comm.rank();
+  for (std::size_t i = 0; i < count; ++i) data[i] = value(i, comm.rank());
+  std::vector<float> got(count, -1.0f);
+  comm.send_recv(std::span<const float>(data), peer, std::span<float>(got), peer);
+  for (std::size_t i = 0; i < count; i += 1021)
+    if (got[i] != value(i, peer)) fail(fmt::format("element {} is {}, expected {}", i, got[i], value(i, peer)));
+  if (got.back() != value(count - 1, peer)) fail("the last element is wrong");
+  fmt::print("rank {}: {} bytes each way correct\n", comm.rank(), count * sizeof(float));
+}
+#endif
+
 template <class Transport>
 int run(std::string_view scenario, Transport transport, std::chrono::milliseconds timeout, std::size_t amount) {
   communicator comm(std::move(transport), communicator_options{timeout});
@@ -692,10 +773,16 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "grid") grid(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "compressed_kill" || scenario == "compressed_kill_started")
     kill_during_compressed(endpoint_ref(comm.transport()), comm.options(), amount, scenario.ends_with("started"));
+#ifdef QCOLL_TEST_MPI
+  else if (scenario == "stall") stall_a_rank(comm);
+  else if (scenario == "abort") abort_with_reason(comm);
+  else if (scenario == "over_2GiB") over_two_gibibytes(comm);
+#endif
   else fail(fmt::format("unknown scenario '{}'", scenario));
   return 0;
 }
 
+#ifndef QCOLL_TEST_MPI
 /// Before joining, the last rank knocks on rank 0's store and data port with garbage and
 /// a wrong secret; both must be refused while the job carries on.
 void knock_with_bad_credentials(const rendezvous::job& job) {
@@ -726,8 +813,40 @@ void knock_with_bad_credentials(const rendezvous::job& job) {
   }
 }
 
+#endif
+
 }  // namespace
 
+#ifdef QCOLL_TEST_MPI
+// Under mpirun: the transport is MPI's, over MPI_COMM_WORLD; QCOLL_TIMEOUT_MS is the
+// per-step deadline (60 s unless set).
+int main(int argc, char** argv) try {
+  if (argc < 2) fail("usage: worker_mpi collectives|many_small|split|mismatch|stall|abort|compressed|grid|"
+                     "thread_single [max bytes or values]");
+  const std::string_view scenario = argv[1];
+  const std::size_t max_bytes = argc > 2 ? std::stoull(argv[2]) : std::size_t{1} << 20;
+  const char* timeout_text = std::getenv("QCOLL_TIMEOUT_MS");
+  const std::chrono::milliseconds timeout(timeout_text ? std::stoll(timeout_text) : 60000);
+  if (scenario == "thread_single") {  // qcoll's progress thread needs more: refused at once
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+    try {
+      transports::mpi::transport refused(MPI_COMM_WORLD);
+      fail("the transport accepted MPI_THREAD_SINGLE");
+    } catch (const qcoll::error& e) {
+      if (e.code() != errc::invalid_argument) fail(fmt::format("expected invalid_argument, got: {}", e.what()));
+      fmt::print("rank {}: refused as expected: {}\n", [] { int r = 0; MPI_Comm_rank(MPI_COMM_WORLD, &r); return r; }(),
+                 e.what());
+    }
+    MPI_Finalize();
+    return 0;
+  }
+  transports::mpi::environment mpi(argc, argv);
+  return run(scenario, transports::mpi::transport(MPI_COMM_WORLD), timeout, max_bytes);
+} catch (const std::exception& e) {
+  fail(e.what());
+}
+#else
 int main(int argc, char** argv) try {
   if (argc < 2)
     fail("usage: worker collectives|many_small|mismatch|kill|kill_survivors_give_up|freeze|intruders|wrong_secret\n"
@@ -758,3 +877,4 @@ int main(int argc, char** argv) try {
 } catch (const std::exception& e) {
   fail(e.what());
 }
+#endif
