@@ -29,6 +29,10 @@
 // the exact sum. --grid EXTENTS (e.g. 4x4) runs every variant once more as a
 // grid_allreduce_plan on a healthy torus of those extents (rows "grid:…").
 //
+// collective_bench_mpi, the same program built with QCOLL_BENCH_MPI against an MPI,
+// runs `mpirun -np N collective_bench_mpi --job [options]` over the MPI transport
+// (transports/mpi.hpp) instead of joining from the environment.
+//
 // Only rank 0 prints. Exit status: 0, 1 if any element was wrong, 2 on errors.
 
 #include "bench_args.hpp"
@@ -44,6 +48,9 @@
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/launch/join.hpp>
 #include <qcoll/transports/inproc.hpp>
+#ifdef QCOLL_BENCH_MPI
+#include <qcoll/transports/mpi.hpp>
+#endif
 #include <qcoll/version.hpp>
 
 #include <fmt/format.h>
@@ -499,6 +506,22 @@ int run_threads(const collective_options& o) {
   return std::all_of(right.begin(), right.end(), [](char r) { return r != 0; }) ? 0 : 1;
 }
 
+#ifdef QCOLL_BENCH_MPI
+int run_job(const collective_options& o) {
+  qcoll::transports::mpi::options mpi_options;
+  std::string knobs;
+  if (o.spin_us >= 0) {
+    mpi_options.spin = std::chrono::microseconds(o.spin_us);
+    knobs = fmt::format("spin {} us", o.spin_us);
+  }
+  const char* timeout_text = std::getenv("QCOLL_TIMEOUT_MS");
+  const std::chrono::milliseconds timeout(timeout_text ? std::stoll(timeout_text) : 60000);
+  const run_context ctx{"mpi", knobs, link_from_environment(), make_variants(o)};
+  qcoll::communicator comm(qcoll::transports::mpi::transport(MPI_COMM_WORLD, mpi_options),
+                           qcoll::communicator_options{timeout});
+  return run_rank_or_abort(comm, o, ctx) ? 0 : 1;
+}
+#else
 int run_job(const collective_options& o) {
   const qcoll::rendezvous::job job = qcoll::rendezvous::job_from_environment();
   qcoll::launch::join_options join;
@@ -528,6 +551,7 @@ int run_job(const collective_options& o) {
       join);
   return right ? 0 : 1;
 }
+#endif
 
 }  // namespace
 
@@ -545,6 +569,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+#ifdef QCOLL_BENCH_MPI
+    qcoll::transports::mpi::environment mpi(argc, argv);
+#endif
     return o.job ? run_job(o) : run_threads(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "collective_bench: %s\n", e.what());

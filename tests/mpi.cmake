@@ -66,3 +66,12 @@ foreach(mpi openmpi mpich)
   qcoll_mpi_test(${mpi} grid_allreduce_2x4_torus RANKS 8 ARGS grid ${compressed_values}
     LINES "7:grid ok|1:rank 6: grid excluded as expected")
 endforeach()
+
+# The example, as its users start it.
+if(TARGET mpi_allreduce AND QCOLL_MPIRUN_openmpi)
+  add_test(NAME examples.mpi_allreduce.mpirun
+    COMMAND ${CMAKE_COMMAND} -DEXIT=0 "-DCOUNT_LINES=4:rank [0-3] of 4: gradient\\[0\\] = 10 .*: correct"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake -- ${QCOLL_MPIRUN_openmpi} -np 4 $<TARGET_FILE:mpi_allreduce>)
+  set_tests_properties(examples.mpi_allreduce.mpirun PROPERTIES TIMEOUT 120 ENVIRONMENT
+    "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+endif()
