@@ -344,6 +344,125 @@ BOOST_AUTO_TEST_CASE(open_mpi_on_several_hosts_needs_an_address) {
   check_error(job_error(no_id), errc::invalid_argument, {"no job id", "QCOLL_STORE"});
 }
 
+// What `srun -N 4 -n 7 prog` (block distribution) exports to task 6, the only one on the
+// fourth node, per Slurm's srun(1) "OUTPUT ENVIRONMENT VARIABLES" (no Slurm here).
+environment_map slurm_task6_of_7() {
+  return {{"SLURM_PROCID", "6"},          {"SLURM_NTASKS", "7"},
+          {"SLURM_LOCALID", "0"},         {"SLURM_NODEID", "3"},
+          {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+          {"SLURM_STEP_NODELIST", "node[007-009,012]"}, {"SLURM_JOB_NODELIST", "node[007-009,012]"},
+          {"SLURMD_NODENAME", "node012"}, {"SLURM_JOB_ID", "4242"},
+          {"SLURM_STEP_ID", "0"},         {"SLURM_NNODES", "4"}};
+}
+
+BOOST_AUTO_TEST_CASE(slurm_family_on_several_nodes) {
+  job j = job_from(slurm_task6_of_7());
+  BOOST_TEST(j.launcher == "slurm");
+  BOOST_TEST(j.rank == 6u);
+  BOOST_TEST(j.size == 7u);
+  BOOST_TEST(j.local_rank == 0u);
+  BOOST_TEST(j.local_size == 1u);  // "2(x3),1": node 3 has one task
+  BOOST_TEST(!j.all_local());
+  BOOST_TEST(j.job_id == "slurm-4242.0");
+  BOOST_TEST(j.store_host == "node007");  // the step's first node, zero padding kept
+  BOOST_TEST(j.store_port == mpirun_local_port("slurm-4242.0"));
+  // Task 3 is the second on node 1.
+  auto vars = slurm_task6_of_7();
+  vars["SLURM_PROCID"] = "3";
+  vars["SLURM_LOCALID"] = "1";
+  vars["SLURM_NODEID"] = "1";
+  vars["SLURMD_NODENAME"] = "node008";
+  j = job_from(vars);
+  BOOST_TEST(j.local_rank == 1u);
+  BOOST_TEST(j.local_size == 2u);
+  // Rank 0 on the first node serves the store there.
+  vars["SLURM_PROCID"] = "0";
+  vars["SLURM_LOCALID"] = "0";
+  vars["SLURM_NODEID"] = "0";
+  vars["SLURMD_NODENAME"] = "node007";
+  BOOST_TEST(job_from(vars).store_host == "node007");
+  // ... and is refused, with the way out, when a distribution put it elsewhere.
+  vars["SLURMD_NODENAME"] = "node012";
+  check_error(job_error(vars), errc::invalid_argument,
+              {"rank 0 serves the store", "node012", "node007", "SLURM_STEP_NODELIST=node[007-009,012]", "MASTER_ADDR"});
+  vars["MASTER_ADDR"] = "node012";
+  vars["MASTER_PORT"] = "29500";
+  BOOST_TEST(job_from(vars).store_host == "node012");
+  // The allocation's lists serve when the step's are missing; host lists of other shapes.
+  for (const auto& [list, first] : std::vector<std::pair<std::string, std::string>>{
+           {"gpu1,gpu2", "gpu1"}, {"rack[2-3]-n[05,07]", "rack2-n05"}, {"a[1],b", "a1"}, {"solo", "solo"}}) {
+    vars = slurm_task6_of_7();
+    vars.erase("SLURM_STEP_NODELIST");
+    vars.erase("SLURMD_NODENAME");
+    vars["SLURM_JOB_NODELIST"] = list;
+    BOOST_TEST(job_from(vars).store_host == first, list);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(slurm_family_on_one_node) {
+  environment_map vars{{"SLURM_PROCID", "1"},  {"SLURM_NTASKS", "4"},     {"SLURM_LOCALID", "1"},
+                       {"SLURM_NODEID", "0"},  {"SLURM_STEP_TASKS_PER_NODE", "4"},
+                       {"SLURM_STEP_NODELIST", "vm"}, {"SLURMD_NODENAME", "vm"},
+                       {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}};
+  const job j = job_from(vars);
+  BOOST_TEST(j.all_local());
+  BOOST_TEST(j.store_host == "127.0.0.1");
+  BOOST_TEST(j.job_id == "slurm-77.3");
+  BOOST_TEST(j.store_port == mpirun_local_port("slurm-77.3"));
+  // No step id (a batch script's own environment): the job's id alone.
+  vars.erase("SLURM_STEP_ID");
+  BOOST_TEST(job_from(vars).job_id == "slurm-77");
+}
+
+BOOST_AUTO_TEST_CASE(slurm_errors_name_the_variable_and_value) {
+  auto vars = slurm_task6_of_7();
+  vars["SLURM_STEP_TASKS_PER_NODE"] = "2(x3,1";
+  check_error(job_error(vars), errc::invalid_argument, {"SLURM_STEP_TASKS_PER_NODE=2(x3,1", "per-node task counts"});
+  vars["SLURM_STEP_TASKS_PER_NODE"] = "2(x3)";
+  check_error(job_error(vars), errc::invalid_argument, {"SLURM_STEP_TASKS_PER_NODE=2(x3)", "no count for node 3"});
+  vars = slurm_task6_of_7();
+  vars.erase("SLURM_NODEID");
+  check_error(job_error(vars), errc::invalid_argument, {"SLURM_LOCALID=0 is set but SLURM_NODEID is not"});
+  vars = slurm_task6_of_7();
+  vars["SLURM_LOCALID"] = "1";
+  check_error(job_error(vars), errc::invalid_argument, {"SLURM_LOCALID=1 is not below this node's 1 tasks"});
+  vars = slurm_task6_of_7();
+  vars["SLURM_STEP_NODELIST"] = "node[007-009";
+  check_error(job_error(vars), errc::invalid_argument, {"SLURM_STEP_NODELIST=node[007-009", "not a Slurm host list"});
+  vars = slurm_task6_of_7();
+  vars.erase("SLURM_STEP_NODELIST");
+  vars.erase("SLURM_JOB_NODELIST");
+  check_error(job_error(vars), errc::invalid_argument, {"SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST", "QCOLL_STORE"});
+  vars = slurm_task6_of_7();
+  vars.erase("SLURM_JOB_ID");
+  check_error(job_error(vars), errc::invalid_argument, {"SLURM_JOB_ID is not set", "QCOLL_STORE"});
+  vars = slurm_task6_of_7();
+  vars.erase("SLURM_NTASKS");
+  check_error(job_error(vars), errc::invalid_argument, {"SLURM_PROCID=6 is set but SLURM_NTASKS is not"});
+}
+
+// PMIx puts the rank in the environment but not the size: a clear error, not "no rank".
+BOOST_AUTO_TEST_CASE(pmix_rank_alone_is_explained) {
+  check_error(job_error({{"PMIX_RANK", "3"}, {"PMIX_NAMESPACE", "prterun-vm-1@1"}}), errc::invalid_argument,
+              {"PMIX_RANK=3", "PMIx keeps the world size in its server", "srun", "QCOLL_WORLD_SIZE"});
+}
+
+// mpirun and torchrun inside a Slurm allocation inherit its SLURM_ variables.
+BOOST_AUTO_TEST_CASE(open_mpi_and_torchrun_over_slurm) {
+  environment_map vars = slurm_task6_of_7();
+  for (const auto& [name, value] : open_mpi_rank1()) vars[name] = value;
+  job j = job_from(vars);
+  BOOST_TEST(j.launcher == "mpirun");
+  BOOST_TEST(j.rank == 1u);
+  BOOST_TEST(j.job_id == "ompi-1773666305");  // Open MPI's id over Slurm's
+  vars = slurm_task6_of_7();
+  vars.insert({{"RANK", "2"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "node007"}, {"MASTER_PORT", "29500"}});
+  j = job_from(vars);
+  BOOST_TEST(j.launcher == "torchrun");
+  BOOST_TEST(j.rank == 2u);
+  BOOST_TEST(j.local_size == 1u);  // torchrun sets no local pair here: not Slurm's
+}
+
 BOOST_AUTO_TEST_CASE(precedence_qcoll_over_torchrun_over_open_mpi) {
   environment_map vars = open_mpi_rank1();
   vars.insert({{"RANK", "5"},
@@ -377,7 +496,7 @@ BOOST_AUTO_TEST_CASE(precedence_qcoll_over_torchrun_over_open_mpi) {
 
 BOOST_AUTO_TEST_CASE(rank_errors_name_the_variable_and_value) {
   check_error(job_error({}), errc::invalid_argument,
-              {"no rank: set QCOLL_RANK/QCOLL_WORLD_SIZE, or run under qcoll-run, torchrun (RANK/WORLD_SIZE) or mpirun"});
+              {"no rank: set QCOLL_RANK/QCOLL_WORLD_SIZE, or run under qcoll-run, torchrun (RANK/WORLD_SIZE), mpirun or srun"});
   check_error(job_error(qcoll_rank("7", "4")), errc::invalid_argument, {"QCOLL_RANK=7 is not below QCOLL_WORLD_SIZE=4"});
   check_error(job_error(qcoll_rank("abc", "4")), errc::invalid_argument, {"QCOLL_RANK=abc", "not a non-negative integer"});
   check_error(job_error(qcoll_rank("-1", "4")), errc::invalid_argument, {"QCOLL_RANK=-1"});

@@ -3,17 +3,23 @@
 /// The description of a job — who this rank is, where the store is, which secret —
 /// read from the environment a launcher set up.
 ///
-/// Three launcher families are understood, so a program runs unchanged under each:
+/// Four launcher families are understood, so a program runs unchanged under each:
 ///
 /// | family   | rank / size                                  | local rank / size                                          |
 /// |----------|----------------------------------------------|------------------------------------------------------------|
 /// | qcoll    | QCOLL_RANK, QCOLL_WORLD_SIZE                 | QCOLL_LOCAL_RANK, QCOLL_LOCAL_WORLD_SIZE                   |
 /// | torchrun | RANK, WORLD_SIZE                             | LOCAL_RANK, LOCAL_WORLD_SIZE                               |
 /// | mpirun   | OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE   | OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE     |
+/// | slurm    | SLURM_PROCID, SLURM_NTASKS                   | SLURM_LOCALID; the size is SLURM_STEP_TASKS_PER_NODE's (else SLURM_TASKS_PER_NODE's) count for SLURM_NODEID |
+///
+/// PMIx keeps the world size in its server, not in the environment: under `srun
+/// --mpi=pmix` the Slurm variables serve, under Open MPI's mpirun the OMPI ones; a
+/// PMIX_RANK alone is an error that says so.
 ///
 /// Rules (each group of variables is read on its own, first source that has it wins):
-/// - **Rank and size** come from the first family, in the order qcoll > torchrun > mpirun,
-///   that sets either of its pair: explicit qcoll settings must be able to override what
+/// - **Rank and size** come from the first family, in the order qcoll > torchrun > mpirun
+///   > slurm (an mpirun or torchrun inside a Slurm allocation inherits the allocation's
+///   SLURM_ variables), that sets either of its pair: explicit qcoll settings must be able to override what
 ///   an outer launcher exported. Half a pair is an error, not a fall-through, because it
 ///   is always a mistake. The local pair comes from the *same* family (mixing families
 ///   would pair a rank with another launcher's idea of the host). Without a local pair a
@@ -26,11 +32,15 @@
 ///   port 20000 + FNV-1a(job id) % 12768 (see mpirun_local_port): mpirun passes no address,
 ///   but every rank knows the job id, so all ranks agree without talking. A multi-host
 ///   mpirun job has no such common knowledge of rank 0's host: set MASTER_ADDR/MASTER_PORT
-///   (mpirun -x) or QCOLL_STORE.
+///   (mpirun -x) or QCOLL_STORE. Under Slurm, the first host of SLURM_STEP_NODELIST
+///   (else SLURM_JOB_NODELIST; 127.0.0.1 when every rank is on this host) and the port
+///   derived from the job id the same way; rank 0 must run on that host (Slurm's block
+///   and cyclic distributions put it there), which rank 0 checks against SLURMD_NODENAME.
 /// - **Job id** (names shared-memory segments, goes into every handshake so two jobs on
 ///   one host never join each other): QCOLL_JOB_ID, else TORCHELASTIC_RUN_ID (unless it is
 ///   torchrun's non-unique default "none"), else Open MPI's job id ("ompi-" +
-///   OMPI_MCA_ess_base_jobid, or PMIX_NAMESPACE), else "host:port" of the store — unique
+///   OMPI_MCA_ess_base_jobid, or PMIX_NAMESPACE), else Slurm's ("slurm-" + SLURM_JOB_ID
+///   + "." + SLURM_STEP_ID), else "host:port" of the store — unique
 ///   on a host for as long as the store's port is bound.
 /// - **Secret**: QCOLL_SECRET, else the contents of the file QCOLL_SECRET_FILE names (one
 ///   trailing newline stripped; keeps the secret out of `ps e` and /proc/PID/environ of
@@ -102,7 +112,7 @@ struct job {
   transport_kind transport = transport_kind::automatic;
   std::string bind_address = "127.0.0.1";
   std::chrono::milliseconds timeout{60000};
-  std::string launcher;  ///< "qcoll", "torchrun" or "mpirun": which family gave rank/size
+  std::string launcher;  ///< "qcoll", "torchrun", "mpirun" or "slurm": which family gave rank/size
 
   /// True when every rank runs on this host (local_size counts the ranks here).
   bool all_local() const noexcept { return local_size == size; }
@@ -222,7 +232,7 @@ struct launcher_family {
   const char* rank;
   const char* size;
   const char* local_rank;
-  const char* local_size;
+  const char* local_size;  ///< nullptr: computed (Slurm)
 };
 
 inline constexpr launcher_family launcher_families[] = {
@@ -230,6 +240,7 @@ inline constexpr launcher_family launcher_families[] = {
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
     {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
 };
 
 /// Ranks travel as u32 in the handshake.
@@ -258,6 +269,81 @@ inline bool read_pair(const lookup_function& lookup, const char* rank_name, cons
   return true;
 }
 
+/// The task count of node `node` in Slurm's compressed per-node counts: "2(x3),1" is
+/// 2 on nodes 0–2 and 1 on node 3.
+inline std::uint64_t slurm_tasks_on_node(const char* name, std::string_view value, std::uint64_t node) {
+  const auto malformed = [&] {
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is not Slurm's per-node task counts (e.g. 2(x3),1)",
+                               environment_error_prefix, name, value);
+  };
+  std::uint64_t first_node = 0;
+  for (std::string_view rest = value; !rest.empty();) {
+    const auto comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    std::uint64_t repeat = 1;
+    if (const auto open = item.find("(x"); open != std::string_view::npos) {
+      if (!item.ends_with(')')) malformed();
+      const std::string_view times = item.substr(open + 2, item.size() - open - 3);
+      const auto [end, ec] = std::from_chars(times.data(), times.data() + times.size(), repeat);
+      if (ec != std::errc{} || end != times.data() + times.size() || repeat == 0) malformed();
+      item = item.substr(0, open);
+    }
+    std::uint64_t tasks = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), tasks);
+    if (item.empty() || ec != std::errc{} || end != item.data() + item.size()) malformed();
+    if (node < first_node + repeat) return tasks;
+    first_node += repeat;
+  }
+  qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} has no count for node {} (SLURM_NODEID)",
+                             environment_error_prefix, name, value, node);
+}
+
+/// The first host of a Slurm hostlist: "node[001-004,007],gpu1" → "node001" (each
+/// bracket gives its first value, zero padding kept).
+inline std::string slurm_first_host(const char* name, std::string_view list) {
+  std::string host;
+  bool well_formed = true;
+  for (std::size_t i = 0; i < list.size() && list[i] != ',' && well_formed; ++i) {
+    if (list[i] == ']') well_formed = false;
+    if (list[i] != '[') {
+      host += list[i];
+      continue;
+    }
+    const auto close = list.find(']', i);
+    const std::string_view range = list.substr(i + 1, close == std::string_view::npos ? 0 : close - i - 1);
+    const std::string_view first = range.substr(0, range.find_first_of(",-"));
+    well_formed = close != std::string_view::npos && !first.empty();
+    host += first;
+    i = close;
+  }
+  if (!well_formed || host.empty())
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is not a Slurm host list (e.g. node[001-004],gpu1)",
+                               environment_error_prefix, name, list);
+  return host;
+}
+
+/// Slurm's local rank and the count of this step's tasks on this node.
+inline bool read_slurm_local(const lookup_function& lookup, rank_t& local_rank, rank_t& local_size) {
+  const auto local_id = read_variable(lookup, "SLURM_LOCALID");
+  if (!local_id) return false;
+  const char* counts_name = "SLURM_STEP_TASKS_PER_NODE";
+  auto counts = read_variable(lookup, counts_name);
+  if (!counts) counts = read_variable(lookup, counts_name = "SLURM_TASKS_PER_NODE");
+  const auto node_id = read_variable(lookup, "SLURM_NODEID");
+  if (!counts || !node_id)
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: SLURM_LOCALID={} is set but {} is not: Slurm sets SLURM_NODEID and "
+                               "SLURM_STEP_TASKS_PER_NODE with it",
+                               environment_error_prefix, *local_id, node_id ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_NODEID");
+  local_rank = parse_number("SLURM_LOCALID", *local_id, max_world_size);
+  local_size = slurm_tasks_on_node(counts_name, *counts, parse_number("SLURM_NODEID", *node_id, max_world_size));
+  if (local_rank >= local_size)
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: SLURM_LOCALID={} is not below this node's {} tasks ({}={})",
+                               environment_error_prefix, local_rank, local_size, counts_name, *counts);
+  return true;
+}
+
 }  // namespace detail
 
 /// Reads the job from `lookup(name)` (nullptr: unset). See the file comment for the rules.
@@ -275,16 +361,28 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
       break;
     }
   }
-  if (family == nullptr)
+  if (family == nullptr) {
+    if (auto pmix_rank = read_variable(lookup, "PMIX_RANK"))
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "{}: PMIX_RANK={} is set, but PMIx keeps the world size in its server, not in the "
+                                 "environment: launch with srun (SLURM_PROCID/SLURM_NTASKS) or mpirun, or set "
+                                 "QCOLL_RANK and QCOLL_WORLD_SIZE",
+                                 environment_error_prefix, *pmix_rank);
     qcoll::detail::throw_error(errc::invalid_argument,
                                "{}: no rank: set QCOLL_RANK/QCOLL_WORLD_SIZE, or run under qcoll-run, torchrun "
-                               "(RANK/WORLD_SIZE) or mpirun",
+                               "(RANK/WORLD_SIZE), mpirun or srun",
                                environment_error_prefix);
+  }
   result.launcher = family->name;
-  if (detail::read_pair(lookup, family->local_rank, family->local_size, result.local_rank, result.local_size)) {
+  const bool local_pair =
+      family->local_size ? detail::read_pair(lookup, family->local_rank, family->local_size, result.local_rank,
+                                             result.local_size)
+                         : detail::read_slurm_local(lookup, result.local_rank, result.local_size);
+  if (local_pair) {
     if (result.local_size > result.size)
       qcoll::detail::throw_error(errc::invalid_argument, "{}: {}={} is larger than {}={}", environment_error_prefix,
-                                 family->local_size, result.local_size, family->size, result.size);
+                                 family->local_size ? family->local_size : "this node's Slurm task count",
+                               result.local_size, family->size, result.size);
   } else {
     result.local_rank = 0;
     result.local_size = 1;
@@ -299,6 +397,9 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
     result.job_id = fmt::format("ompi-{}", *ompi);
   } else if (auto pmix = read_variable(lookup, "PMIX_NAMESPACE")) {
     result.job_id = fmt::format("ompi-{}", *pmix);
+  } else if (auto slurm_job = read_variable(lookup, "SLURM_JOB_ID")) {
+    const auto step = read_variable(lookup, "SLURM_STEP_ID");
+    result.job_id = step ? fmt::format("slurm-{}.{}", *slurm_job, *step) : fmt::format("slurm-{}", *slurm_job);
   }
 
   // Store address.
@@ -339,6 +440,33 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
                                  environment_error_prefix);
     result.store_host = "127.0.0.1";
     result.store_port = mpirun_local_port(result.job_id);
+  } else if (result.launcher == "slurm") {
+    if (result.job_id.empty())
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "{}: no store address and no job id to derive a port from (SLURM_JOB_ID is not "
+                                 "set): set QCOLL_STORE=host:port",
+                                 environment_error_prefix);
+    result.store_port = mpirun_local_port(result.job_id);
+    if (!result.all_local()) {
+      const char* list_name = "SLURM_STEP_NODELIST";
+      auto list = read_variable(lookup, list_name);
+      if (!list) list = read_variable(lookup, list_name = "SLURM_JOB_NODELIST");
+      if (!list)
+        qcoll::detail::throw_error(errc::invalid_argument,
+                                   "{}: no store address for a Slurm job on several nodes (neither "
+                                   "SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set): set MASTER_ADDR and "
+                                   "MASTER_PORT, or QCOLL_STORE=host:port",
+                                   environment_error_prefix);
+      result.store_host = detail::slurm_first_host(list_name, *list);
+      const auto node_name = read_variable(lookup, "SLURMD_NODENAME");
+      if (result.rank == 0 && node_name && *node_name != result.store_host)
+        qcoll::detail::throw_error(
+            errc::invalid_argument,
+            "{}: rank 0 serves the store, but it runs on {} (SLURMD_NODENAME), not on {}, the first node of "
+            "{}={} where the other ranks look for it: use srun's block or cyclic distribution, or set "
+            "MASTER_ADDR and MASTER_PORT (or QCOLL_STORE) to rank 0's host",
+            environment_error_prefix, *node_name, result.store_host, list_name, *list);
+    }
   } else {
     qcoll::detail::throw_error(errc::invalid_argument,
                                "{}: no store address: set QCOLL_STORE=host:port (qcoll-run sets it), or "
