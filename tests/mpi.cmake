@@ -1,14 +1,8 @@
 # The MPI transport (include/qcoll/transports/mpi.hpp) under each MPI that Debian ships,
-# found through pkg-config (Open MPI: ompi-c, MPICH: mpich) and launched by that MPI's own
-# mpirun: tests/multiprocess/worker.cpp built once per MPI with QCOLL_TEST_MPI, so the
+# found through pkg-config (cmake/qcollMpi.cmake) and launched by that MPI's own mpirun: tests/multiprocess/worker.cpp built once per MPI with QCOLL_TEST_MPI, so the
 # scenarios are the ones shm and TCP run. tools/install-deps installs both.
 if(NOT QCOLL_WITH_MPI OR NOT TARGET transport_worker)
   return()
-endif()
-find_package(PkgConfig QUIET)
-if(PkgConfig_FOUND)
-  pkg_check_modules(QCOLL_OPENMPI QUIET IMPORTED_TARGET ompi-c)
-  pkg_check_modules(QCOLL_MPICH QUIET IMPORTED_TARGET mpich)
 endif()
 
 # qcoll_mpi_test(<mpi> <name> RANKS n ARGS worker-args… [EXIT s] [LINES n:regex|…] [ENVIRONMENT var=value…])
@@ -29,7 +23,7 @@ endfunction()
 foreach(mpi openmpi mpich)
   string(TOUPPER ${mpi} upper)
   find_program(QCOLL_MPIRUN_${mpi} NAMES mpirun.${mpi})
-  if(NOT QCOLL_${upper}_FOUND OR NOT QCOLL_MPIRUN_${mpi})
+  if(NOT TARGET PkgConfig::QCOLL_${upper} OR NOT QCOLL_MPIRUN_${mpi})
     message(STATUS "qcoll: ${mpi} not found (pkg-config module or mpirun.${mpi}); its MPI transport tests are not "
                    "registered (apt-get install lib${mpi}-dev)")
     continue()

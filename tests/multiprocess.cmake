@@ -133,10 +133,10 @@ if(QCOLL_BUILD_EXAMPLES)
   endforeach()
   add_test(NAME examples.multiprocess_allreduce.torchrun_variables
     COMMAND ${CMAKE_COMMAND} ${example_checks}
-            ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/torchrun_style.sh 4 29561 $<TARGET_FILE:multiprocess_allreduce>)
+            ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/launcher_style.sh torchrun 4 29561 $<TARGET_FILE:multiprocess_allreduce>)
   add_test(NAME examples.multiprocess_allreduce.slurm_variables
     COMMAND ${CMAKE_COMMAND} ${example_checks}
-            ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/slurm_style.sh 4 $<TARGET_FILE:multiprocess_allreduce>)
+            ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/launcher_style.sh slurm 4 $<TARGET_FILE:multiprocess_allreduce>)
   # `mpirun -np 4 prog` as a user types it; the environment allows root and 4 ranks on fewer cores.
   find_program(QCOLL_MPIRUN mpirun)
   if(QCOLL_MPIRUN)
