@@ -40,8 +40,10 @@
 /// withdrawn (MPI_Cancel of a matched receive does nothing, and MPI 4 deprecates
 /// cancelling sends): the transport cancels what it can,
 /// marks the stream to that peer broken, and keeps the MPI request until MPI finishes
-/// it — waiting for that up to `abort_flush` at abort and at destruction, and logging
-/// a warning about any it had to leave. `abort` sends its code and reason to every
+/// it — every rank, the one that aborts and the ones that adopt its abort, polls MPI
+/// for up to `withdraw_grace` before the failed call returns, so a payload moving
+/// between live ranks lands while its buffers still exist — and logs a warning about
+/// any it had to leave at destruction. `abort` sends its code and reason to every
 /// peer on a control communicator that each rank polls, so every rank fails with
 /// the same words. MPI reports a dead process only as errors of the calls that touch
 /// it (the communicators use MPI_ERRORS_RETURN; such an error fails the peer's
@@ -68,6 +70,7 @@
 #endif
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <climits>
@@ -102,9 +105,12 @@ struct options {
   /// cores, Open MPI 4.1, 2026-11-25): 4 KiB allreduce 1812 µs at 50 µs against 85 µs at
   /// 2 ms over shared memory, 1894 against 183 µs over TCP; 16 MiB 18.7 against 15.2 ms.
   std::optional<std::chrono::microseconds> spin;
-  /// How long an abort waits for its messages, and for transfers MPI still holds, to
-  /// finish; destruction waits as long for what is left.
+  /// How long an abort waits for its messages to leave.
   std::chrono::milliseconds abort_flush{200};
+  /// How long an abort, and destruction, wait for transfers MPI could not withdraw
+  /// (payloads already moving between two live ranks: milliseconds) to finish, so that
+  /// MPI is done with the caller's buffers before the failed call returns.
+  std::chrono::milliseconds withdraw_grace{2000};
 };
 
 /// Initializes MPI for the life of the object, unless it already is, and finalizes it
@@ -287,13 +293,18 @@ struct state {
       MPI_Wait(&control_request, MPI_STATUS_IGNORE);
     }
     while (head) withdraw(*head, make_error_code(errc::aborted));
-    drain(clock::now() + opts.abort_flush);
+    drain(clock::now() + opts.withdraw_grace, clock::now() + opts.abort_flush, true);
+    for (orphan& o : orphans)  // a payload the sender never sent: its sink is unmatched
+      if (o.sink) MPI_Cancel(&o.request);
+    test_orphans();
     const bool leftovers = !orphans.empty() || pending_abort_sends();
     if (leftovers) {
-      qcoll::detail::log_warning("qcoll: rank {}: mpi transport: {} transfers still in MPI's hands at destruction; "
-                                 "their buffers and qcoll's communicators are left to MPI",
-                                 rank, orphans.size());
-      for (MPI_Request& r : orphans) MPI_Request_free(&r);
+      std::string which;
+      for (const orphan& o : orphans) which += fmt::format("{}{} peer {}", which.empty() ? "" : ", ", o.what, o.peer);
+      qcoll::detail::log_warning("qcoll: rank {}: mpi transport: {} transfer(s) still in MPI's hands at destruction "
+                                 "({}); their buffers and qcoll's communicators are left to MPI",
+                                 rank, orphans.size(), which.empty() ? "abort messages" : which);
+      for (orphan& o : orphans) MPI_Request_free(&o.request);
       for (MPI_Request& r : abort_sends)
         if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
       (void)abort_message.release();  // MPI may still read it
@@ -366,6 +377,14 @@ struct state {
     if (code != MPI_SUCCESS) lose(peer, fmt::format("MPI_Isend to it failed: {}", mpi_error_text(code)));
   }
 
+  /// A payload receive of `bytes` into `into`, any size.
+  int post_receive(std::byte* into, std::size_t bytes, rank_t peer, tag_t tag, MPI_Request& request) {
+    if (bytes <= std::size_t(INT_MAX))
+      return MPI_Irecv(into, int(bytes), MPI_BYTE, int(peer), int(tag), payloads, &request);
+    byte_ranges_type type(nullptr, 0, into, bytes);
+    return MPI_Irecv(MPI_BOTTOM, 1, type.get(), int(peer), int(tag), payloads, &request);
+  }
+
   int isend_payload(request& r) {
     const int to = int(r.peer_), mpi_tag = int(r.tag_);
     if (r.size_ <= std::size_t(INT_MAX))
@@ -421,9 +440,13 @@ struct state {
       advance(*r);
       r = next;
     }
+    test_orphans();
+  }
+
+  void test_orphans() {
     for (auto it = orphans.begin(); it != orphans.end();) {
       int done = 0;
-      MPI_Test(&*it, &done, MPI_STATUS_IGNORE);
+      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
       it = done ? orphans.erase(it) : it + 1;
     }
   }
@@ -541,13 +564,7 @@ struct state {
     }
     if (inline_frame) return complete(r, {});
     r.state_ = request::state::receiving_payload;
-    int code = MPI_SUCCESS;
-    if (r.size_ <= std::size_t(INT_MAX)) {
-      code = MPI_Irecv(r.recv_data_, int(r.size_), MPI_BYTE, int(r.peer_), int(r.tag_), payloads, &r.payload_request_);
-    } else {
-      byte_ranges_type type(nullptr, 0, r.recv_data_, r.size_);
-      code = MPI_Irecv(MPI_BOTTOM, 1, type.get(), int(r.peer_), int(r.tag_), payloads, &r.payload_request_);
-    }
+    int code = post_receive(r.recv_data_, r.size_, r.peer_, r.tag_, r.payload_request_);
     if (code == MPI_SUCCESS)  // the receive is in place: the sender may go ahead
       code = MPI_Isend(nullptr, 0, MPI_BYTE, int(r.peer_), int(r.tag_), clears, &r.clear_request_);
     if (code != MPI_SUCCESS) lose(r.peer_, fmt::format("MPI_Irecv failed: {}", mpi_error_text(code)));
@@ -586,10 +603,24 @@ struct state {
       // are not cancelled, which MPI 4 deprecates.)
       const bool receive = r.is_send_ ? pending == &r.clear_request_ : pending == &r.payload_request_;
       if (receive) MPI_Cancel(pending);
-      int done = 0;
-      MPI_Test(pending, &done, MPI_STATUS_IGNORE);
-      if (!done) {
-        orphans.push_back(*pending);
+      int done = 0, cancelled = 0;
+      MPI_Status status;
+      MPI_Test(pending, &done, &status);
+      if (done) MPI_Test_cancelled(&status, &cancelled);
+      if (cancelled && !r.is_send_) {
+        // This rank cleared the sender, which may post the payload before it learns of
+        // the failure: a sink of the buffer's size (this rank's choice, not the peer's)
+        // takes it, so the sender's MPI finishes and nothing lands in the caller's buffer.
+        orphan sink{MPI_REQUEST_NULL, r.peer_, "a payload (into a sink) from",
+                    std::make_unique_for_overwrite<std::byte[]>(r.size_)};
+        if (post_receive(sink.sink.get(), r.size_, r.peer_, r.tag_, sink.request) == MPI_SUCCESS)
+          orphans.push_back(std::move(sink));
+        mark_broken(r.peer_, "a transfer was cut off midway");
+      } else if (!done) {
+        const char* what = pending == &r.frame_request_     ? (r.is_send_ ? "a frame to" : "a frame from")
+                           : pending == &r.payload_request_ ? (r.is_send_ ? "a payload to" : "a payload from")
+                                                            : (r.is_send_ ? "a clear-to-send from" : "a clear-to-send to");
+        orphans.push_back({*pending, r.peer_, what, nullptr});
         *pending = MPI_REQUEST_NULL;
         mark_broken(r.peer_, "a transfer was cut off midway");
       }
@@ -650,7 +681,13 @@ struct state {
     if (failure.code) return;
     failure = {code, std::string(reason.substr(0, stream::max_reason_bytes))};
     while (head) withdraw(*head, code);
-    if (!tell_peers) return;
+    // Every rank lets MPI finish the transfers it could not withdraw, the rank that
+    // adopts an abort as much as the one that sent it: a payload moving between two
+    // live ranks needs both to progress, and its buffers are the caller's again once
+    // this call returns. (Without this a rank that adopted the abort left, freed its
+    // buffer, and its peer's MPI later copied from it: a crash in Open MPI, a hang in
+    // MPICH's finalize; job.mpi_*.mismatched_sizes caught it about 1 run in 20.)
+    if (!tell_peers) return drain(clock::now() + opts.withdraw_grace, clock::now() + opts.abort_flush);
     abort_message = std::make_unique<std::array<std::byte, abort_message_bytes>>();
     qcoll::detail::store_le(abort_message->data(), stream::wire_code(code));
     std::copy_n(reinterpret_cast<const std::byte*>(failure.reason.data()), failure.reason.size(),
@@ -658,7 +695,7 @@ struct state {
     const int bytes = int(4 + failure.reason.size());
     for (rank_t p = 0; p < size; ++p)
       if (p != rank) MPI_Isend(abort_message->data(), bytes, MPI_BYTE, int(p), 0, control, &abort_sends[p]);
-    drain(clock::now() + opts.abort_flush);  // best effort and bounded
+    drain(clock::now() + opts.withdraw_grace, clock::now() + opts.abort_flush);  // best effort and bounded
   }
 
   bool pending_abort_sends() {
@@ -672,16 +709,21 @@ struct state {
     return pending;
   }
 
-  /// Lets MPI finish the abort messages and the orphaned transfers, until `until`.
-  void drain(deadline until) {
+  /// Lets MPI finish the orphaned transfers (until `orphans_until`) and the abort
+  /// messages (until `aborts_until`), polling all the while: MPI progresses only then.
+  void drain(deadline orphans_until, deadline aborts_until, bool waiting_for_sinks = false) {
     for (;;) {
-      for (auto it = orphans.begin(); it != orphans.end();) {
-        int done = 0;
-        MPI_Test(&*it, &done, MPI_STATUS_IGNORE);
-        it = done ? orphans.erase(it) : it + 1;
-      }
-      if ((orphans.empty() && !pending_abort_sends()) || clock::now() >= until) return;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      test_orphans();
+      const deadline now = clock::now();
+      // A failed call waits only for transfers into or out of the caller's buffers;
+      // sinks own theirs, and destruction gives them the same grace.
+      const bool user_buffers = std::any_of(orphans.begin(), orphans.end(), [&](const orphan& o) {
+        return !o.sink || waiting_for_sinks;
+      });
+      const bool orphans_done = !user_buffers || now >= orphans_until;
+      const bool aborts_done = !pending_abort_sends() || now >= aborts_until;
+      if (orphans_done && aborts_done) return;
+      std::this_thread::yield();
     }
   }
 
@@ -693,7 +735,13 @@ struct state {
   request* head = nullptr;  // pending requests, in post order
   request* tail = nullptr;
   std::vector<std::string> broken;        // per peer: why its stream can no longer be used
-  std::vector<MPI_Request> orphans;       // transfers withdrawn while MPI still held them
+  struct orphan {
+    MPI_Request request;
+    rank_t peer;
+    const char* what;
+    std::unique_ptr<std::byte[]> sink;  // a sink receive's own buffer
+  };
+  std::vector<orphan> orphans;            // transfers withdrawn while MPI still held them
   std::vector<std::byte> scratch;         // an inline payload of the wrong size lands here
   std::unique_ptr<std::array<std::byte, abort_message_bytes>> abort_received, abort_message;
   MPI_Request control_request = MPI_REQUEST_NULL;
