@@ -304,7 +304,10 @@ struct state {
       qcoll::detail::log_warning("qcoll: rank {}: mpi transport: {} transfer(s) still in MPI's hands at destruction "
                                  "({}); their buffers and qcoll's communicators are left to MPI",
                                  rank, orphans.size(), which.empty() ? "abort messages" : which);
-      for (orphan& o : orphans) MPI_Request_free(&o.request);
+      for (orphan& o : orphans) {
+        MPI_Request_free(&o.request);
+        (void)o.sink.release();  // MPI may still write into it
+      }
       for (MPI_Request& r : abort_sends)
         if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
       (void)abort_message.release();  // MPI may still read it
