@@ -47,6 +47,17 @@ class request_base {
  protected:
   ~request_base() = default;
 
+  /// What every transport records when it posts a request: peer, tag and direction,
+  /// with the outcome of the request's last use cleared.
+  void begin_post(rank_t peer, tag_t tag, bool is_send) noexcept {
+    peer_ = peer;
+    tag_ = tag;
+    is_send_ = is_send;
+    transferred_ = 0;
+    result_ = {};
+    header_ = {};
+  }
+
   message_header header_{};
   std::size_t transferred_ = 0;
   rank_t peer_ = 0;

@@ -263,12 +263,7 @@ class transport {
                                  "inproc transport: rank {}: a request was posted again while still pending", rank_);
     r.world_ = state_.get();
     r.owner_ = rank_;
-    r.peer_ = peer;
-    r.tag_ = tag;
-    r.is_send_ = is_send;
-    r.transferred_ = 0;
-    r.result_ = {};
-    r.header_ = {};
+    r.begin_post(peer, tag, is_send);
   }
 
   std::error_code rejection(rank_t peer) const noexcept {

@@ -345,12 +345,7 @@ struct state {
       qcoll::detail::throw_error(errc::invalid_argument, "mpi transport: rank {}: a request was posted again while still pending",
                                  rank);
     r.owner_ = this;
-    r.peer_ = peer;
-    r.tag_ = tag;
-    r.is_send_ = is_send;
-    r.transferred_ = 0;
-    r.result_ = {};
-    r.header_ = {};
+    r.begin_post(peer, tag, is_send);
     r.inline_payload_ = false;
     r.payload_posted_ = false;
   }

@@ -267,12 +267,7 @@ class engine {
       qcoll::detail::throw_error(errc::invalid_argument, "{}: rank {}: a request was posted again while still pending",
                                  name_, rank_);
     r.engine_ = const_cast<engine*>(this);
-    r.peer_ = peer;
-    r.tag_ = tag;
-    r.is_send_ = is_send;
-    r.transferred_ = 0;
-    r.result_ = {};
-    r.header_ = {};
+    r.begin_post(peer, tag, is_send);
   }
 
   static void complete(request& r, std::error_code result) noexcept {
