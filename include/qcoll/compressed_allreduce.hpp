@@ -125,6 +125,30 @@ class compressed_allreduce_plan : public plan_handle<Q, T> {
     return state_.committed_residual().subspan(Q::keeps_residual ? count() : 0);
   }
 
+  /// Adds to `into` (count() values), value by value, the quantization error this rank
+  /// still owes, in the units of its input: its worker residual, plus, over its own
+  /// stripe, its server residual times what `op` divides by (the world size for avg, 1
+  /// for sum). Over calls with reduce_op::sum the result telescopes:
+  ///   Σ_t out_t = Σ_t Σ_ranks in_t − Σ_ranks mass   (avg: the same, divided by n)
+  /// so after a new world (a new plan starts with zero residuals), adding the old plan's
+  /// mass to this rank's next contribution keeps that gradient mass (docs/recovery.md).
+  /// @par Errors qcoll::error (invalid_argument) for a wrong size, an op other than
+  /// sum or avg, or a call in flight.
+  void add_residual_mass(std::span<residual_type> into, reduce_op op = reduce_op::sum) const {
+    if (into.size() != count() || (op != reduce_op::sum && op != reduce_op::avg))
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "compressed_allreduce_plan::add_residual_mass: {} values for {}, op {}", into.size(),
+                                 count(), to_string(op));
+    this->require_idle("add_residual_mass");
+    if constexpr (Q::keeps_residual) {
+      const std::span<const residual_type> worker = worker_residual(), server = server_residual();
+      for (std::size_t i = 0; i < worker.size(); ++i) into[i] += worker[i];
+      const residual_type scale = op == reduce_op::avg ? static_cast<residual_type>(size_) : residual_type{1};
+      const std::size_t first = layout_.stripe(rank_).offset;
+      for (std::size_t i = 0; i < server.size(); ++i) into[first + i] += scale * server[i];
+    }
+  }
+
   /// Payload bytes this rank sends in one call (docs/compressed-allreduce.md), with
   /// E(j) the bytes of stripe j's frames (the encoded sizes of its chunks):
   ///   direct: Σ_{j≠r} E(j) + (n − 1)·E(r)

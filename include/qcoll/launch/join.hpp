@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -139,21 +140,21 @@ rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& s
   qcoll::detail::throw_error(errc::invalid_argument, "qcoll rank {}: {}", j.rank, verdict);
 }
 
-/// Joins the job `j` describes and calls fn(transport) with the connected transport.
-/// Collective: every rank of the job calls it.
-/// @par Errors
-/// qcoll::error from the store or the transport's join; every wait is bounded by
-/// j.timeout. Ranks that resolve different transports all fail at once with
-/// errc::invalid_argument, naming which ranks chose which.
-template <class Fn>
-decltype(auto) join(const rendezvous::job& j, Fn&& fn, const join_options& opts = {}) {
+namespace detail {
+
+/// join, with the store server given (or made here on rank 0) and `publish(store, until)`
+/// run by every rank once the transports agree and before either starts: the elastic
+/// job publishes its recovery roster there.
+template <class Publish, class Fn>
+decltype(auto) join_with(const rendezvous::job& j, std::unique_ptr<rendezvous::store_server> server,
+                         Publish&& publish, Fn&& fn, const join_options& opts) {
   const deadline until = clock::now() + j.timeout;
-  std::optional<rendezvous::store_server> server;
-  if (j.rank == 0) server.emplace(j);
+  if (j.rank == 0 && !server) server = std::make_unique<rendezvous::store_server>(j);
   rendezvous::store_client store(j, until);
 
   // Ranks told different transports would otherwise wait for each other in vain.
   const rendezvous::transport_kind kind = agree_on_transport(j, store, until);
+  publish(store, until);
 
   // Rank 0 keeps the store up until every rank is through with it.
   auto finish_rendezvous = [&] {
@@ -171,6 +172,19 @@ decltype(auto) join(const rendezvous::job& j, Fn&& fn, const join_options& opts 
   auto transport = transports::tcp::transport::join(j, store, opts.tcp);
   finish_rendezvous();
   return std::forward<Fn>(fn)(std::move(transport));
+}
+
+}  // namespace detail
+
+/// Joins the job `j` describes and calls fn(transport) with the connected transport.
+/// Collective: every rank of the job calls it.
+/// @par Errors
+/// qcoll::error from the store or the transport's join; every wait is bounded by
+/// j.timeout. Ranks that resolve different transports all fail at once with
+/// errc::invalid_argument, naming which ranks chose which.
+template <class Fn>
+decltype(auto) join(const rendezvous::job& j, Fn&& fn, const join_options& opts = {}) {
+  return detail::join_with(j, nullptr, [](auto&, deadline) {}, std::forward<Fn>(fn), opts);
 }
 
 /// join(job_from_environment(), fn, opts).

@@ -12,7 +12,7 @@
 ///     client → server  hello, 64 bytes
 ///        0  magic "QCOL"            4
 ///        4  protocol version u16    (1)
-///        6  channel u8              (1 store, 2 data)
+///        6  channel u8              (1 store, 2 data, 3 recovery)
 ///        7  flags u8                bit 0: the client has a secret; other bits 0
 ///        8  SHA-256(job id)        32   (a job id of any length in a fixed frame)
 ///       40  rank u32
@@ -73,12 +73,13 @@ namespace qcoll::rendezvous {
 
 /// What a connection is for; part of the hello so a client that dialled the wrong port
 /// is told so.
-enum class channel : std::uint8_t { store = 1, data = 2 };
+enum class channel : std::uint8_t { store = 1, data = 2, recovery = 3 };
 
 constexpr std::string_view to_string(channel kind) noexcept {
   switch (kind) {
     case channel::store: return "store";
     case channel::data: return "data";
+    case channel::recovery: return "recovery";
   }
   return "channel?";
 }
@@ -248,6 +249,7 @@ class server_handshake {
   static std::string channel_name(std::uint8_t kind) {
     if (kind == static_cast<std::uint8_t>(channel::store)) return "store";
     if (kind == static_cast<std::uint8_t>(channel::data)) return "data";
+    if (kind == static_cast<std::uint8_t>(channel::recovery)) return "recovery";
     return fmt::format("unknown (kind {})", kind);
   }
 

@@ -11,11 +11,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <system_error>
 
 #include <poll.h>
 
@@ -32,6 +36,23 @@ inline std::string describe_peer(const boost::asio::ip::tcp::socket& socket) {
   boost::system::error_code ec;
   const auto endpoint = socket.remote_endpoint(ec);
   return ec ? std::string("an unconnected peer") : describe(endpoint);
+}
+
+/// "address:port" (an IP address, not a name; IPv6 in brackets or bare) as an endpoint,
+/// or nothing when it is not one: the form ranks publish their listeners in.
+inline std::optional<boost::asio::ip::tcp::endpoint> parse_endpoint(std::string_view text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  std::string_view host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(std::string(host), ec);
+  unsigned port = 0;
+  const std::string_view digits = text.substr(colon + 1);
+  const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (ec || parsed.ec != std::errc() || parsed.ptr != digits.data() + digits.size() || port == 0 || port > 65535)
+    return std::nullopt;
+  return boost::asio::ip::tcp::endpoint(address, static_cast<unsigned short>(port));
 }
 
 inline long long milliseconds_between(clock::time_point from, clock::time_point to) {

@@ -25,6 +25,7 @@
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake_client.hpp>
 #include <qcoll/rendezvous/handshake_server.hpp>
+#include <qcoll/rendezvous/socket_io.hpp>
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
@@ -205,15 +206,10 @@ inline void tune(tcp::socket& socket, const options& opts) {
 
 /// "host:port" as published in the store.
 inline tcp::endpoint parse_endpoint(const std::string& text, rank_t peer) {
-  const auto colon = text.rfind(':');
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(text.substr(0, colon == std::string::npos ? 0 : colon), ec);
-  unsigned port = 0;
-  const char* digits = text.c_str() + (colon == std::string::npos ? text.size() : colon + 1);
-  const auto parsed = std::from_chars(digits, text.c_str() + text.size(), port);
-  if (colon == std::string::npos || ec || parsed.ec != std::errc() || *parsed.ptr != '\0' || port == 0 || port > 65535)
+  const auto endpoint = rendezvous::detail::parse_endpoint(text);
+  if (!endpoint)
     qcoll::detail::throw_error(errc::protocol_error, "tcp transport: rank {} published the address '{}'", peer, text);
-  return {address, static_cast<unsigned short>(port)};
+  return *endpoint;
 }
 
 inline tcp::socket connect_to(asio::io_context& io, const tcp::endpoint& where, rank_t peer, deadline until) {

@@ -1,0 +1,427 @@
+#pragma once
+/// @file
+/// How the ranks that survive a failure agree on a new world without the job's store,
+/// whose host may be among the dead (docs/recovery.md has the whole story):
+///
+/// 1. Every rank keeps a recovery listener open for the life of the job, and the join
+///    tells every rank every listener's address (the roster).
+/// 2. A survivor probes every other rank's listener at once. A refused connection is a
+///    dead process (its host's kernel answers for it); one that is neither accepted nor
+///    refused within probe_timeout is a host or link that is down. Both are lost.
+/// 3. The lowest rank a survivor found alive coordinates. The others check in with it
+///    over an authenticated connection (handshake.hpp, channel recovery, under the
+///    current world's job id, so a rank of another job or an older world is refused),
+///    sending whom they found alive. It waits until every rank it found alive has
+///    checked in, or until its gathering ends, then opens the new world's store on its
+///    own host and answers each with the new world: the old ranks that go on, in order
+///    (the new rank is the position), and the store's port.
+/// 4. A coordinator that dies before answering resets its connections; whoever waited
+///    for it tries the next lowest rank it found alive.
+///
+/// A rank that cannot reach the coordinator (its own link is down, or the network is
+/// split) ends up alone or in a small group and fails for want of a quorum: by default
+/// only a majority of the old world goes on, so at most one side of a split does.
+
+#include <qcoll/core/concepts.hpp>
+#include <qcoll/core/error.hpp>
+#include <qcoll/detail/check.hpp>
+#include <qcoll/detail/little_endian.hpp>
+#include <qcoll/detail/log.hpp>
+#include <qcoll/rendezvous/environment.hpp>
+#include <qcoll/rendezvous/handshake_client.hpp>
+#include <qcoll/rendezvous/handshake_server.hpp>
+#include <qcoll/rendezvous/socket_io.hpp>
+#include <qcoll/rendezvous/tcp_store.hpp>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace qcoll::rendezvous {
+
+struct survivor_options {
+  /// How long the whole agreement may take on this rank.
+  std::chrono::milliseconds timeout{15000};
+  /// How long a probe waits for a rank that neither accepts nor refuses (its host or
+  /// link is down) before counting it lost. A dead process on a live host is refused
+  /// at once and costs nothing.
+  std::chrono::milliseconds probe_timeout{2000};
+  /// The fewest ranks that may go on; 0 means a majority of the old world (more than
+  /// half), so the two sides of a split network never both go on.
+  rank_t min_survivors = 0;
+};
+
+/// The listener every rank keeps open for the life of its job, so survivors can find
+/// it without the store. Move-only.
+class recovery_listener {
+ public:
+  /// Listens on `bind_address` (an IP address) on a port the kernel picks.
+  /// @par Errors qcoll::error (invalid_argument) when it cannot.
+  explicit recovery_listener(const std::string& bind_address)
+      : io_(std::make_unique<boost::asio::io_context>()), acceptor_(*io_) {
+    namespace asio = boost::asio;
+    boost::system::error_code ec;
+    const auto address = asio::ip::make_address(bind_address, ec);
+    if (!ec) acceptor_.open(address.is_v6() ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), ec);
+    if (!ec) acceptor_.bind({address, 0}, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec)
+      qcoll::detail::throw_error(errc::invalid_argument, "qcoll recovery: cannot listen on '{}': {}", bind_address,
+                                 ec.message());
+    address_ = detail::describe(acceptor_.local_endpoint());
+  }
+
+  /// "address:port", as the roster lists it.
+  const std::string& address() const noexcept { return address_; }
+  boost::asio::io_context& io() noexcept { return *io_; }
+  boost::asio::ip::tcp::acceptor& acceptor() noexcept { return acceptor_; }
+
+ private:
+  std::unique_ptr<boost::asio::io_context> io_;  // outlives the acceptor
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::string address_;
+};
+
+/// Why a rank is not among the survivors.
+enum class loss { refused, unreachable, silent };
+
+constexpr std::string_view to_string(loss why) noexcept {
+  switch (why) {
+    case loss::refused: return "its process is gone (connection refused)";
+    case loss::unreachable: return "no answer from its host (host or link down)";
+    case loss::silent: return "alive but did not check in";
+  }
+  return "?";
+}
+
+/// What the survivors agreed on, as one survivor sees it.
+struct survivors {
+  std::vector<rank_t> ranks;                  ///< old ranks that go on, ascending: new rank = position
+  std::vector<std::pair<rank_t, loss>> lost;  ///< old ranks that do not, and why (as this rank saw it)
+  rank_t coordinator = 0;                     ///< the old rank that decided and serves the new store
+  job next;                                   ///< this rank's job in the new world
+  std::unique_ptr<store_server> store;        ///< the new world's store, on the coordinator only
+};
+
+namespace detail {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+inline constexpr std::uint32_t max_roster = 1u << 20;
+
+enum class verdict : std::uint8_t { go_on = 0, too_few = 1 };
+
+/// Connects to every other rank at once: what each attempt found, and the connections
+/// to the ranks found alive (they say nothing; the coordinator watches them, since a
+/// rank whose process dies resets them).
+struct probe_result {
+  std::vector<std::optional<loss>> found;  // nothing: alive (this rank too)
+  std::vector<std::optional<tcp::socket>> connections;
+};
+
+inline probe_result probe(asio::io_context& io, std::span<const std::optional<tcp::endpoint>> where, rank_t self,
+                          deadline until) {
+  const std::size_t n = where.size();
+  probe_result p{std::vector<std::optional<loss>>(n, loss::unreachable), std::vector<std::optional<tcp::socket>>(n)};
+  std::size_t pending = 0;
+  p.found[self].reset();
+  for (rank_t r = 0; r < n; ++r) {
+    if (r == self || !where[r]) continue;
+    p.connections[r].emplace(io);
+    ++pending;
+    p.connections[r]->async_connect(*where[r], [&p, &pending, r](boost::system::error_code ec) {
+      --pending;
+      if (!ec) p.found[r].reset();
+      else if (ec == asio::error::connection_refused) p.found[r] = loss::refused;
+    });
+  }
+  io.restart();
+  while (pending > 0 && io.run_one_until(until) > 0) {
+  }
+  for (rank_t r = 0; r < n; ++r) {
+    boost::system::error_code ignored;
+    if (p.connections[r] && p.found[r].has_value()) p.connections[r]->close(ignored);
+  }
+  io.restart();
+  io.run();
+  for (rank_t r = 0; r < n; ++r)
+    if (p.found[r].has_value()) p.connections[r].reset();
+  return p;
+}
+
+inline void put_ranks(std::vector<std::byte>& out, std::span<const rank_t> ranks) {
+  const std::size_t at = out.size();
+  out.resize(at + 4 + 4 * ranks.size());
+  qcoll::detail::store_le<std::uint32_t>(out.data() + at, static_cast<std::uint32_t>(ranks.size()));
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    qcoll::detail::store_le<std::uint32_t>(out.data() + at + 4 + 4 * i, static_cast<std::uint32_t>(ranks[i]));
+}
+
+/// Reads a rank list (u32 count, then the ranks, each below `size`, ascending).
+inline std::vector<rank_t> read_ranks(tcp::socket& socket, rank_t size, deadline until, std::string_view what) {
+  non_blocking_scope scope(socket);
+  std::array<std::byte, 4> count_bytes{};
+  auto fail = [&](const io_outcome& got) {
+    qcoll::detail::throw_error(got.result == io_result::timed_out ? errc::timeout : errc::peer_lost,
+                               "qcoll recovery: {} from {}: {}", what, describe_peer(socket),
+                               got.result == io_result::timed_out ? std::string("timed out") : got.error.message());
+  };
+  if (auto got = read_exact(socket, count_bytes, until); got.result != io_result::done) fail(got);
+  const std::uint32_t count = qcoll::detail::load_le<std::uint32_t>(count_bytes.data());
+  if (count > size)
+    qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {} from {} lists {} ranks of {}", what,
+                               describe_peer(socket), count, size);
+  std::vector<std::byte> bytes(4 * std::size_t{count});
+  if (auto got = read_exact(socket, bytes, until); got.result != io_result::done) fail(got);
+  std::vector<rank_t> ranks(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    ranks[i] = qcoll::detail::load_le<std::uint32_t>(bytes.data() + 4 * i);
+    if (ranks[i] >= size || (i > 0 && ranks[i] <= ranks[i - 1]))
+      qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {} from {} is malformed", what,
+                                 describe_peer(socket));
+  }
+  return ranks;
+}
+
+inline void write_bytes(tcp::socket& socket, std::span<const std::byte> bytes, deadline until, std::string_view what) {
+  non_blocking_scope scope(socket);
+  if (auto sent = write_all(socket, bytes, until); sent.result != io_result::done)
+    qcoll::detail::throw_error(sent.result == io_result::timed_out ? errc::timeout : errc::peer_lost,
+                               "qcoll recovery: sending {} to {}: {}", what, describe_peer(socket),
+                               sent.result == io_result::timed_out ? std::string("timed out") : sent.error.message());
+}
+
+inline std::string host_of(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+/// The job of `rank` in the world of the old ranks `members`.
+inline job next_job(const job& current, std::span<const std::string> roster, std::span<const rank_t> members,
+                    rank_t coordinator, std::uint16_t store_port, const std::string& next_id) {
+  job next = current;
+  next.job_id = next_id;
+  next.size = members.size();
+  next.rank = static_cast<rank_t>(std::find(members.begin(), members.end(), current.rank) - members.begin());
+  std::string store_host = host_of(roster[coordinator]);
+  if (store_host.size() >= 2 && store_host.front() == '[') store_host = store_host.substr(1, store_host.size() - 2);
+  next.store_host = store_host;
+  next.store_port = store_port;
+  next.local_rank = 0;
+  next.local_size = 0;
+  const std::string my_host = host_of(roster[current.rank]);
+  for (rank_t m : members) {
+    if (host_of(roster[m]) != my_host) continue;
+    if (m < current.rank) ++next.local_rank;
+    ++next.local_size;
+  }
+  return next;
+}
+
+}  // namespace detail
+
+/// Agrees with the other survivors of `current` on the world that goes on, and returns
+/// this rank's part in it. Collective over the survivors: every rank that is still
+/// alive calls it after the failure, within `opts.timeout` of the others.
+///
+/// `roster[r]` is rank r's recovery listener ("address:port"), `listener` this rank's,
+/// `next_id` the new world's job id (the same on every survivor).
+/// @par Errors qcoll::error: errc::peer_lost when fewer than the required survivors
+/// agreed (the message says how many and who), errc::timeout when no coordinator
+/// answered in time, errc::invalid_argument for a roster that does not fit `current`.
+inline survivors agree_on_survivors(const job& current, std::span<const std::string> roster,
+                                    recovery_listener& listener, const std::string& next_id,
+                                    const survivor_options& opts = {}) {
+  namespace asio = boost::asio;
+  using asio::ip::tcp;
+  const rank_t n = current.size, self = current.rank;
+  if (roster.size() != n || self >= n || n > detail::max_roster)
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll recovery: a roster of {} addresses for rank {} of {}",
+                               roster.size(), self, n);
+  const rank_t quorum = opts.min_survivors != 0 ? opts.min_survivors : n / 2 + 1;
+  const auto started = clock::now();
+  const deadline until = started + opts.timeout;
+  std::vector<std::optional<tcp::endpoint>> where(n);
+  for (rank_t r = 0; r < n; ++r) where[r] = rendezvous::detail::parse_endpoint(roster[r]);
+
+  asio::io_context& io = listener.io();
+  detail::probe_result probed = detail::probe(io, where, self, std::min(until, started + opts.probe_timeout));
+  std::vector<std::optional<loss>>& found = probed.found;
+
+  for (;;) {
+    const auto alive_end = std::find_if(found.begin(), found.end(), [](const auto& f) { return !f.has_value(); });
+    const rank_t coordinator = static_cast<rank_t>(alive_end - found.begin());  // self at the latest
+    std::vector<rank_t> members;
+
+    if (coordinator == self) {
+      // Gather until every rank found alive has checked in or died (its probe connection
+      // resets), or the gathering ends: a quarter of the timeout is left for the answers.
+      const deadline gather_until = until - opts.timeout / 4;
+      std::vector<std::optional<tcp::socket>> checked_in(n);
+      rank_t waiting = 0;
+      std::array<std::byte, 1> ignored_byte{};
+      for (rank_t r = 0; r < n; ++r) {
+        if (r == self || found[r].has_value()) continue;
+        ++waiting;
+        if (!probed.connections[r]) continue;  // a second round: only the first probes
+        probed.connections[r]->async_read_some(asio::buffer(ignored_byte), [&, r](boost::system::error_code ec, std::size_t) {
+          if (ec == asio::error::operation_aborted || checked_in[r] || found[r].has_value()) return;
+          found[r] = loss::refused;  // its process died while we waited for it
+          --waiting;
+        });
+      }
+      std::optional<tcp::socket> arriving;
+      std::function<void()> accept_next = [&] {
+        arriving.emplace(io);
+        listener.acceptor().async_accept(*arriving, [&](boost::system::error_code ec) {
+          if (ec) return;
+          try {
+            tcp::socket socket = std::move(*arriving);
+            const hello peer = admit(socket, current, channel::recovery,
+                                     std::min(gather_until, clock::now() + opts.probe_timeout));
+            // A rank checks in only with the lowest rank it found alive, us: its view is
+            // read (and checked for form) but changes nothing.
+            detail::read_ranks(socket, n, gather_until, "the check-in");
+            if (peer.rank != self && !checked_in[peer.rank]) {
+              if (!found[peer.rank].has_value()) --waiting;
+              found[peer.rank].reset();  // it reached us, so it is alive whatever the probe said
+              checked_in[peer.rank].emplace(std::move(socket));
+            }
+          } catch (const qcoll::error&) {
+            // A probe (it closes without a word) or a stranger: neither is a survivor.
+          }
+          if (waiting > 0) accept_next();
+        });
+      };
+      if (waiting > 0) accept_next();
+      io.restart();
+      while (waiting > 0 && io.run_one_until(gather_until) > 0) {
+      }
+      {
+        boost::system::error_code ignored;
+        listener.acceptor().cancel(ignored);
+        for (auto& connection : probed.connections)
+          if (connection) connection->close(ignored);
+        io.restart();
+        io.run();
+      }
+      for (rank_t r = 0; r < n; ++r) {
+        if (r == self || checked_in[r]) members.push_back(r);
+        else if (!found[r].has_value()) found[r] = loss::silent;
+      }
+
+      survivors result;
+      result.coordinator = self;
+      std::vector<std::byte> answer(3);
+      if (members.size() < quorum) {
+        answer[0] = static_cast<std::byte>(detail::verdict::too_few);
+      } else {
+        result.next = detail::next_job(current, roster, members, self, 0, next_id);
+        result.store = std::make_unique<store_server>(result.next);
+        result.next.store_port = result.store->port();
+        answer[0] = static_cast<std::byte>(detail::verdict::go_on);
+        qcoll::detail::store_le<std::uint16_t>(answer.data() + 1, result.next.store_port);
+      }
+      detail::put_ranks(answer, members);
+      for (rank_t r = 0; r < n; ++r) {
+        if (!checked_in[r]) continue;
+        try {
+          detail::write_bytes(*checked_in[r], answer, until, "the new world");
+        } catch (const qcoll::error& e) {  // it died since: the new world's join will tell
+          qcoll::detail::log_warning("qcoll: rank {}: recovery: {}", self, e.what());
+        }
+      }
+      if (members.size() < quorum)
+        qcoll::detail::throw_error(errc::peer_lost,
+                                   "qcoll recovery on rank {} of {}: only {} rank(s) agreed to go on (old ranks {}), "
+                                   "fewer than the {} required (survivor_options::min_survivors)",
+                                   self, n, members.size(), fmt::join(members, ", "), quorum);
+      result.ranks = std::move(members);
+      for (rank_t r = 0; r < n; ++r)
+        if (found[r].has_value()) result.lost.emplace_back(r, *found[r]);
+      return result;
+    }
+
+    // Check in with the coordinator and wait for its answer.
+    for (auto& connection : probed.connections) connection.reset();
+    std::vector<rank_t> view;
+    for (rank_t r = 0; r < n; ++r)
+      if (!found[r].has_value()) view.push_back(r);
+    std::array<std::byte, 3> head{};
+    try {
+      tcp::socket socket(io);
+      {
+        bool done = false;
+        boost::system::error_code result = asio::error::timed_out;
+        socket.async_connect(*where[coordinator], [&](boost::system::error_code ec) {
+          result = ec;
+          done = true;
+        });
+        io.restart();
+        while (!done && io.run_one_until(until) > 0) {
+        }
+        if (!done) {
+          boost::system::error_code ignored;
+          socket.close(ignored);
+          io.restart();
+          io.run();
+        }
+        if (result)
+          qcoll::detail::throw_error(errc::peer_lost, "qcoll recovery on rank {}: cannot reach the coordinator, rank {}: {}",
+                                     self, coordinator, result.message());
+      }
+      introduce(socket, current, channel::recovery, until);
+      std::vector<std::byte> check_in;
+      detail::put_ranks(check_in, view);
+      detail::write_bytes(socket, check_in, until, "the check-in");
+      detail::non_blocking_scope scope(socket);
+      if (auto got = detail::read_exact(socket, head, until); got.result != detail::io_result::done)
+        qcoll::detail::throw_error(got.result == detail::io_result::timed_out ? errc::timeout : errc::peer_lost,
+                                   "qcoll recovery on rank {}: waiting for the coordinator, rank {}, to answer: {}",
+                                   self, coordinator,
+                                   got.result == detail::io_result::timed_out ? std::string("timed out")
+                                                                               : got.error.message());
+      members = detail::read_ranks(socket, n, until, "the new world");
+    } catch (const qcoll::error& e) {
+      // The coordinator died or never answered: try the next lowest, while time is left.
+      if (e.code() == errc::protocol_error || clock::now() >= until) throw;
+      found[coordinator] = loss::silent;
+      continue;
+    }
+    if (static_cast<detail::verdict>(head[0]) != detail::verdict::go_on)
+      qcoll::detail::throw_error(errc::peer_lost,
+                                 "qcoll recovery on rank {} of {}: only {} rank(s) agreed to go on (old ranks {}), "
+                                 "fewer than the {} required (survivor_options::min_survivors)",
+                                 self, n, members.size(), fmt::join(members, ", "), quorum);
+    if (!std::binary_search(members.begin(), members.end(), self) ||
+        !std::binary_search(members.begin(), members.end(), coordinator))
+      qcoll::detail::throw_error(errc::protocol_error,
+                                 "qcoll recovery on rank {}: the coordinator, rank {}, answered with a world "
+                                 "without one of us",
+                                 self, coordinator);
+    survivors result;
+    result.coordinator = coordinator;
+    result.next = detail::next_job(current, roster, members, coordinator,
+                                   qcoll::detail::load_le<std::uint16_t>(head.data() + 1), next_id);
+    for (rank_t r = 0; r < n; ++r) {
+      if (std::binary_search(members.begin(), members.end(), r)) continue;
+      result.lost.emplace_back(r, found[r].value_or(loss::silent));
+    }
+    result.ranks = std::move(members);
+    return result;
+  }
+}
+
+}  // namespace qcoll::rendezvous

@@ -1,0 +1,195 @@
+// One rank of a job that loses ranks and goes on, started by `qcoll-run --keep-going`.
+//
+//   recovery_worker residuals <dead ranks, e.g. 0,3> <directory>
+//     Steps of a 1-bit compressed allreduce (sum) over deterministic inputs, summed into
+//     a running sum. At step fail_step the dead ranks write what they owe (their residual
+//     mass) into <directory> and SIGKILL themselves; the survivors' call fails, they
+//     shrink, rejoin, agree on the step to redo (ranks that finished it roll back), build
+//     a new plan for the new world, carry the old plan's residual mass into their next
+//     contribution and go on. At the end every survivor checks, value by value:
+//       running sum = Σ inputs that were reduced − Σ survivors' mass − Σ dead ranks' mass
+//     (the inputs: every rank's before the failure, the survivors' after), within float
+//     rounding, and that the mass carried over is large enough for the check to fail if
+//     it were dropped. Each survivor prints "recovered: …" and "residual mass kept: …".
+//   recovery_worker quorum <dead ranks> <directory>
+//     The dead ranks die at the first step; the survivors' shrink must fail for want of a
+//     majority, saying so (exit status 3).
+
+#include <qcoll/communicator.hpp>
+#include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/launch/elastic.hpp>
+#include <qcoll/quantizers/one_bit.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace qcoll;
+
+constexpr std::size_t count = 100003;  // no group size divides it
+constexpr unsigned steps = 10;
+constexpr unsigned fail_step = 4;
+constexpr double rounding_tolerance = 1e-3;  // the sums are O(10); float rounding is O(1e-5)
+
+[[noreturn]] void fail(const std::string& why) {
+  fmt::print(stderr, "FAILED: {}\n", why);
+  std::exit(1);
+}
+
+/// Rank r's input at step t: uniform in [−1, 1), the same from every standard library.
+float input(rank_t r, unsigned t, std::size_t i) {
+  std::uint64_t z = (r + 1) * 0x9e3779b97f4a7c15u ^ (std::uint64_t{t} << 40) ^ i;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+  z ^= z >> 31;
+  return static_cast<float>(double(z >> 11) * 0x1.0p-52 - 1.0);
+}
+
+std::vector<rank_t> parse_ranks(std::string_view text) {
+  std::vector<rank_t> ranks;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    ranks.push_back(static_cast<rank_t>(std::stoul(std::string(text.substr(0, comma)))));
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+std::string mass_file(const std::string& directory, rank_t r) { return fmt::format("{}/mass.{}", directory, r); }
+
+/// What a rank keeps across worlds: its running sum and, per step, what it owed when the
+/// step started, so a rank that finished a step the others did not can roll back.
+struct rank_state {
+  rank_t first_rank = 0;  // in the first world: names its inputs
+  unsigned done = 0;      // steps finished
+  std::vector<double> running = std::vector<double>(count, 0.0);
+  std::vector<float> carried = std::vector<float>(count, 0.0f);  // mass to add to the next contribution
+  struct snapshot {
+    std::vector<double> running;
+    std::vector<float> mass;  // carried + the plan's residual mass at the start of the step
+  };
+  std::array<snapshot, 2> at_step_start;  // steps done and done − 1
+  double largest_carried = 0;
+};
+
+template <class Comm>
+int run_steps(Comm& comm, rank_state& s, launch::elastic_job& job, std::span<const rank_t> dead,
+              const std::string& directory, unsigned die_at) {
+  compressed_allreduce_plan plan(comm, count, quantizers::one_bit{});
+  if (job.epoch() > 0) {
+    // Redo the first step some survivor did not finish; ranks that finished it roll back.
+    std::array<double, 1> fewest{double(s.done)};  // small integers: exact
+    comm.allreduce(std::span<double>(fewest), reduce_op::min);
+    if (fewest[0] + 1 < double(s.done)) fail(fmt::format("{} steps done here, {} on another survivor", s.done, fewest[0]));
+    if (double(s.done) > fewest[0]) fmt::print("rank {}: rolls back step {}\n", s.first_rank, s.done);
+    s.done = static_cast<unsigned>(fewest[0]);
+    const rank_state::snapshot& start = s.at_step_start[s.done % 2];
+    s.running = start.running;
+    s.carried = start.mass;  // the old plan's mass at the start of the step we redo
+    for (float m : s.carried) s.largest_carried = std::max(s.largest_carried, double(std::abs(m)));
+  }
+  std::vector<float> in(count), out(count);
+  for (; s.done < steps; ++s.done) {
+    rank_state::snapshot& start = s.at_step_start[s.done % 2];
+    start.running = s.running;
+    start.mass = s.carried;
+    plan.add_residual_mass(start.mass);
+    if (s.done == die_at && std::binary_search(dead.begin(), dead.end(), s.first_rank)) {
+      std::ofstream(mass_file(directory, s.first_rank), std::ios::binary)
+          .write(reinterpret_cast<const char*>(start.mass.data()), std::streamsize(count * sizeof(float)));
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+    for (std::size_t i = 0; i < count; ++i) in[i] = input(s.first_rank, s.done, i) + s.carried[i];
+    comm.allreduce(plan, std::span<const float>(in), std::span(out), reduce_op::sum);
+    std::fill(s.carried.begin(), s.carried.end(), 0.0f);
+    for (std::size_t i = 0; i < count; ++i) s.running[i] += out[i];
+  }
+
+  // Σ inputs reduced − what the survivors still owe − what the dead owed when they died.
+  std::vector<float> owed(s.carried);
+  plan.add_residual_mass(owed);
+  comm.allreduce(std::span(owed), reduce_op::sum);
+  std::vector<float> dead_mass(count, 0.0f);
+  for (rank_t d : dead) {
+    std::vector<float> theirs(count);
+    std::ifstream file(mass_file(directory, d), std::ios::binary);
+    if (!file.read(reinterpret_cast<char*>(theirs.data()), std::streamsize(count * sizeof(float))))
+      fail(fmt::format("rank {} left no {}", d, mass_file(directory, d)));
+    for (std::size_t i = 0; i < count; ++i) dead_mass[i] += theirs[i];
+  }
+  const rank_t first_size = static_cast<rank_t>(job.job().size + dead.size());
+  double worst = 0, largest_dead = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double reduced = 0;
+    for (unsigned t = 0; t < steps; ++t)
+      for (rank_t r = 0; r < first_size; ++r)
+        if (t < die_at || !std::binary_search(dead.begin(), dead.end(), r)) reduced += input(r, t, i);
+    worst = std::max(worst, std::abs(s.running[i] - (reduced - owed[i] - dead_mass[i])));
+    largest_dead = std::max(largest_dead, double(std::abs(dead_mass[i])));
+  }
+  if (worst > rounding_tolerance) fail(fmt::format("the running sum is off by {} (tolerance {})", worst, rounding_tolerance));
+  // Dropping the carried or the dead ranks' mass must break the check, or it proves nothing.
+  if (s.largest_carried < 100 * rounding_tolerance || largest_dead < 100 * rounding_tolerance)
+    fail(fmt::format("the masses are too small to test anything: carried {}, dead {}", s.largest_carried, largest_dead));
+  fmt::print("rank {}: residual mass kept: running sum = inputs − survivors' mass − dead ranks' mass within {:.1e} "
+             "(largest carried {:.3f}, dead {:.3f})\n",
+             s.first_rank, worst, s.largest_carried, largest_dead);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  if (argc != 4) fail("usage: recovery_worker residuals|quorum <dead ranks> <directory>");
+  const std::string_view scenario = argv[1];
+  const std::vector<rank_t> dead = parse_ranks(argv[2]);
+  const std::string directory = argv[3];
+  const unsigned die_at = scenario == "quorum" ? 0 : fail_step;
+  if (scenario != "residuals" && scenario != "quorum") fail(fmt::format("unknown scenario '{}'", scenario));
+
+  launch::elastic_job job = launch::elastic_job::from_environment();
+  rank_state state;
+  state.first_rank = job.job().rank;
+  launch::shrink_options shrink;
+  shrink.timeout = std::chrono::seconds(10);
+  for (;;) {
+    try {
+      return job.join([&](auto transport) {
+        communicator comm(std::move(transport));
+        return run_steps(comm, state, job, dead, directory, die_at);
+      });
+    } catch (const qcoll::error& e) {
+      if (!launch::recoverable(e)) throw;
+      fmt::print("rank {}: step {} failed: {}\n", state.first_rank, state.done, e.code().message());
+      try {
+        const launch::shrink_report report = job.shrink(shrink);
+        fmt::print("rank {}: recovered: {}\n", report.old_rank, report.describe());
+        if (report.survivors.size() + dead.size() != report.old_size)
+          fail(fmt::format("{} survivors of {} with {} dead", report.survivors.size(), report.old_size, dead.size()));
+        for (const auto& [rank, why] : report.lost)
+          if (!std::binary_search(dead.begin(), dead.end(), rank)) fail(fmt::format("rank {} was left behind", rank));
+      } catch (const qcoll::error& refused) {
+        fmt::print("rank {}: shrink refused: {}\n", state.first_rank, refused.what());
+        return 3;
+      }
+    }
+  }
+} catch (const std::exception& e) {
+  fmt::print(stderr, "FAILED: {}\n", e.what());
+  return 1;
+}

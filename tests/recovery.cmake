@@ -1,0 +1,41 @@
+# Recovery across processes (launch/elastic.hpp): jobs that lose ranks, rank 0 among them,
+# and go on in a smaller world. tests/multiprocess/recovery_worker.cpp says what each checks.
+if(NOT TARGET qcoll-run)
+  return()
+endif()
+
+add_executable(recovery_worker multiprocess/recovery_worker.cpp)
+target_link_libraries(recovery_worker PRIVATE qcoll::qcoll)
+qcoll_warnings(recovery_worker)
+
+# qcoll_recovery_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… EXIT s LINES …)
+# The worker writes the dead ranks' residual mass into a directory of the test's own.
+function(qcoll_recovery_test name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "RANKS;TRANSPORT;EXIT;LINES" "ARGS")
+  set(directory ${CMAKE_CURRENT_BINARY_DIR}/recovery/${arg_TRANSPORT}.${name})
+  file(MAKE_DIRECTORY ${directory})
+  add_test(NAME recovery.${arg_TRANSPORT}.${name}
+    COMMAND ${CMAKE_COMMAND} -DEXIT=${arg_EXIT} "-DCOUNT_LINES=${arg_LINES}" -DTIMEOUT=110
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
+            -- $<TARGET_FILE:qcoll-run> -n ${arg_RANKS} --transport ${arg_TRANSPORT} --keep-going
+               $<TARGET_FILE:recovery_worker> ${arg_ARGS} ${directory})
+  set_tests_properties(recovery.${arg_TRANSPORT}.${name} PROPERTIES TIMEOUT 120
+                       ENVIRONMENT "QCOLL_TIMEOUT_MS=20000")
+endfunction()
+
+foreach(transport shm tcp)
+  # 6 ranks lose 0 and 3 (rank 0 served the first store): the 4 survivors agree, rejoin
+  # with rank 1 as the new rank 0, and keep every bit of residual mass but the dead's.
+  set(survivors "")
+  foreach(rank 1 2 4 5)
+    string(APPEND survivors "|1:^\\[${rank}\\] rank ${rank}: recovered: old rank ${rank} of 6 is rank [0-3] of 4 "
+                            "\\(shrink 1, .*lost: rank 0 \\(.*\\), rank 3 \\(.*\\)$"
+                            "|1:^\\[${rank}\\] rank ${rank}: residual mass kept")
+  endforeach()
+  string(SUBSTRING "${survivors}" 1 -1 survivors)
+  qcoll_recovery_test(lose_rank_0_and_3_of_6 RANKS 6 TRANSPORT ${transport} ARGS residuals 0,3 EXIT 137
+    LINES "${survivors}|2:was killed by signal SIGKILL")
+  # 1 survivor of 3 is no majority: its shrink says so instead of training on alone.
+  qcoll_recovery_test(no_quorum RANKS 3 TRANSPORT ${transport} ARGS quorum 0,1 EXIT 137
+    LINES "1:^\\[2\\] rank 2: shrink refused: .*only 1 rank\\(s\\) agreed to go on .*fewer than the 2 required")
+endforeach()
