@@ -11,6 +11,15 @@
 //     (the inputs: every rank's before the failure, the survivors' after), within float
 //     rounding, and that the mass carried over is large enough for the check to fail if
 //     it were dropped. Each survivor prints "recovered: …" and "residual mass kept: …".
+//   recovery_worker cut <cut rank> <directory>
+//     For benchmarks/netlab --link-down: 1-bit allreduces every 50 ms for cut_seconds
+//     while the lab takes the cut rank's link down. The others' call fails within the
+//     communicator's deadline, they shrink (the cut rank is unreachable), rejoin and go
+//     on, each printing "recovered: …" and "finished …"; the cut rank's shrink finds no
+//     one and fails for want of a majority (exit status 3).
+//   Every survivor also prints "training again <t> ms after the failure", <t> from the
+//   earliest failure_time.* file in <directory> (the dying rank's, or the lab's, in ns of
+//   the system clock) to its first step finished in the new world.
 //   recovery_worker quorum <dead ranks> <directory>
 //     The dead ranks die at the first step; the survivors' shrink must fail for want of a
 //     majority, saying so (exit status 3).
@@ -24,15 +33,18 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -40,8 +52,6 @@ namespace {
 using namespace qcoll;
 
 constexpr std::size_t count = 100003;  // no group size divides it
-constexpr unsigned steps = 10;
-constexpr unsigned fail_step = 4;
 constexpr double rounding_tolerance = 1e-3;  // the sums are O(10); float rounding is O(1e-5)
 
 [[noreturn]] void fail(const std::string& why) {
@@ -71,6 +81,29 @@ std::vector<rank_t> parse_ranks(std::string_view text) {
 
 std::string mass_file(const std::string& directory, rank_t r) { return fmt::format("{}/mass.{}", directory, r); }
 
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// The earliest failure_time.* in the directory, or 0.
+std::int64_t failure_time(const std::string& directory) {
+  std::int64_t earliest = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+    if (!entry.path().filename().string().starts_with("failure_time.")) continue;
+    std::int64_t t = 0;
+    if (std::ifstream(entry.path()) >> t && t > 0 && (earliest == 0 || t < earliest)) earliest = t;
+  }
+  return earliest;
+}
+
+struct scenario {
+  unsigned steps;
+  unsigned die_at;                   // the dead ranks die at the start of this step
+  std::chrono::milliseconds pause;   // between steps
+  bool check_residuals;
+};
+
 /// What a rank keeps across worlds: its running sum and, per step, what it owed when the
 /// step started, so a rank that finished a step the others did not can roll back.
 struct rank_state {
@@ -88,7 +121,9 @@ struct rank_state {
 
 template <class Comm>
 int run_steps(Comm& comm, rank_state& s, launch::elastic_job& job, std::span<const rank_t> dead,
-              const std::string& directory, unsigned die_at) {
+              const std::string& directory, const scenario& plan_of_steps) {
+  const unsigned steps = plan_of_steps.steps, die_at = plan_of_steps.die_at;
+  bool timed = job.epoch() == 0;
   compressed_allreduce_plan plan(comm, count, quantizers::one_bit{});
   if (job.epoch() > 0) {
     // Redo the first step some survivor did not finish; ranks that finished it roll back.
@@ -111,6 +146,12 @@ int run_steps(Comm& comm, rank_state& s, launch::elastic_job& job, std::span<con
     if (s.done == die_at && std::binary_search(dead.begin(), dead.end(), s.first_rank)) {
       std::ofstream(mass_file(directory, s.first_rank), std::ios::binary)
           .write(reinterpret_cast<const char*>(start.mass.data()), std::streamsize(count * sizeof(float)));
+      // Let the peers read the last step's messages first: over TCP, a process that dies
+      // with unread data resets its connections, and a reset discards what it sent before.
+      // Then every survivor fails the same step and shrinks once, as the test expects
+      // (examples/elastic_training shows the other case).
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::ofstream(fmt::format("{}/failure_time.{}", directory, s.first_rank)) << now_ns() << '\n';
       std::fflush(stdout);
       std::raise(SIGKILL);
     }
@@ -118,6 +159,17 @@ int run_steps(Comm& comm, rank_state& s, launch::elastic_job& job, std::span<con
     comm.allreduce(plan, std::span<const float>(in), std::span(out), reduce_op::sum);
     std::fill(s.carried.begin(), s.carried.end(), 0.0f);
     for (std::size_t i = 0; i < count; ++i) s.running[i] += out[i];
+    if (!timed) {
+      timed = true;
+      if (const std::int64_t failed_at = failure_time(directory); failed_at != 0)
+        fmt::print("rank {}: training again {:.0f} ms after the failure\n", s.first_rank,
+                   double(now_ns() - failed_at) / 1e6);
+    }
+    std::this_thread::sleep_for(plan_of_steps.pause);
+  }
+  if (!plan_of_steps.check_residuals) {
+    fmt::print("rank {}: finished {} steps in a world of {}\n", s.first_rank, steps, comm.size());
+    return 0;
   }
 
   // Σ inputs reduced − what the survivors still owe − what the dead owed when they died.
@@ -125,7 +177,7 @@ int run_steps(Comm& comm, rank_state& s, launch::elastic_job& job, std::span<con
   plan.add_residual_mass(owed);
   comm.allreduce(std::span(owed), reduce_op::sum);
   std::vector<float> dead_mass(count, 0.0f);
-  for (rank_t d : dead) {
+  for (rank_t d : dead) {  // "residuals": the dead died
     std::vector<float> theirs(count);
     std::ifstream file(mass_file(directory, d), std::ios::binary);
     if (!file.read(reinterpret_cast<char*>(theirs.data()), std::streamsize(count * sizeof(float))))
@@ -155,12 +207,17 @@ int run_steps(Comm& comm, rank_state& s, launch::elastic_job& job, std::span<con
 }  // namespace
 
 int main(int argc, char** argv) try {
-  if (argc != 4) fail("usage: recovery_worker residuals|quorum <dead ranks> <directory>");
-  const std::string_view scenario = argv[1];
+  if (argc != 4) fail("usage: recovery_worker residuals|quorum|cut <ranks> <directory>");
+  const std::string_view name = argv[1];
   const std::vector<rank_t> dead = parse_ranks(argv[2]);
   const std::string directory = argv[3];
-  const unsigned die_at = scenario == "quorum" ? 0 : fail_step;
-  if (scenario != "residuals" && scenario != "quorum") fail(fmt::format("unknown scenario '{}'", scenario));
+  scenario chosen{};
+  if (name == "residuals") chosen = {10, 4, std::chrono::milliseconds(0), true};
+  else if (name == "quorum") chosen = {10, 0, std::chrono::milliseconds(0), false};
+  else if (name == "cut") chosen = {60, ~0u, std::chrono::milliseconds(50), false};
+  else fail(fmt::format("unknown scenario '{}'", name));
+  // A cut rank does not die: it is lost all the same.
+  const std::size_t lost_ranks = dead.size();
 
   launch::elastic_job job = launch::elastic_job::from_environment();
   rank_state state;
@@ -171,7 +228,7 @@ int main(int argc, char** argv) try {
     try {
       return job.join([&](auto transport) {
         communicator comm(std::move(transport));
-        return run_steps(comm, state, job, dead, directory, die_at);
+        return run_steps(comm, state, job, dead, directory, chosen);
       });
     } catch (const qcoll::error& e) {
       if (!launch::recoverable(e)) throw;
@@ -179,8 +236,8 @@ int main(int argc, char** argv) try {
       try {
         const launch::shrink_report report = job.shrink(shrink);
         fmt::print("rank {}: recovered: {}\n", report.old_rank, report.describe());
-        if (report.survivors.size() + dead.size() != report.old_size)
-          fail(fmt::format("{} survivors of {} with {} dead", report.survivors.size(), report.old_size, dead.size()));
+        if (report.survivors.size() + lost_ranks != report.old_size)
+          fail(fmt::format("{} survivors of {} with {} lost", report.survivors.size(), report.old_size, lost_ranks));
         for (const auto& [rank, why] : report.lost)
           if (!std::binary_search(dead.begin(), dead.end(), rank)) fail(fmt::format("rank {} was left behind", rank));
       } catch (const qcoll::error& refused) {

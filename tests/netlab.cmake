@@ -1,0 +1,77 @@
+# Recovery on a network that fails like a real one (benchmarks/netlab, netlab.md): four
+# ranks in network namespaces behind a bridge, and rank 2's link cut while they train.
+# Nothing tells the others: its packets are dropped, no RST, no ICMP. They must notice
+# within the communicator's deadline, agree without rank 2 (their probes of it go
+# unanswered) and finish in a world of 3; rank 2, cut off from everyone, must refuse to
+# go on alone. tests/multiprocess/recovery_worker.cpp (scenario "cut") says what each
+# rank does. Needs root, iproute2 and network namespaces; reported as skipped without.
+if(NOT TARGET recovery_worker)
+  return()
+endif()
+
+set(netlab_dir ${CMAKE_CURRENT_BINARY_DIR}/netlab)
+# The wrapper every netlab test runs under: exits 77 (SKIP_RETURN_CODE) when this machine
+# cannot build a lab, else empties the test's directory (a failure_time.* left by an
+# earlier run would pass for this one's) and runs the check.
+file(CONFIGURE OUTPUT ${netlab_dir}/lab_or_skip.sh CONTENT [=[
+# lab_or_skip.sh DIRECTORY -- command...  (written by tests/netlab.cmake)
+dir=$1
+shift 2
+skip() {
+  echo "skipped: $* (benchmarks/netlab needs root, iproute2 and network namespaces)"
+  exit 77
+}
+[ "$(id -u)" -eq 0 ] || skip "not root"
+for tool in bash ip tc; do
+  command -v "$tool" >/dev/null 2>&1 || skip "'$tool' not found"
+done
+# A throw-away namespace with what a lab is made of: a veth pair, a bridge, a tbf.
+ns=qcoll-probe-$$
+why=$(ip netns add "$ns" 2>&1) || skip "network namespaces are not permitted here: ip netns add: $why"
+why=$( { ip -n "$ns" link add qa type veth peer name qb &&
+         ip -n "$ns" link add qbr type bridge &&
+         tc -n "$ns" qdisc add dev qa root tbf rate 1gbit burst 16k limit 64k; } 2>&1)
+built=$?
+ip netns del "$ns"
+[ "$built" -eq 0 ] || skip "cannot build a lab in a namespace: $why"
+mkdir -p "$dir" && find "$dir" -mindepth 1 -delete || exit 1
+exec "$@"
+]=] @ONLY)
+
+# qcoll_netlab_test(<name> RANKS n NETLAB_OPTIONS … ARGS worker-args… EXIT s MAX_SECONDS t
+#                   LINES n:regex|… [ENVIRONMENT var=value…])
+# Runs recovery_worker <ARGS…> <directory> under benchmarks/netlab with --event-dir
+# <directory>: a directory of the test's own, emptied before each run.
+function(qcoll_netlab_test name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "RANKS;EXIT;MAX_SECONDS;LINES" "NETLAB_OPTIONS;ARGS;ENVIRONMENT")
+  set(directory ${netlab_dir}/${name})
+  file(MAKE_DIRECTORY ${directory})
+  add_test(NAME recovery.netlab.${name}
+    COMMAND sh ${netlab_dir}/lab_or_skip.sh ${directory} --
+            ${CMAKE_COMMAND} -DEXIT=${arg_EXIT} "-DCOUNT_LINES=${arg_LINES}" -DMAX_SECONDS=${arg_MAX_SECONDS}
+            -DTIMEOUT=110 -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
+            -- ${PROJECT_SOURCE_DIR}/benchmarks/netlab -n ${arg_RANKS} ${arg_NETLAB_OPTIONS} --event-dir ${directory}
+               -- $<TARGET_FILE:recovery_worker> ${arg_ARGS} ${directory})
+  # RUN_SERIAL: the ranks' deadlines are seconds; a lab fighting other tests for 2 cores
+  # would measure the machine, not the recovery.
+  set_tests_properties(recovery.netlab.${name} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL ON
+                       ENVIRONMENT "${arg_ENVIRONMENT}")
+endfunction()
+
+# Rank 2's link goes down 1.5 s into the job (mid-training: 60 steps, 50 ms apart). With
+# a 2 s deadline the others' collective fails by 3.5 s, their probes of rank 2 give up
+# after 2 s, and they go on as ranks 0-2 of 3. Rank 2's own shrink finds no one: exit 3,
+# the job's status under --keep-going. The bound is far below a hang, far above a run.
+set(lines "")
+foreach(rank 0 1 3)
+  string(APPEND lines "|1:^\\[${rank}\\] rank ${rank}: recovered: old rank ${rank} of 4 is rank [0-2] of 3 "
+                      "\\(shrink 1, agreed in [0-9.]+ ms\\), lost: rank 2 \\(no answer from its host \\(host or link down\\)\\)$"
+                      "|1:^\\[${rank}\\] rank ${rank}: training again [0-9]+ ms after the failure$"
+                      "|1:^\\[${rank}\\] rank ${rank}: finished 60 steps in a world of 3$")
+endforeach()
+string(SUBSTRING "${lines}" 1 -1 lines)
+qcoll_netlab_test(link_down RANKS 4 NETLAB_OPTIONS --rate 1gbit --keep-going --link-down 2@1.5 ARGS cut 2
+  EXIT 3 MAX_SECONDS 40 ENVIRONMENT QCOLL_TIMEOUT_MS=2000
+  LINES "${lines}|1:^netlab: rank 2 link down$"
+        "|1:^\\[2\\] rank 2: shrink refused: .*only 1 rank\\(s\\) agreed"
+        "|0:^\\[2\\] rank 2: (recovered|finished)|0:FAILED")
