@@ -25,12 +25,14 @@ endfunction()
 
 foreach(transport shm tcp)
   # 6 ranks lose 0 and 3 (rank 0 served the first store): the 4 survivors agree, rejoin
-  # with rank 1 as the new rank 0, and keep every bit of residual mass but the dead's.
+  # with rank 1 as the new rank 0, keep every bit of residual mass but the dead's, and
+  # re-plan a grid allreduce with the lost nodes degraded.
   set(survivors "")
   foreach(rank 1 2 4 5)
     string(APPEND survivors "|1:^\\[${rank}\\] rank ${rank}: recovered: old rank ${rank} of 6 is rank [0-3] of 4 "
                             "\\(shrink 1, .*lost: rank 0 \\(.*\\), rank 3 \\(.*\\)$"
-                            "|1:^\\[${rank}\\] rank ${rank}: residual mass kept")
+                            "|1:^\\[${rank}\\] rank ${rank}: residual mass kept"
+                            "|1:^\\[${rank}\\] rank ${rank}: grid allreduce re-planned around 2 lost node\\(s\\) of the 2x3 torus: correct")
   endforeach()
   string(SUBSTRING "${survivors}" 1 -1 survivors)
   qcoll_recovery_test(lose_rank_0_and_3_of_6 RANKS 6 TRANSPORT ${transport} ARGS residuals 0,3 EXIT 137

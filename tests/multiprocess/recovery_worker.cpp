@@ -26,8 +26,12 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/grid_allreduce.hpp>
 #include <qcoll/launch/elastic.hpp>
+#include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
+#include <qcoll/topologies/grid.hpp>
+#include <qcoll/topologies/router.hpp>
 
 #include <fmt/format.h>
 
@@ -117,7 +121,33 @@ struct rank_state {
   };
   std::array<snapshot, 2> at_step_start;  // steps done and done − 1
   double largest_carried = 0;
+  std::vector<rank_t> first_ranks;  // of the current world's ranks, in order
 };
+
+/// The first world's ranks as the nodes of a 2 × (n / 2) torus: after a shrink the lost
+/// ones are degraded, the survivors play their old nodes (survivors in node order are
+/// what grid_allreduce_plan maps by default), and an exact grid allreduce must give the
+/// survivors' sum.
+template <class Comm>
+void grid_after_shrink(Comm& comm, const rank_state& s, rank_t first_size) {
+  std::vector<topologies::degraded_node> lost;
+  for (rank_t r = 0; r < first_size; ++r)
+    if (!std::binary_search(s.first_ranks.begin(), s.first_ranks.end(), r)) lost.push_back(topologies::degraded_node::fully(r));
+  const topologies::torus torus({2, first_size / 2}, {.nodes = lost});
+  const topologies::grid_routing routing = topologies::route_grid(torus, {});
+  constexpr std::size_t values = 4099;
+  grid_allreduce_plan plan(comm, routing, values, quantizers::identity<float>{});
+  std::vector<float> in(values), out(values);
+  for (std::size_t i = 0; i < values; ++i) in[i] = float((s.first_rank + 1) * (i % 97));
+  comm.allreduce(plan, std::span<const float>(in), std::span(out), reduce_op::sum);
+  for (std::size_t i = 0; i < values; ++i) {
+    float sum = 0;
+    for (rank_t r : s.first_ranks) sum += float((r + 1) * (i % 97));
+    if (out[i] != sum) fail(fmt::format("grid allreduce after the shrink: value {} is {}, not {}", i, out[i], sum));
+  }
+  fmt::print("rank {}: grid allreduce re-planned around {} lost node(s) of the 2x{} torus: correct\n", s.first_rank,
+             lost.size(), first_size / 2);
+}
 
 template <class Comm>
 int run_steps(Comm& comm, rank_state& s, launch::elastic_job& job, std::span<const rank_t> dead,
@@ -198,6 +228,7 @@ int run_steps(Comm& comm, rank_state& s, launch::elastic_job& job, std::span<con
   // Dropping the carried or the dead ranks' mass must break the check, or it proves nothing.
   if (s.largest_carried < 100 * rounding_tolerance || largest_dead < 100 * rounding_tolerance)
     fail(fmt::format("the masses are too small to test anything: carried {}, dead {}", s.largest_carried, largest_dead));
+  if (job.epoch() > 0) grid_after_shrink(comm, s, first_size);
   fmt::print("rank {}: residual mass kept: running sum = inputs − survivors' mass − dead ranks' mass within {:.1e} "
              "(largest carried {:.3f}, dead {:.3f})\n",
              s.first_rank, worst, s.largest_carried, largest_dead);
@@ -222,6 +253,7 @@ int main(int argc, char** argv) try {
   launch::elastic_job job = launch::elastic_job::from_environment();
   rank_state state;
   state.first_rank = job.job().rank;
+  for (rank_t r = 0; r < job.job().size; ++r) state.first_ranks.push_back(r);
   launch::shrink_options shrink;
   shrink.timeout = std::chrono::seconds(10);
   for (;;) {
@@ -236,6 +268,9 @@ int main(int argc, char** argv) try {
       try {
         const launch::shrink_report report = job.shrink(shrink);
         fmt::print("rank {}: recovered: {}\n", report.old_rank, report.describe());
+        std::vector<rank_t> first_ranks;
+        for (rank_t r : report.survivors) first_ranks.push_back(state.first_ranks[r]);
+        state.first_ranks = std::move(first_ranks);
         if (report.survivors.size() + lost_ranks != report.old_size)
           fail(fmt::format("{} survivors of {} with {} lost", report.survivors.size(), report.old_size, lost_ranks));
         for (const auto& [rank, why] : report.lost)

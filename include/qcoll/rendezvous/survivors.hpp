@@ -126,42 +126,42 @@ inline constexpr std::uint32_t max_roster = 1u << 20;
 
 enum class verdict : std::uint8_t { go_on = 0, too_few = 1 };
 
-/// Connects to every other rank at once: what each attempt found, and the connections
-/// to the ranks found alive (they say nothing; the coordinator watches them, since a
-/// rank whose process dies resets them).
-struct probe_result {
-  std::vector<std::optional<loss>> found;  // nothing: alive (this rank too)
-  std::vector<std::optional<tcp::socket>> connections;
-};
-
-inline probe_result probe(asio::io_context& io, std::span<const std::optional<tcp::endpoint>> where, rank_t self,
-                          deadline until) {
+/// Probes the ranks `found` still counts alive (all at first), updating it; keeps the
+/// connections to higher ranks (a coordinator waits only for higher ones) and closes
+/// the others at once, so a lower rank that accepts one sees it end at once.
+inline std::vector<std::optional<tcp::socket>> probe(asio::io_context& io,
+                                                     std::span<const std::optional<tcp::endpoint>> where,
+                                                     rank_t self, std::vector<std::optional<loss>>& found,
+                                                     deadline until) {
   const std::size_t n = where.size();
-  probe_result p{std::vector<std::optional<loss>>(n, loss::unreachable), std::vector<std::optional<tcp::socket>>(n)};
+  std::vector<std::optional<tcp::socket>> connections(n);
   std::size_t pending = 0;
-  p.found[self].reset();
   for (rank_t r = 0; r < n; ++r) {
-    if (r == self || !where[r]) continue;
-    p.connections[r].emplace(io);
+    if (r == self || found[r].has_value()) continue;
+    found[r] = loss::unreachable;
+    if (!where[r]) continue;
+    connections[r].emplace(io);
     ++pending;
-    p.connections[r]->async_connect(*where[r], [&p, &pending, r](boost::system::error_code ec) {
+    connections[r]->async_connect(*where[r], [&, r](boost::system::error_code ec) {
       --pending;
-      if (!ec) p.found[r].reset();
-      else if (ec == asio::error::connection_refused) p.found[r] = loss::refused;
+      if (!ec) found[r].reset();
+      else if (ec == asio::error::connection_refused) found[r] = loss::refused;
+      boost::system::error_code ignored;
+      if (ec || r < self) connections[r]->close(ignored);
     });
   }
   io.restart();
   while (pending > 0 && io.run_one_until(until) > 0) {
   }
-  for (rank_t r = 0; r < n; ++r) {
+  for (auto& connection : connections) {
     boost::system::error_code ignored;
-    if (p.connections[r] && p.found[r].has_value()) p.connections[r]->close(ignored);
+    if (connection && pending > 0) connection->cancel(ignored);
   }
   io.restart();
   io.run();
   for (rank_t r = 0; r < n; ++r)
-    if (p.found[r].has_value()) p.connections[r].reset();
-  return p;
+    if (connections[r] && (found[r].has_value() || !connections[r]->is_open())) connections[r].reset();
+  return connections;
 }
 
 inline void put_ranks(std::vector<std::byte>& out, std::span<const rank_t> ranks) {
@@ -257,10 +257,13 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
   for (rank_t r = 0; r < n; ++r) where[r] = rendezvous::detail::parse_endpoint(roster[r]);
 
   asio::io_context& io = listener.io();
-  detail::probe_result probed = detail::probe(io, where, self, std::min(until, started + opts.probe_timeout));
-  std::vector<std::optional<loss>>& found = probed.found;
+  std::vector<std::optional<loss>> found(n);  // nothing: alive as far as this rank knows (itself too)
 
   for (;;) {
+    // Probe (again, after a coordinator died): the connections to the higher ranks stay
+    // open while this rank gathers, because a rank whose process dies resets them.
+    std::vector<std::optional<tcp::socket>> probes =
+        detail::probe(io, where, self, found, std::min(until, clock::now() + opts.probe_timeout));
     const auto alive_end = std::find_if(found.begin(), found.end(), [](const auto& f) { return !f.has_value(); });
     const rank_t coordinator = static_cast<rank_t>(alive_end - found.begin());  // self at the latest
     std::vector<rank_t> members;
@@ -275,8 +278,8 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       for (rank_t r = 0; r < n; ++r) {
         if (r == self || found[r].has_value()) continue;
         ++waiting;
-        if (!probed.connections[r]) continue;  // a second round: only the first probes
-        probed.connections[r]->async_read_some(asio::buffer(ignored_byte), [&, r](boost::system::error_code ec, std::size_t) {
+        if (!probes[r]) continue;
+        probes[r]->async_read_some(asio::buffer(ignored_byte), [&, r](boost::system::error_code ec, std::size_t) {
           if (ec == asio::error::operation_aborted || checked_in[r] || found[r].has_value()) return;
           found[r] = loss::refused;  // its process died while we waited for it
           --waiting;
@@ -312,7 +315,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       {
         boost::system::error_code ignored;
         listener.acceptor().cancel(ignored);
-        for (auto& connection : probed.connections)
+        for (auto& connection : probes)
           if (connection) connection->close(ignored);
         io.restart();
         io.run();
@@ -335,6 +338,13 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
         qcoll::detail::store_le<std::uint16_t>(answer.data() + 1, result.next.store_port);
       }
       detail::put_ranks(answer, members);
+      // Then who is lost and why, as the coordinator saw it: the members' probes may
+      // have found alive a rank that died a moment later.
+      std::vector<rank_t> lost_ranks;
+      for (rank_t r = 0; r < n; ++r)
+        if (found[r].has_value()) lost_ranks.push_back(r);
+      detail::put_ranks(answer, lost_ranks);
+      for (rank_t r : lost_ranks) answer.push_back(static_cast<std::byte>(*found[r]));
       for (rank_t r = 0; r < n; ++r) {
         if (!checked_in[r]) continue;
         try {
@@ -355,7 +365,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
     }
 
     // Check in with the coordinator and wait for its answer.
-    for (auto& connection : probed.connections) connection.reset();
+    probes.clear();
     std::vector<rank_t> view;
     for (rank_t r = 0; r < n; ++r)
       if (!found[r].has_value()) view.push_back(r);
@@ -394,10 +404,19 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
                                    got.result == detail::io_result::timed_out ? std::string("timed out")
                                                                                : got.error.message());
       members = detail::read_ranks(socket, n, until, "the new world");
+      const std::vector<rank_t> lost_ranks = detail::read_ranks(socket, n, until, "the lost ranks");
+      std::vector<std::byte> reasons(lost_ranks.size());
+      if (auto got = detail::read_exact(socket, reasons, until); got.result != detail::io_result::done)
+        qcoll::detail::throw_error(errc::peer_lost, "qcoll recovery on rank {}: the coordinator, rank {}, stopped "
+                                   "answering", self, coordinator);
+      for (std::size_t i = 0; i < lost_ranks.size(); ++i) {
+        const auto why = std::to_integer<std::uint8_t>(reasons[i]);
+        found[lost_ranks[i]] = why <= static_cast<std::uint8_t>(loss::silent) ? static_cast<loss>(why) : loss::silent;
+      }
     } catch (const qcoll::error& e) {
       // The coordinator died or never answered: try the next lowest, while time is left.
       if (e.code() == errc::protocol_error || clock::now() >= until) throw;
-      found[coordinator] = loss::silent;
+      found[coordinator] = e.code() == errc::peer_lost ? loss::refused : loss::silent;  // reset: it died
       continue;
     }
     if (static_cast<detail::verdict>(head[0]) != detail::verdict::go_on)
