@@ -299,7 +299,9 @@ int main(int argc, char** argv) {
     for (;;) {
       try {
         return job.join([&](auto transport) {
-          qcoll::communicator comm(std::move(transport));
+          // The job's timeout (QCOLL_TIMEOUT_MS) bounds every step: a rank whose link
+          // goes down is noticed only by a deadline.
+          qcoll::communicator comm(std::move(transport), qcoll::communicator_options{job.job().timeout});
           return trainer.train(comm, job);
         });
       } catch (const qcoll::error& e) {

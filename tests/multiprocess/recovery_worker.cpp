@@ -12,7 +12,7 @@
 //     rounding, and that the mass carried over is large enough for the check to fail if
 //     it were dropped. Each survivor prints "recovered: …" and "residual mass kept: …".
 //   recovery_worker cut <cut rank> <directory>
-//     For benchmarks/netlab --link-down: 1-bit allreduces every 50 ms for cut_seconds
+//     For benchmarks/netlab --link-down: 60 steps of a 1-bit allreduce, 50 ms apart,
 //     while the lab takes the cut rank's link down. The others' call fails within the
 //     communicator's deadline, they shrink (the cut rank is unreachable), rejoin and go
 //     on, each printing "recovered: …" and "finished …"; the cut rank's shrink finds no
@@ -259,7 +259,9 @@ int main(int argc, char** argv) try {
   for (;;) {
     try {
       return job.join([&](auto transport) {
-        communicator comm(std::move(transport));
+        // QCOLL_TIMEOUT_MS bounds each step too, not only the setup: a cut link is
+        // noticed only by a deadline.
+        communicator comm(std::move(transport), communicator_options{job.job().timeout});
         return run_steps(comm, state, job, dead, directory, chosen);
       });
     } catch (const qcoll::error& e) {
