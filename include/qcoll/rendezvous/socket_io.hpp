@@ -5,6 +5,8 @@
 /// at most the caller's deadline, never a hang.
 
 #include <qcoll/core/concepts.hpp>
+#include <qcoll/core/error.hpp>
+#include <qcoll/detail/check.hpp>
 
 #include <boost/asio.hpp>
 #include <fmt/format.h>
@@ -36,6 +38,55 @@ inline std::string describe_peer(const boost::asio::ip::tcp::socket& socket) {
   boost::system::error_code ec;
   const auto endpoint = socket.remote_endpoint(ec);
   return ec ? std::string("an unconnected peer") : describe(endpoint);
+}
+
+/// Runs `io` until `done()` or `until`; then cancels what is left (`cancel()`) and runs
+/// the cancelled handlers, so no handler outlives the call. Returns done().
+template <class Done, class Cancel>
+bool run_until(boost::asio::io_context& io, Done&& done, deadline until, Cancel&& cancel) {
+  io.restart();
+  while (!done() && io.run_one_until(until) > 0) {
+  }
+  if (done()) return true;
+  cancel();
+  io.restart();
+  io.run();
+  return done();
+}
+
+/// Listens on `bind_address` (an IP address) on a port the kernel picks.
+/// @par Errors qcoll::error (invalid_argument) "<who> cannot listen on '<address>': why".
+inline void listen_on_free_port(boost::asio::ip::tcp::acceptor& acceptor, const std::string& bind_address,
+                                std::string_view who) {
+  namespace asio = boost::asio;
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(bind_address, ec);
+  if (ec)
+    qcoll::detail::throw_error(errc::invalid_argument, "{} cannot listen on '{}': not an IP address", who,
+                               bind_address);
+  acceptor.open(address.is_v6() ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), ec);
+  if (!ec) acceptor.bind({address, 0}, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) qcoll::detail::throw_error(errc::invalid_argument, "{} cannot listen on '{}': {}", who, bind_address, ec.message());
+}
+
+/// Connects a socket to `where` before `until`: the socket, or the error
+/// (boost::asio::error::timed_out when the deadline passed first).
+inline boost::asio::ip::tcp::socket connect_before(boost::asio::io_context& io,
+                                                   const boost::asio::ip::tcp::endpoint& where, deadline until,
+                                                   boost::system::error_code& result) {
+  boost::asio::ip::tcp::socket socket(io);
+  bool done = false;
+  result = boost::asio::error::timed_out;
+  socket.async_connect(where, [&](boost::system::error_code ec) {
+    result = ec;
+    done = true;
+  });
+  run_until(io, [&] { return done; }, until, [&] {
+    boost::system::error_code ignored;
+    socket.close(ignored);
+  });
+  return socket;
 }
 
 /// "address:port" (an IP address, not a name; IPv6 in brackets or bare) as an endpoint,

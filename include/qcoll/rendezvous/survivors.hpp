@@ -73,15 +73,7 @@ class recovery_listener {
   /// @par Errors qcoll::error (invalid_argument) when it cannot.
   explicit recovery_listener(const std::string& bind_address)
       : io_(std::make_unique<boost::asio::io_context>()), acceptor_(*io_) {
-    namespace asio = boost::asio;
-    boost::system::error_code ec;
-    const auto address = asio::ip::make_address(bind_address, ec);
-    if (!ec) acceptor_.open(address.is_v6() ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), ec);
-    if (!ec) acceptor_.bind({address, 0}, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec)
-      qcoll::detail::throw_error(errc::invalid_argument, "qcoll recovery: cannot listen on '{}': {}", bind_address,
-                                 ec.message());
+    detail::listen_on_free_port(acceptor_, bind_address, "qcoll recovery:");
     address_ = detail::describe(acceptor_.local_endpoint());
   }
 
@@ -150,15 +142,12 @@ inline std::vector<std::optional<tcp::socket>> probe(asio::io_context& io,
       if (ec || r < self) connections[r]->close(ignored);
     });
   }
-  io.restart();
-  while (pending > 0 && io.run_one_until(until) > 0) {
-  }
-  for (auto& connection : connections) {
-    boost::system::error_code ignored;
-    if (connection && pending > 0) connection->cancel(ignored);
-  }
-  io.restart();
-  io.run();
+  run_until(io, [&] { return pending == 0; }, until, [&] {
+    for (auto& connection : connections) {
+      boost::system::error_code ignored;
+      if (connection) connection->cancel(ignored);
+    }
+  });
   for (rank_t r = 0; r < n; ++r)
     if (connections[r] && (found[r].has_value() || !connections[r]->is_open())) connections[r].reset();
   return connections;
@@ -309,14 +298,14 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
         });
       };
       if (waiting > 0) accept_next();
-      io.restart();
-      while (waiting > 0 && io.run_one_until(gather_until) > 0) {
-      }
-      {
+      const auto stop_gathering = [&] {  // the accept and the watches are pending either way
         boost::system::error_code ignored;
         listener.acceptor().cancel(ignored);
         for (auto& connection : probes)
           if (connection) connection->close(ignored);
+      };
+      if (detail::run_until(io, [&] { return waiting == 0; }, gather_until, stop_gathering)) {
+        stop_gathering();
         io.restart();
         io.run();
       }
@@ -371,27 +360,11 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       if (!found[r].has_value()) view.push_back(r);
     std::array<std::byte, 3> head{};
     try {
-      tcp::socket socket(io);
-      {
-        bool done = false;
-        boost::system::error_code result = asio::error::timed_out;
-        socket.async_connect(*where[coordinator], [&](boost::system::error_code ec) {
-          result = ec;
-          done = true;
-        });
-        io.restart();
-        while (!done && io.run_one_until(until) > 0) {
-        }
-        if (!done) {
-          boost::system::error_code ignored;
-          socket.close(ignored);
-          io.restart();
-          io.run();
-        }
-        if (result)
-          qcoll::detail::throw_error(errc::peer_lost, "qcoll recovery on rank {}: cannot reach the coordinator, rank {}: {}",
-                                     self, coordinator, result.message());
-      }
+      boost::system::error_code reached;
+      tcp::socket socket = detail::connect_before(io, *where[coordinator], until, reached);
+      if (reached)
+        qcoll::detail::throw_error(errc::peer_lost, "qcoll recovery on rank {}: cannot reach the coordinator, rank {}: {}",
+                                   self, coordinator, reached.message());
       introduce(socket, current, channel::recovery, until);
       std::vector<std::byte> check_in;
       detail::put_ranks(check_in, view);

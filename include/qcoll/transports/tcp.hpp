@@ -58,19 +58,6 @@ namespace detail {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-/// Runs `io` until `done` or `until`; then cancels what is left so no handler outlives the call.
-template <class Cancel>
-bool run_until(asio::io_context& io, const bool& done, deadline until, Cancel&& cancel) {
-  io.restart();
-  while (!done && io.run_one_until(until) > 0) {
-  }
-  if (done) return true;
-  cancel();
-  io.restart();
-  io.run();
-  return done;
-}
-
 inline std::string endpoint_text(const tcp::socket& socket) {
   boost::system::error_code ec;
   const auto remote = socket.remote_endpoint(ec);
@@ -214,14 +201,8 @@ inline tcp::endpoint parse_endpoint(const std::string& text, rank_t peer) {
 
 inline tcp::socket connect_to(asio::io_context& io, const tcp::endpoint& where, rank_t peer, deadline until) {
   // The peer's listener exists before it publishes its address, so a refusal means it is gone.
-  tcp::socket socket(io);
-  bool done = false;
-  boost::system::error_code result = asio::error::timed_out;
-  socket.async_connect(where, [&](boost::system::error_code ec) {
-    result = ec;
-    done = true;
-  });
-  run_until(io, done, until, [&] { socket.close(); });
+  boost::system::error_code result;
+  tcp::socket socket = rendezvous::detail::connect_before(io, where, until, result);
   if (result)
     qcoll::detail::throw_error(result == asio::error::timed_out || result == asio::error::operation_aborted
                                    ? errc::timeout
@@ -253,18 +234,8 @@ class transport : public stream::endpoint {
     auto io = std::make_unique<asio::io_context>();
     std::vector<std::optional<tcp::socket>> sockets(job.size);
 
-    boost::system::error_code ec;
-    const auto bind_address = asio::ip::make_address(job.bind_address, ec);
-    if (ec)
-      qcoll::detail::throw_error(errc::invalid_argument, "tcp transport: bind address '{}' is not an IP address",
-                                 job.bind_address);
     tcp::acceptor acceptor(*io);
-    acceptor.open(bind_address.is_v6() ? tcp::v6() : tcp::v4(), ec);
-    if (!ec) acceptor.bind({bind_address, 0}, ec);
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec)
-      qcoll::detail::throw_error(errc::invalid_argument, "tcp transport: rank {} cannot listen on {}: {}", job.rank,
-                                 job.bind_address, ec.message());
+    rendezvous::detail::listen_on_free_port(acceptor, job.bind_address, fmt::format("tcp transport: rank {}", job.rank));
     store.set(fmt::format("qcoll/tcp/address/{}", job.rank),
               fmt::format("{}:{}", job.bind_address, acceptor.local_endpoint().port()));
 
@@ -286,7 +257,7 @@ class transport : public stream::endpoint {
         accept_error = e;
         accepted = true;
       });
-      detail::run_until(*io, accepted, until, [&] { acceptor.cancel(); });
+      rendezvous::detail::run_until(*io, [&] { return accepted; }, until, [&] { acceptor.cancel(); });
       if (accept_error)
         qcoll::detail::throw_error(errc::timeout,
                                    "tcp transport: rank {} waited {} for {} higher rank(s) to connect; {}", job.rank,
