@@ -333,7 +333,9 @@ struct state {
 
   // ---- posting ------------------------------------------------------------------
 
-  void prepare(request& r, rank_t peer, tag_t tag, bool is_send) {
+  /// Checks and resets `r` for a post of `bytes`; false when it completed at once
+  /// because the transport failed or the peer is lost.
+  bool prepare(request& r, rank_t peer, tag_t tag, bool is_send, std::size_t bytes) {
     if (peer >= size || peer == rank)
       qcoll::detail::throw_error(errc::invalid_argument, "mpi transport: rank {} of {}: peer {} is out of range or this rank",
                                  rank, size, peer);
@@ -348,15 +350,22 @@ struct state {
     r.begin_post(peer, tag, is_send);
     r.inline_payload_ = false;
     r.payload_posted_ = false;
+    r.size_ = bytes;
+    if (failure.code) {
+      complete(r, failure.code);
+      return false;
+    }
+    if (!broken[peer].empty()) {
+      complete(r, make_error_code(errc::peer_lost));
+      return false;
+    }
+    return true;
   }
 
   void post_send(request& r, rank_t peer, tag_t tag, const message_header& header, std::span<const std::byte> data) {
     std::lock_guard lock(mutex);
-    prepare(r, peer, tag, true);
     r.send_data_ = data.data();
-    r.size_ = data.size();
-    if (failure.code) return complete(r, failure.code);
-    if (!broken[peer].empty()) return complete(r, make_error_code(errc::peer_lost));
+    if (!prepare(r, peer, tag, true, data.size())) return;
     qcoll::detail::store_le(r.frame_.data(), std::uint64_t(data.size()));
     stream::write_message_header(std::span(r.frame_).subspan<8, stream::message_header_bytes>(), header);
     r.header_ = header;
@@ -393,11 +402,8 @@ struct state {
 
   void post_recv(request& r, rank_t peer, tag_t tag, std::span<std::byte> buffer) {
     std::lock_guard lock(mutex);
-    prepare(r, peer, tag, false);
     r.recv_data_ = buffer.data();
-    r.size_ = buffer.size();
-    if (failure.code) return complete(r, failure.code);
-    if (!broken[peer].empty()) return complete(r, make_error_code(errc::peer_lost));
+    if (!prepare(r, peer, tag, false, buffer.size())) return;
     link(r, request::state::probing);
     progress_locked();
   }
