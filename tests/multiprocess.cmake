@@ -9,19 +9,28 @@ target_link_libraries(transport_worker PRIVATE qcoll::qcoll)
 qcoll_warnings(transport_worker)
 
 # qcoll_job_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… [EXIT s] [LINES n:regex|…]
-#                [LAUNCHER_OPTIONS …] [ENVIRONMENT var=value…] [CHECK var=value…])
+#                [LAUNCHER_OPTIONS …] [ENVIRONMENT var=value…] [CHECK var=value…]
+#                [WORKER target] [GROUP name])
+# The test is <GROUP>.<transport>.<name> (GROUP: job) and runs WORKER (transport_worker).
 function(qcoll_job_test name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "RANKS;TRANSPORT;EXIT;LINES" "ARGS;LAUNCHER_OPTIONS;ENVIRONMENT;CHECK")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "RANKS;TRANSPORT;EXIT;LINES;WORKER;GROUP"
+                        "ARGS;LAUNCHER_OPTIONS;ENVIRONMENT;CHECK")
   if(NOT DEFINED arg_EXIT)
     set(arg_EXIT 0)
   endif()
+  if(NOT DEFINED arg_WORKER)
+    set(arg_WORKER transport_worker)
+  endif()
+  if(NOT DEFINED arg_GROUP)
+    set(arg_GROUP job)
+  endif()
   list(TRANSFORM arg_CHECK PREPEND "-D")
-  add_test(NAME job.${arg_TRANSPORT}.${name}
+  add_test(NAME ${arg_GROUP}.${arg_TRANSPORT}.${name}
     COMMAND ${CMAKE_COMMAND} -DEXIT=${arg_EXIT} "-DCOUNT_LINES=${arg_LINES}" -DTIMEOUT=110 ${arg_CHECK}
             -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
             -- $<TARGET_FILE:qcoll-run> -n ${arg_RANKS} --transport ${arg_TRANSPORT} ${arg_LAUNCHER_OPTIONS}
-               $<TARGET_FILE:transport_worker> ${arg_ARGS})
-  set_tests_properties(job.${arg_TRANSPORT}.${name} PROPERTIES TIMEOUT 120
+               $<TARGET_FILE:${arg_WORKER}> ${arg_ARGS})
+  set_tests_properties(${arg_GROUP}.${arg_TRANSPORT}.${name} PROPERTIES TIMEOUT 120
                        ENVIRONMENT "QCOLL_TIMEOUT_MS=20000;${arg_ENVIRONMENT}")
 endfunction()
 

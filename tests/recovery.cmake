@@ -8,19 +8,15 @@ add_executable(recovery_worker multiprocess/recovery_worker.cpp)
 target_link_libraries(recovery_worker PRIVATE qcoll::qcoll)
 qcoll_warnings(recovery_worker)
 
-# qcoll_recovery_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… EXIT s LINES …)
-# The worker writes the dead ranks' residual mass into a directory of the test's own.
+# qcoll_recovery_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… EXIT s LINES …):
+# qcoll_job_test of recovery_worker under --keep-going, with a directory of the test's own
+# (the worker writes the dead ranks' residual mass there) as its last argument.
 function(qcoll_recovery_test name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "RANKS;TRANSPORT;EXIT;LINES" "ARGS")
   set(directory ${CMAKE_CURRENT_BINARY_DIR}/recovery/${arg_TRANSPORT}.${name})
   file(MAKE_DIRECTORY ${directory})
-  add_test(NAME recovery.${arg_TRANSPORT}.${name}
-    COMMAND ${CMAKE_COMMAND} -DEXIT=${arg_EXIT} "-DCOUNT_LINES=${arg_LINES}" -DTIMEOUT=110
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
-            -- $<TARGET_FILE:qcoll-run> -n ${arg_RANKS} --transport ${arg_TRANSPORT} --keep-going
-               $<TARGET_FILE:recovery_worker> ${arg_ARGS} ${directory})
-  set_tests_properties(recovery.${arg_TRANSPORT}.${name} PROPERTIES TIMEOUT 120
-                       ENVIRONMENT "QCOLL_TIMEOUT_MS=20000")
+  qcoll_job_test(${name} GROUP recovery WORKER recovery_worker RANKS ${arg_RANKS} TRANSPORT ${arg_TRANSPORT}
+    EXIT ${arg_EXIT} LINES "${arg_LINES}" LAUNCHER_OPTIONS --keep-going ARGS ${arg_ARGS} ${directory})
 endfunction()
 
 foreach(transport shm tcp)
