@@ -161,41 +161,50 @@ inline void put_ranks(std::vector<std::byte>& out, std::span<const rank_t> ranks
     qcoll::detail::store_le<std::uint32_t>(out.data() + at + 4 + 4 * i, static_cast<std::uint32_t>(ranks[i]));
 }
 
-/// Reads a rank list (u32 count, then the ranks, each below `size`, ascending).
-inline std::vector<rank_t> read_ranks(tcp::socket& socket, rank_t size, deadline until, std::string_view what) {
+/// A recovery read or write that did not finish: timeout at the deadline, else peer_lost.
+[[noreturn]] inline void fail_io(const io_outcome& outcome, std::string_view doing, const tcp::socket& socket) {
+  qcoll::detail::throw_error(outcome.result == io_result::timed_out ? errc::timeout : errc::peer_lost,
+                             "qcoll recovery: {} ({}): {}", doing, describe_peer(socket),
+                             outcome.result == io_result::timed_out ? std::string("timed out")
+                                                                    : outcome.error.message());
+}
+
+inline void read_bytes(tcp::socket& socket, std::span<std::byte> bytes, deadline until, std::string_view doing) {
   non_blocking_scope scope(socket);
+  if (auto got = read_exact(socket, bytes, until); got.result != io_result::done) fail_io(got, doing, socket);
+}
+
+inline void write_bytes(tcp::socket& socket, std::span<const std::byte> bytes, deadline until, std::string_view doing) {
+  non_blocking_scope scope(socket);
+  if (auto sent = write_all(socket, bytes, until); sent.result != io_result::done) fail_io(sent, doing, socket);
+}
+
+/// Reads a rank list (u32 count, then the ranks, each below `size`, ascending).
+inline std::vector<rank_t> read_ranks(tcp::socket& socket, rank_t size, deadline until, std::string_view doing) {
   std::array<std::byte, 4> count_bytes{};
-  auto fail = [&](const io_outcome& got) {
-    qcoll::detail::throw_error(got.result == io_result::timed_out ? errc::timeout : errc::peer_lost,
-                               "qcoll recovery: {} from {}: {}", what, describe_peer(socket),
-                               got.result == io_result::timed_out ? std::string("timed out") : got.error.message());
-  };
-  if (auto got = read_exact(socket, count_bytes, until); got.result != io_result::done) fail(got);
+  read_bytes(socket, count_bytes, until, doing);
   const std::uint32_t count = qcoll::detail::load_le<std::uint32_t>(count_bytes.data());
   if (count > size)
-    qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {} from {} lists {} ranks of {}", what,
+    qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {} ({}): {} ranks of {}", doing,
                                describe_peer(socket), count, size);
   std::vector<std::byte> bytes(4 * std::size_t{count});
-  if (auto got = read_exact(socket, bytes, until); got.result != io_result::done) fail(got);
+  read_bytes(socket, bytes, until, doing);
   std::vector<rank_t> ranks(count);
   for (std::size_t i = 0; i < count; ++i) {
     ranks[i] = qcoll::detail::load_le<std::uint32_t>(bytes.data() + 4 * i);
     if (ranks[i] >= size || (i > 0 && ranks[i] <= ranks[i - 1]))
-      qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {} from {} is malformed", what,
+      qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {} ({}): a malformed rank list", doing,
                                  describe_peer(socket));
   }
   return ranks;
 }
 
-inline void write_bytes(tcp::socket& socket, std::span<const std::byte> bytes, deadline until, std::string_view what) {
-  non_blocking_scope scope(socket);
-  if (auto sent = write_all(socket, bytes, until); sent.result != io_result::done)
-    qcoll::detail::throw_error(sent.result == io_result::timed_out ? errc::timeout : errc::peer_lost,
-                               "qcoll recovery: sending {} to {}: {}", what, describe_peer(socket),
-                               sent.result == io_result::timed_out ? std::string("timed out") : sent.error.message());
+/// The address of "address:port" (IPv6 without its brackets).
+inline std::string host_of(const std::string& endpoint) {
+  std::string host = endpoint.substr(0, endpoint.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
 }
-
-inline std::string host_of(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
 /// The job of `rank` in the world of the old ranks `members`.
 inline job next_job(const job& current, std::span<const std::string> roster, std::span<const rank_t> members,
@@ -204,9 +213,7 @@ inline job next_job(const job& current, std::span<const std::string> roster, std
   next.job_id = next_id;
   next.size = members.size();
   next.rank = static_cast<rank_t>(std::find(members.begin(), members.end(), current.rank) - members.begin());
-  std::string store_host = host_of(roster[coordinator]);
-  if (store_host.size() >= 2 && store_host.front() == '[') store_host = store_host.substr(1, store_host.size() - 2);
-  next.store_host = store_host;
+  next.store_host = host_of(roster[coordinator]);
   next.store_port = store_port;
   next.local_rank = 0;
   next.local_size = 0;
@@ -285,7 +292,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
                                      std::min(gather_until, clock::now() + opts.probe_timeout));
             // A rank checks in only with the lowest rank it found alive, us: its view is
             // read (and checked for form) but changes nothing.
-            detail::read_ranks(socket, n, gather_until, "the check-in");
+            detail::read_ranks(socket, n, gather_until, "reading a check-in");
             if (peer.rank != self && !checked_in[peer.rank]) {
               if (!found[peer.rank].has_value()) --waiting;
               found[peer.rank].reset();  // it reached us, so it is alive whatever the probe said
@@ -337,7 +344,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       for (rank_t r = 0; r < n; ++r) {
         if (!checked_in[r]) continue;
         try {
-          detail::write_bytes(*checked_in[r], answer, until, "the new world");
+          detail::write_bytes(*checked_in[r], answer, until, "sending the new world");
         } catch (const qcoll::error& e) {  // it died since: the new world's join will tell
           qcoll::detail::log_warning("qcoll: rank {}: recovery: {}", self, e.what());
         }
@@ -368,20 +375,13 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       introduce(socket, current, channel::recovery, until);
       std::vector<std::byte> check_in;
       detail::put_ranks(check_in, view);
-      detail::write_bytes(socket, check_in, until, "the check-in");
-      detail::non_blocking_scope scope(socket);
-      if (auto got = detail::read_exact(socket, head, until); got.result != detail::io_result::done)
-        qcoll::detail::throw_error(got.result == detail::io_result::timed_out ? errc::timeout : errc::peer_lost,
-                                   "qcoll recovery on rank {}: waiting for the coordinator, rank {}, to answer: {}",
-                                   self, coordinator,
-                                   got.result == detail::io_result::timed_out ? std::string("timed out")
-                                                                               : got.error.message());
-      members = detail::read_ranks(socket, n, until, "the new world");
-      const std::vector<rank_t> lost_ranks = detail::read_ranks(socket, n, until, "the lost ranks");
+      detail::write_bytes(socket, check_in, until, "checking in with the coordinator");
+      const std::string waiting = fmt::format("rank {} waiting for the coordinator, rank {}", self, coordinator);
+      detail::read_bytes(socket, head, until, waiting);
+      members = detail::read_ranks(socket, n, until, waiting);
+      const std::vector<rank_t> lost_ranks = detail::read_ranks(socket, n, until, waiting);
       std::vector<std::byte> reasons(lost_ranks.size());
-      if (auto got = detail::read_exact(socket, reasons, until); got.result != detail::io_result::done)
-        qcoll::detail::throw_error(errc::peer_lost, "qcoll recovery on rank {}: the coordinator, rank {}, stopped "
-                                   "answering", self, coordinator);
+      detail::read_bytes(socket, reasons, until, waiting);
       for (std::size_t i = 0; i < lost_ranks.size(); ++i) {
         const auto why = std::to_integer<std::uint8_t>(reasons[i]);
         found[lost_ranks[i]] = why <= static_cast<std::uint8_t>(loss::silent) ? static_cast<loss>(why) : loss::silent;
