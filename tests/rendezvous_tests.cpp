@@ -8,6 +8,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <qcoll/detail/log.hpp>
+#include <qcoll/launch/elastic.hpp>
 #include <qcoll/launch/join.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake.hpp>
@@ -15,6 +16,7 @@
 #include <qcoll/rendezvous/handshake_client.hpp>
 #include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/hmac.hpp>
+#include <qcoll/rendezvous/survivors.hpp>
 #include <qcoll/rendezvous/tcp_store.hpp>
 
 #include <boost/asio.hpp>
@@ -1360,6 +1362,101 @@ BOOST_AUTO_TEST_CASE(ranks_told_different_transports_all_fail_at_once_naming_bot
       BOOST_TEST(o.ms[r] < 15000);
     }
   }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+// The survivors' agreement (rendezvous/survivors.hpp), one thread per rank: which ranks
+// take part, which only have a listener (alive but silent), and which have none (dead).
+
+namespace {
+
+struct agreement_outcome {
+  std::vector<outcome> errors;
+  std::vector<std::optional<survivors>> agreed;
+  std::vector<long long> ms;
+};
+
+/// Ranks in `calling` run agree_on_survivors; ranks in `silent` only listen; the others'
+/// roster entries are ports nobody listens on.
+agreement_outcome agree_threads(rank_t n, std::vector<rank_t> calling, std::vector<rank_t> silent,
+                                survivor_options opts) {
+  const std::string id = fmt::format("survivors-{}", ::getpid());
+  std::vector<std::unique_ptr<recovery_listener>> listeners(n);
+  std::vector<std::string> roster(n);
+  for (rank_t r = 0; r < n; ++r) {
+    const bool listens = std::count(calling.begin(), calling.end(), r) + std::count(silent.begin(), silent.end(), r);
+    if (listens) {
+      listeners[r] = std::make_unique<recovery_listener>("127.0.0.1");
+      roster[r] = listeners[r]->address();
+    } else {
+      roster[r] = fmt::format("127.0.0.1:{}", free_port());
+    }
+  }
+  agreement_outcome result{std::vector<outcome>(n), std::vector<std::optional<survivors>>(n), std::vector<long long>(n)};
+  const auto start = clock::now();
+  std::vector<std::thread> ranks;
+  for (rank_t r : calling)
+    ranks.emplace_back([&, r] {
+      result.errors[r] = capture([&] {
+        result.agreed[r] = agree_on_survivors(test_job(r, n, "s3cret", id), roster, *listeners[r], id + ".e1", opts);
+      });
+      result.ms[r] = ms_since(start);
+    });
+  for (auto& rank : ranks) rank.join();
+  return result;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(survivors_agreement)
+
+BOOST_AUTO_TEST_CASE(dead_ranks_are_refused_and_the_lowest_survivor_serves_the_new_store) {
+  // Ranks 0 and 3 of 5 are dead: rank 1 coordinates, and the others renumber after it.
+  const auto o = agree_threads(5, {1, 2, 4}, {}, {.timeout = 10s, .probe_timeout = 2s});
+  for (rank_t r : {1, 2, 4}) {
+    BOOST_TEST_INFO("rank " << r << ": " << o.errors[r].message);
+    BOOST_TEST_REQUIRE(!o.errors[r].threw);
+    const survivors& s = *o.agreed[r];
+    BOOST_TEST(s.ranks == (std::vector<rank_t>{1, 2, 4}), boost::test_tools::per_element());
+    BOOST_TEST(s.lost.size() == 2u);
+    for (const auto& [rank, why] : s.lost) BOOST_TEST((why == loss::refused && (rank == 0 || rank == 3)));
+    BOOST_TEST(s.coordinator == 1u);
+    BOOST_TEST(s.next.size == 3u);
+    BOOST_TEST(s.next.rank == (r == 1 ? 0u : r == 2 ? 1u : 2u));
+    BOOST_TEST(s.next.store_port == o.agreed[1]->next.store_port);
+    BOOST_TEST(s.next.job_id == o.agreed[1]->next.job_id);
+    BOOST_TEST((s.store != nullptr) == (r == 1));  // only the coordinator serves it
+    BOOST_TEST(o.ms[r] < 2000);                    // refusals cost nothing: no deadline waited
+  }
+  BOOST_TEST(o.agreed[1]->next.store_port != 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_lowest_rank_that_is_alive_but_silent_is_given_up_after_half_the_timeout) {
+  // Rank 0 listens (its process is alive) but never takes part, as if hung: the others
+  // check in with it, give it up after half the timeout, and agree under rank 1.
+  const auto o = agree_threads(4, {1, 2, 3}, {0}, {.timeout = 4s, .probe_timeout = 1s});
+  for (rank_t r : {1, 2, 3}) {
+    BOOST_TEST_INFO("rank " << r << ": " << o.errors[r].message << ", " << o.ms[r] << " ms");
+    BOOST_TEST_REQUIRE(!o.errors[r].threw);
+    BOOST_TEST(o.agreed[r]->ranks == (std::vector<rank_t>{1, 2, 3}), boost::test_tools::per_element());
+    BOOST_TEST(o.agreed[r]->coordinator == 1u);
+    BOOST_TEST(o.agreed[r]->lost.size() == 1u);
+    BOOST_TEST(o.ms[r] >= 1900);  // waited for rank 0 for half of 4 s
+    BOOST_TEST(o.ms[r] < 4000);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(fewer_than_a_majority_refuse_to_go_on_saying_why) {
+  const auto o = agree_threads(5, {3, 4}, {}, {.timeout = 10s, .probe_timeout = 2s});
+  for (rank_t r : {3, 4})
+    check_error(o.errors[r], errc::peer_lost, {"only 2 rank(s) agreed to go on", "fewer than the 3 required"});
+}
+
+BOOST_AUTO_TEST_CASE(shrink_before_a_join_is_refused) {
+  launch::elastic_job job(test_job(0, 2, "", fmt::format("shrink-early-{}", ::getpid())));
+  check_error(capture([&] { job.shrink(); }), errc::invalid_argument, {"before a join"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

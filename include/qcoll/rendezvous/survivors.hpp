@@ -260,14 +260,16 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
     // open while this rank gathers, because a rank whose process dies resets them.
     std::vector<std::optional<tcp::socket>> probes =
         detail::probe(io, where, self, found, std::min(until, clock::now() + opts.probe_timeout));
+    const auto round_start = clock::now();
     const auto alive_end = std::find_if(found.begin(), found.end(), [](const auto& f) { return !f.has_value(); });
     const rank_t coordinator = static_cast<rank_t>(alive_end - found.begin());  // self at the latest
     std::vector<rank_t> members;
 
     if (coordinator == self) {
       // Gather until every rank found alive has checked in or died (its probe connection
-      // resets), or the gathering ends: a quarter of the timeout is left for the answers.
-      const deadline gather_until = until - opts.timeout / 4;
+      // resets), or the gathering ends: within 2/5 of the timeout from the round's start,
+      // before the members stop waiting for us (1/2), and leaving a quarter for answers.
+      const deadline gather_until = std::min(until - opts.timeout / 4, round_start + opts.timeout * 2 / 5);
       std::vector<std::optional<tcp::socket>> checked_in(n);
       rank_t waiting = 0;
       std::array<std::byte, 1> ignored_byte{};
@@ -365,30 +367,34 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
     std::vector<rank_t> view;
     for (rank_t r = 0; r < n; ++r)
       if (!found[r].has_value()) view.push_back(r);
+    // A coordinator that is alive but never answers (hung) is given up after half the
+    // timeout, which leaves a round for the next lowest.
+    const deadline answer_until = std::min(until, round_start + opts.timeout / 2);
     std::array<std::byte, 3> head{};
     try {
       boost::system::error_code reached;
-      tcp::socket socket = detail::connect_before(io, *where[coordinator], until, reached);
+      tcp::socket socket = detail::connect_before(io, *where[coordinator], answer_until, reached);
       if (reached)
-        qcoll::detail::throw_error(errc::peer_lost, "qcoll recovery on rank {}: cannot reach the coordinator, rank {}: {}",
-                                   self, coordinator, reached.message());
-      introduce(socket, current, channel::recovery, until);
+        qcoll::detail::throw_error(reached == asio::error::timed_out ? errc::timeout : errc::peer_lost,
+                                   "qcoll recovery on rank {}: cannot reach the coordinator, rank {}: {}", self,
+                                   coordinator, reached.message());
+      introduce(socket, current, channel::recovery, answer_until);
       std::vector<std::byte> check_in;
       detail::put_ranks(check_in, view);
-      detail::write_bytes(socket, check_in, until, "checking in with the coordinator");
+      detail::write_bytes(socket, check_in, answer_until, "checking in with the coordinator");
       const std::string waiting = fmt::format("rank {} waiting for the coordinator, rank {}", self, coordinator);
-      detail::read_bytes(socket, head, until, waiting);
-      members = detail::read_ranks(socket, n, until, waiting);
-      const std::vector<rank_t> lost_ranks = detail::read_ranks(socket, n, until, waiting);
+      detail::read_bytes(socket, head, answer_until, waiting);
+      members = detail::read_ranks(socket, n, answer_until, waiting);
+      const std::vector<rank_t> lost_ranks = detail::read_ranks(socket, n, answer_until, waiting);
       std::vector<std::byte> reasons(lost_ranks.size());
-      detail::read_bytes(socket, reasons, until, waiting);
+      detail::read_bytes(socket, reasons, answer_until, waiting);
       for (std::size_t i = 0; i < lost_ranks.size(); ++i) {
         const auto why = std::to_integer<std::uint8_t>(reasons[i]);
         found[lost_ranks[i]] = why <= static_cast<std::uint8_t>(loss::silent) ? static_cast<loss>(why) : loss::silent;
       }
     } catch (const qcoll::error& e) {
-      // The coordinator died or never answered: try the next lowest, while time is left.
-      if (e.code() == errc::protocol_error || clock::now() >= until) throw;
+      // The coordinator died or never answered: try the next lowest, while a round fits.
+      if (e.code() == errc::protocol_error || clock::now() >= until - opts.timeout / 4) throw;
       found[coordinator] = e.code() == errc::peer_lost ? loss::refused : loss::silent;  // reset: it died
       continue;
     }
