@@ -31,7 +31,7 @@ inline std::size_t parse_bytes(std::string_view text) {
   return static_cast<std::size_t>(value * scale);
 }
 
-enum class operation { allreduce, reduce_scatter, all_gather };
+enum class operation { allreduce, reduce_scatter, all_gather, broadcast };
 
 /// A compressed allreduce variant named by --compressed (collective_bench.cpp makes
 /// the quantizer): identity, one_bit[/G], k_levelB[/G] (B code bits, 2^B levels),
@@ -130,7 +130,7 @@ inline constexpr std::string_view collective_usage =
     "usage: collective_bench NRANKS [options]   NRANKS threads over the in-process transport\n"
     "       collective_bench --job [options]    one rank of a job (qcoll-run, torchrun, mpirun, netlab)\n"
     "options (as ../shared/peers):\n"
-    "  -o allreduce|reduce_scatter|all_gather   the collective (default allreduce)\n"
+    "  -o allreduce|reduce_scatter|all_gather|broadcast   the collective (default allreduce; broadcast from rank 0)\n"
     "  -d float|half|bfloat16   the element type (default float; 16-bit types reduce in float, exact table only)\n"
     "  -b BYTES -e BYTES -f N   sizes from -b to -e, times N each (default 4K, 64M, 2; K/M/G suffixes)\n"
     "  -n N -m N                at most / at least N timed iterations per size (default 50, 5)\n"
@@ -215,7 +215,8 @@ inline collective_options parse_collective_options(int argc, char** argv) {
   if (o.op_name == "allreduce") o.op = operation::allreduce;
   else if (o.op_name == "reduce_scatter") o.op = operation::reduce_scatter;
   else if (o.op_name == "all_gather") o.op = operation::all_gather;
-  else throw std::invalid_argument("-o is allreduce, reduce_scatter or all_gather, not '" + o.op_name + "'");
+  else if (o.op_name == "broadcast") o.op = operation::broadcast;
+  else throw std::invalid_argument("-o is allreduce, reduce_scatter, all_gather or broadcast, not '" + o.op_name + "'");
   if (o.dtype_name != "float" && o.dtype_name != "half" && o.dtype_name != "bfloat16")
     throw std::invalid_argument("-d is float, half or bfloat16, not '" + o.dtype_name + "'");
   if (o.dtype_name != "float" && !o.compressed.empty())

@@ -66,9 +66,10 @@ inline int capped_iterations(int iterations, const std::vector<double>& warmup_u
   return std::max(std::min(iterations, by_time), std::min(iterations, 3));
 }
 
-/// nccl-tests' bus bandwidth factor: 2(n−1)/n for allreduce, (n−1)/n for the others.
+/// nccl-tests' bus bandwidth factor: 2(n−1)/n for allreduce, 1 for broadcast, (n−1)/n for the others.
 inline double bus_factor(operation op, std::size_t nranks) {
   const double n = static_cast<double>(nranks);
+  if (op == operation::broadcast) return 1.0;
   return op == operation::allreduce ? 2.0 * (n - 1) / n : (n - 1) / n;
 }
 

@@ -422,8 +422,10 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
     // all_gather starts with only this rank's block filled, so the check sees what arrived.
     for (std::size_t i = 0; i < count; ++i)
       pristine[i] = as_element<T>(
-          o.op != operation::all_gather || (i >= mine.offset && i < mine.offset + mine.size) ? pattern_of<T>(i, me)
-                                                                                            : -1.0f);
+          (o.op != operation::all_gather || (i >= mine.offset && i < mine.offset + mine.size)) &&
+                  (o.op != operation::broadcast || me == 0)
+              ? pattern_of<T>(i, me)
+              : -1.0f);
     const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
     // The reduced value at i, rounded to T once; the gathered value of `owner` at i.
     const auto sum_at = [&](std::size_t i) { return float(as_element<T>(ranks_sum * pattern_of<T>(i, 0))); };
@@ -440,6 +442,7 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
           comm.reduce_scatter(std::span<const T>(data), mine.of(data), qcoll::reduce_op::sum);
           break;
         case operation::all_gather: comm.all_gather(std::span<const T>(mine.of(data)), data); break;
+        case operation::broadcast: comm.broadcast(data, 0); break;
       }
       const double took = now_us() - start;
       if (!o.check) return took;
@@ -456,6 +459,9 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
             const qcoll::block_range b = qcoll::block_of(count, n, owner);
             for (std::size_t i = b.offset; i < b.offset + b.size; ++i) bad += float(data[i]) != value_at(i, owner);
           }
+          break;
+        case operation::broadcast:
+          for (std::size_t i = 0; i < count; ++i) bad += float(data[i]) != value_at(i, 0);
           break;
       }
       wrong += static_cast<double>(bad);

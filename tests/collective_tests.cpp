@@ -12,12 +12,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <chrono>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 using namespace qcoll;
 using test::all_ops;
@@ -45,18 +50,33 @@ std::vector<std::vector<T>> inputs_for(std::size_t n, std::size_t count, std::ui
   return inputs;
 }
 
-/// Runs allreduce on n ranks and checks every rank's result against the reference.
+/// The ring with every step read from the peer's memory (the in-process transport
+/// reads by memcpy), reductions in bounce slices of `slice_bytes`.
+tuning single_copy_everywhere(std::size_t slice_bytes = 64) {
+  tuning tuned = test::forcing();
+  tuned.single_copy_bytes = 0;
+  tuned.ring_slice_bytes = slice_bytes;
+  return tuned;
+}
+
+/// Runs allreduce on n ranks with `tuning` and checks every rank's result against the
+/// reference of the algorithm it forces (the ring's over `ring`, or recursive doubling's).
 template <class T, class Topology>
 void check_allreduce(std::size_t n, std::size_t count, reduce_op op, bool in_place,
-                     std::function<Topology(std::size_t)> make_topology, const std::vector<rank_t>& ring) {
+                     std::function<Topology(std::size_t)> make_topology, const std::vector<rank_t>& ring,
+                     const tuning& tuned = test::forcing()) {
   BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " op=" << to_string(op) << " type="
-                          << to_string(dtype_of<T>::value) << " in_place=" << in_place) {
+                          << to_string(dtype_of<T>::value) << " in_place=" << in_place << " algorithm="
+                          << to_string(tuned.allreduce) << " slice=" << tuned.ring_slice_bytes) {
     const auto inputs = inputs_for<T>(n, count, n * 131 + count);
-    const auto expected = test::reference_reduce(inputs, std::span<const rank_t>(ring), op);
+    const auto expected = tuned.allreduce == algorithm::recursive_doubling
+                              ? test::reference_recursive_doubling(inputs, op)
+                              : test::reference_reduce(inputs, std::span<const rank_t>(ring), op);
     std::vector<std::vector<T>> results(n);
     const auto outcome = run_ranks<Topology>(
         n,
         [&](auto& comm) {
+          comm.set_tuning(tuned);
           const rank_t r = comm.rank();
           if (in_place) {
             results[r] = inputs[r];
@@ -100,6 +120,95 @@ BOOST_AUTO_TEST_CASE(runs_on_a_fully_connected_topology) {
     for (reduce_op op : all_ops)
       check_allreduce<double, topologies::fully_connected>(
           n, 999, op, false, [](std::size_t s) { return topologies::fully_connected(s); }, natural_order(n));
+}
+
+BOOST_AUTO_TEST_CASE(recursive_doubling_matches_its_reference_bitwise) {
+  const tuning tuned = test::forcing(algorithm::recursive_doubling);
+  for (std::size_t n = 1; n <= 8; ++n)
+    for (std::size_t count : small_counts)
+      for (reduce_op op : all_ops) {
+        check_allreduce<float, topologies::fully_connected>(
+            n, count, op, count % 2 == 0, [](std::size_t s) { return topologies::fully_connected(s); },
+            natural_order(n), tuned);
+        check_allreduce<double, topologies::fully_connected>(
+            n, count, op, count % 2 == 1, [](std::size_t s) { return topologies::fully_connected(s); },
+            natural_order(n), tuned);
+      }
+}
+
+BOOST_AUTO_TEST_CASE(pipelined_ring_matches_the_reference_bitwise) {
+  // Slices of 8 bytes (two floats, one double): every step of these counts is sliced,
+  // with more slices than are in flight at once, and uneven last slices.
+  tuning tuned = test::forcing();
+  tuned.ring_slice_bytes = 8;
+  tuned.single_copy_bytes = tuning::never;
+  for (std::size_t n = 2; n <= 8; ++n)
+    for (std::size_t count : {std::size_t{9}, std::size_t{64}, std::size_t{1000}, std::size_t{4097}})
+      for (reduce_op op : all_ops) {
+        check_allreduce<float, topologies::ring>(n, count, op, count % 2 == 0,
+                                                 [](std::size_t s) { return topologies::ring(s); }, natural_order(n),
+                                                 tuned);
+        check_allreduce<double, topologies::ring>(n, count, op, count % 2 == 1,
+                                                  [](std::size_t s) { return topologies::ring(s); },
+                                                  natural_order(n), tuned);
+      }
+  tuned.ring_slice_bytes = 4096;  // whole-size slices of a large buffer
+  check_allreduce<float, topologies::ring>(5, 1'000'003, reduce_op::sum, true,
+                                           [](std::size_t s) { return topologies::ring(s); }, natural_order(5), tuned);
+}
+
+BOOST_AUTO_TEST_CASE(single_copy_ring_matches_the_reference_bitwise) {
+  // Bounce slices of 64 bytes: many per step, the last one short.
+  for (std::size_t n = 1; n <= 8; ++n)
+    for (std::size_t count : small_counts)
+      for (reduce_op op : all_ops) {
+        check_allreduce<float, topologies::ring>(n, count, op, count % 2 == 0,
+                                                 [](std::size_t s) { return topologies::ring(s); }, natural_order(n),
+                                                 single_copy_everywhere());
+        check_allreduce<double, topologies::ring>(n, count, op, count % 2 == 1,
+                                                  [](std::size_t s) { return topologies::ring(s); },
+                                                  natural_order(n), single_copy_everywhere());
+      }
+  check_allreduce<double, topologies::ring>(3, 1'000'003, reduce_op::avg, false,
+                                            [](std::size_t s) { return topologies::ring(s); }, natural_order(3),
+                                            single_copy_everywhere(256 << 10));
+}
+
+BOOST_AUTO_TEST_CASE(the_size_chooses_the_algorithm) {
+  // Without forcing: small buffers by recursive doubling where every pair is linked,
+  // the ring above the threshold and on a ring of 5 (not every pair linked). Each
+  // result carries its algorithm's summation order, so the bits tell which ran.
+  tuning tuned;
+  tuned.allreduce_small_bytes = 4000;
+  const auto run = [&](std::size_t n, std::size_t count, bool fully_connected) {
+    const auto inputs = inputs_for<float>(n, count, 4242 + count);
+    std::vector<std::vector<float>> results(inputs);
+    const auto body = [&](auto& comm) {
+      comm.set_tuning(tuned);
+      comm.allreduce(std::span<float>(results[comm.rank()]), reduce_op::sum);
+    };
+    const auto outcome = fully_connected ? run_ranks<topologies::fully_connected>(n, body)
+                                         : run_ranks<topologies::ring>(n, body);
+    BOOST_TEST_REQUIRE(outcome.all_succeeded());
+    for (const auto& result : results) BOOST_TEST(test::bitwise_equal<float>(result, results[0]));
+    return std::pair{inputs, results[0]};
+  };
+  const auto ring_result = [](const auto& inputs) {
+    return test::reference_reduce(inputs, std::span<const rank_t>(natural_order(inputs.size())), reduce_op::sum);
+  };
+  {
+    const auto [inputs, got] = run(4, 1000, true);  // 4000 bytes: at the threshold
+    BOOST_TEST(test::bitwise_equal<float>(got, test::reference_recursive_doubling(inputs, reduce_op::sum)));
+    BOOST_TEST(!test::bitwise_equal<float>(got, ring_result(inputs)), "the orders must differ for this to tell");
+  }
+  {
+    const auto [inputs, got] = run(4, 1001, true);
+    BOOST_TEST(test::bitwise_equal<float>(got, ring_result(inputs)));
+  }
+  {
+    const auto [inputs, got] = run(5, 100, false);
+    BOOST_TEST(test::bitwise_equal<float>(got, ring_result(inputs)));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(large_counts) {
@@ -163,15 +272,18 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(reduce_scatter)
 
 BOOST_AUTO_TEST_CASE(matches_reference_blocks) {
+  for (const tuning& tuned : {test::forcing(), single_copy_everywhere()})
   for (std::size_t n = 1; n <= 8; ++n)
     for (std::size_t count : small_counts)
       for (reduce_op op : all_ops)
         for (bool aliased : {false, true}) {
-          BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " op=" << to_string(op) << " aliased=" << aliased) {
+          BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " op=" << to_string(op) << " aliased=" << aliased
+                                  << " single_copy_bytes=" << tuned.single_copy_bytes) {
             const auto inputs = inputs_for<double>(n, count, count + n);
             const auto expected = test::reference_reduce(inputs, std::span<const rank_t>(natural_order(n)), op);
             std::vector<std::vector<double>> buffers = inputs, results(n);
             const auto outcome = run_ranks(n, [&](auto& comm) {
+              comm.set_tuning(tuned);
               const rank_t r = comm.rank();
               const block_range mine = block_of(count, n, r);
               if (aliased) {
@@ -199,13 +311,16 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(all_gather)
 
 BOOST_AUTO_TEST_CASE(every_rank_gets_every_block) {
+  for (const tuning& tuned : {test::forcing(), single_copy_everywhere()})
   for (std::size_t n = 1; n <= 8; ++n)
     for (std::size_t count : small_counts)
       for (bool in_place : {false, true}) {
-        BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " in_place=" << in_place) {
+        BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " in_place=" << in_place
+                                << " single_copy_bytes=" << tuned.single_copy_bytes) {
           const auto whole = test::random_values<float>(count, count * 3 + n);
           std::vector<std::vector<float>> results(n);
           const auto outcome = run_ranks(n, [&](auto& comm) {
+            comm.set_tuning(tuned);
             const rank_t r = comm.rank();
             const block_range mine = block_of(count, n, r);
             const auto my_block = mine.of(std::span<const float>(whole));
@@ -228,16 +343,21 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(broadcast)
 
 BOOST_AUTO_TEST_CASE(every_root_reaches_every_rank) {
+  for (const algorithm way : {algorithm::ring, algorithm::binomial_tree})
   for (std::size_t n = 1; n <= 8; ++n)
     for (std::size_t count : small_counts)
       for (rank_t root = 0; root < n; ++root) {
-        BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " root=" << root) {
+        BOOST_TEST_CONTEXT(to_string(way) << " n=" << n << " count=" << count << " root=" << root) {
           const auto source = test::random_values<double>(count, root + 17 * count);
           std::vector<std::vector<double>> data(n, std::vector<double>(count, -3.0));
           data[root] = source;
           const auto outcome = run_ranks<topologies::ring>(
-              n, [&](auto& comm) { comm.broadcast(std::span<double>(data[comm.rank()]), root); }, {},
-              shuffled_ring);
+              n,
+              [&](auto& comm) {
+                comm.set_tuning(test::forcing(algorithm::ring, way));
+                comm.broadcast(std::span<double>(data[comm.rank()]), root);
+              },
+              {}, shuffled_ring);
           BOOST_TEST_REQUIRE(outcome.all_succeeded());
           for (std::size_t r = 0; r < n; ++r) BOOST_TEST(test::bitwise_equal<double>(data[r], source), "rank " << r);
         }
@@ -249,10 +369,12 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(barrier)
 
 BOOST_AUTO_TEST_CASE(nobody_leaves_before_everybody_arrived) {
+  for (const algorithm way : {algorithm::ring, algorithm::dissemination})
   for (std::size_t n = 1; n <= 8; ++n) {
     std::atomic<std::size_t> arrived{0};
     std::atomic<bool> left_early{false};
     const auto outcome = run_ranks(n, [&](auto& comm) {
+      comm.set_tuning(test::forcing(algorithm::ring, algorithm::ring, way));
       for (int round = 1; round <= 20; ++round) {
         // Stagger arrivals so a barrier that does not wait would be caught.
         std::this_thread::sleep_for(std::chrono::microseconds(50 * ((comm.rank() * 7 + round) % 5)));
@@ -263,7 +385,7 @@ BOOST_AUTO_TEST_CASE(nobody_leaves_before_everybody_arrived) {
       }
     });
     BOOST_TEST(outcome.all_succeeded());
-    BOOST_TEST(!left_early.load(), "n=" << n);
+    BOOST_TEST(!left_early.load(), to_string(way) << " n=" << n);
   }
 }
 
@@ -302,27 +424,33 @@ std::vector<std::uint16_t> bits(std::span<const Half> values) {
 
 /// The expected result: the float reference over the widened inputs, rounded once.
 template <class Half>
-std::vector<std::uint16_t> rounded_once(const std::vector<std::vector<Half>>& inputs, reduce_op op) {
+std::vector<std::uint16_t> rounded_once(const std::vector<std::vector<Half>>& inputs, reduce_op op, algorithm way) {
   std::vector<std::vector<float>> wide;
   for (const auto& values : inputs) wide.push_back(widened(values));
   const std::vector<rank_t> ring = natural_order(inputs.size());
   std::vector<std::uint16_t> out;
-  for (float v : test::reference_reduce(wide, std::span<const rank_t>(ring), op)) out.push_back(Half(v).bits);
+  const std::vector<float> reduced = way == algorithm::recursive_doubling
+                                         ? test::reference_recursive_doubling(wide, op)
+                                         : test::reference_reduce(wide, std::span<const rank_t>(ring), op);
+  for (float v : reduced) out.push_back(Half(v).bits);
   return out;
 }
 
+/// allreduce (by `way`) and reduce_scatter (by the ring) against the float reference.
 template <class Half>
-void check_allreduce_and_reduce_scatter() {
+void check_allreduce_and_reduce_scatter(algorithm way) {
   for (std::size_t n = 1; n <= 5; ++n)
     for (std::size_t count : small_counts)
       for (reduce_op op : all_ops)
         BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " op=" << to_string(op) << " type="
                                 << to_string(dtype_of<Half>::value)) {
           const auto inputs = half_inputs<Half>(n, count, n * 7 + count);
-          const auto expected = rounded_once(inputs, op);
+          const auto expected = rounded_once(inputs, op, way);
+          const auto expected_blocks = rounded_once(inputs, op, algorithm::ring);
           const bool in_place = (count + n) % 2 == 0;
           std::vector<std::vector<Half>> results(n), blocks(n), buffers = inputs;
           const auto outcome = run_ranks(n, [&](auto& comm) {
+            comm.set_tuning(way == algorithm::ring_single_copy ? single_copy_everywhere() : test::forcing(way));
             const rank_t r = comm.rank();
             if (in_place) {
               comm.allreduce(std::span<Half>(buffers[r]), op);
@@ -345,7 +473,7 @@ void check_allreduce_and_reduce_scatter() {
           BOOST_TEST_REQUIRE(outcome.all_succeeded());
           for (std::size_t r = 0; r < n; ++r) {
             BOOST_TEST(bits<Half>(results[r]) == expected, "allreduce on rank " << r);
-            const auto want = block_of(count, n, r).of(std::span<const std::uint16_t>(expected));
+            const auto want = block_of(count, n, r).of(std::span<const std::uint16_t>(expected_blocks));
             BOOST_TEST(bits<Half>(blocks[r]) == std::vector<std::uint16_t>(want.begin(), want.end()),
                        "reduce_scatter on rank " << r);
           }
@@ -355,11 +483,15 @@ void check_allreduce_and_reduce_scatter() {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(bfloat16_equals_the_float_reduction_rounded_once) {
-  check_allreduce_and_reduce_scatter<bfloat16>();
+  check_allreduce_and_reduce_scatter<bfloat16>(algorithm::ring);
+  check_allreduce_and_reduce_scatter<bfloat16>(algorithm::ring_single_copy);
+  check_allreduce_and_reduce_scatter<bfloat16>(algorithm::recursive_doubling);
 }
 
 BOOST_AUTO_TEST_CASE(float16_equals_the_float_reduction_rounded_once) {
-  check_allreduce_and_reduce_scatter<float16>();
+  check_allreduce_and_reduce_scatter<float16>(algorithm::ring);
+  check_allreduce_and_reduce_scatter<float16>(algorithm::ring_single_copy);
+  check_allreduce_and_reduce_scatter<float16>(algorithm::recursive_doubling);
 }
 
 // 1 + 2^-8 + 2^-8 is 1 + 2^-7 in float and in bfloat16. Rounding after each hop
@@ -396,6 +528,79 @@ BOOST_AUTO_TEST_CASE(all_gather_and_broadcast_copy_the_bits) {
         BOOST_TEST(bits<float16>(broadcast[r]) == bits<float16>(source));
       }
     }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(choosing_an_algorithm)
+
+BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
+  ::setenv("QCOLL_ALLREDUCE_ALGO", "recursive_doubling", 1);
+  ::setenv("QCOLL_BARRIER_ALGO", "auto", 1);
+  ::setenv("QCOLL_RING_SLICE_BYTES", "64K", 1);
+  ::setenv("QCOLL_SINGLE_COPY_BYTES", "off", 1);
+  ::setenv("QCOLL_BROADCAST_SMALL_BYTES", "1000", 1);
+  const tuning t = tuning::from_environment();
+  BOOST_TEST((t.allreduce == algorithm::recursive_doubling));
+  BOOST_TEST((t.barrier == algorithm::unspecified));
+  BOOST_TEST(t.ring_slice_bytes == 65536u);
+  BOOST_TEST(t.single_copy_bytes == tuning::never);
+  BOOST_TEST(t.broadcast_small_bytes == 1000u);
+  BOOST_TEST(t.allreduce_small_bytes == tuning_table::allreduce_small_bytes);
+  // A communicator reads them when it is made.
+  const auto outcome = test::run_ranks(2, [](auto& comm) {
+    if (comm.tuning().allreduce != algorithm::recursive_doubling) throw std::runtime_error("not read");
+  });
+  BOOST_TEST(outcome.all_succeeded());
+
+  const auto refused = [](const char* name, const char* value, const char* mention) {
+    ::setenv(name, value, 1);
+    try {
+      (void)tuning::from_environment();
+      BOOST_ERROR(name << "=" << value << " was accepted");
+    } catch (const error& e) {
+      BOOST_TEST((e.code() == errc::invalid_argument));
+      BOOST_TEST(std::string(e.what()).find(mention) != std::string::npos, e.what());
+    }
+    ::unsetenv(name);
+  };
+  refused("QCOLL_ALLREDUCE_ALGO", "binomial_tree", "QCOLL_ALLREDUCE_ALGO=binomial_tree is not one of ring, recursive_doubling, auto");
+  refused("QCOLL_RING_SLICE_BYTES", "12Q", "QCOLL_RING_SLICE_BYTES=12Q is not a byte count");
+  refused("QCOLL_ALLREDUCE_SMALL_BYTES", "-1", "QCOLL_ALLREDUCE_SMALL_BYTES=-1");
+  refused("QCOLL_SINGLE_COPY_BYTES", "99999999999999999999M", "QCOLL_SINGLE_COPY_BYTES");
+  for (const char* name : {"QCOLL_ALLREDUCE_ALGO", "QCOLL_BARRIER_ALGO", "QCOLL_RING_SLICE_BYTES", "QCOLL_SINGLE_COPY_BYTES",
+                           "QCOLL_BROADCAST_SMALL_BYTES"})
+    ::unsetenv(name);
+}
+
+BOOST_AUTO_TEST_CASE(qcoll_debug_info_names_the_algorithm_of_each_call) {
+  // QCOLL_DEBUG=INFO: one line per exact collective, on stderr (captured here).
+  ::setenv("QCOLL_DEBUG", "INFO", 1);
+  std::FILE* captured = std::tmpfile();
+  BOOST_TEST_REQUIRE(captured != nullptr);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(::fileno(captured), STDERR_FILENO);
+  const auto outcome = test::run_ranks<topologies::fully_connected>(4, [](auto& comm) {
+    std::vector<float> small(16, 1.0f), large(400'000, 1.0f);  // steps of 400 KB: single copy
+    comm.allreduce(std::span<float>(small), reduce_op::sum);
+    comm.allreduce(std::span<float>(large), reduce_op::sum);
+    comm.broadcast(std::span<float>(small), 1);
+    comm.barrier();
+  });
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  ::unsetenv("QCOLL_DEBUG");
+  BOOST_TEST_REQUIRE(outcome.all_succeeded());
+  std::string log(1 << 16, '\0');
+  std::rewind(captured);
+  log.resize(std::fread(log.data(), 1, log.size(), captured));
+  std::fclose(captured);
+  for (const char* line :
+       {"qcoll: rank 0 of 4: allreduce(count=16, f32, sum) #0 via recursive_doubling (64 bytes): bytes <= allreduce_small_bytes\n",
+        "qcoll: rank 3 of 4: allreduce(count=400000, f32, sum) #1 via ring_single_copy (1600000 bytes): bytes > allreduce_small_bytes\n",
+        "qcoll: rank 2 of 4: broadcast(count=16, f32, root=1) #2 via binomial_tree (64 bytes): bytes <= broadcast_small_bytes\n",
+        "qcoll: rank 1 of 4: barrier #3 via dissemination (0 bytes): every pair linked\n"})
+    BOOST_TEST(log.find(line) != std::string::npos, "missing: " << line << "in:\n" << log);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -125,7 +125,7 @@ BOOST_AUTO_TEST_SUITE(inproc_transport)
 
 namespace {
 using transports::message_header;
-const message_header header_a{1, 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, 0};
+const message_header header_a{1, 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, algorithm::unspecified};
 deadline soon() { return clock::now() + std::chrono::seconds(5); }
 
 struct two_ranks {

@@ -111,7 +111,9 @@ BOOST_AUTO_TEST_CASE(ranks_that_call_different_operations) {
   }, quick);
   expect_every_rank_fails(different_collective, errc::operation_mismatch, {"broadcast", "allreduce"});
 
+  // The ring's every step hears from a neighbour, so every rank learns of a different root.
   const auto different_root = run_ranks(3, [](auto& comm) {
+    comm.set_tuning(test::forcing());
     std::vector<float> v(16, 1.0f);
     comm.broadcast(std::span<float>(v), comm.rank() == 1 ? 2 : 0);
   }, quick);
@@ -124,6 +126,81 @@ BOOST_AUTO_TEST_CASE(ranks_that_call_different_operations) {
     comm.allreduce(std::span<float>(v), reduce_op::sum);
   }, quick);
   expect_every_rank_fails(skipped, errc::operation_mismatch, {"barrier #0", "allreduce(count=16, f32, sum) #0"});
+}
+
+BOOST_AUTO_TEST_CASE(a_different_root_in_a_tree_broadcast_fails_within_the_deadline) {
+  // A tree rank hears from its parent only: with root 0 for ranks 0 and 2 and root 2 for
+  // rank 1, rank 2 is a leaf under 0 and gets root 0's data; ranks 0 and 1 wait for
+  // messages that never come (or learn that rank 2 left: here its thread ends). Documented:
+  // no hang, an error within the deadline where the call cannot finish, root 0's bits
+  // where it can.
+  const auto started = clock::now();
+  std::vector<std::vector<float>> data(3, std::vector<float>(16, -1.0f));
+  data[0].assign(16, 5.0f);
+  const auto outcome = run_ranks(3, [&](auto& comm) {
+    comm.set_tuning(test::forcing(algorithm::ring, algorithm::binomial_tree));
+    comm.broadcast(std::span<float>(data[comm.rank()]), comm.rank() == 1 ? 2 : 0);
+  }, quick);
+  BOOST_TEST((clock::now() - started < quick.timeout + std::chrono::seconds(2)));
+  for (rank_t r = 0; r < 3; ++r) {
+    const auto [code, message] = outcome.failure(r);
+    BOOST_TEST_CONTEXT("rank " << r << ": " << message) {
+      if (code) BOOST_TEST((code == errc::timeout || code == errc::peer_lost));
+      else BOOST_TEST(data[r] == std::vector<float>(16, 5.0f));
+    }
+  }
+  BOOST_TEST(static_cast<bool>(outcome.failure(1).first), "rank 1 cannot finish");
+}
+
+BOOST_AUTO_TEST_CASE(mismatched_calls_under_the_small_message_algorithms) {
+  // Under recursive doubling and the dissemination barrier, a mismatch is seen in the
+  // first exchange, and every rank fails with it. A tree broadcast's root only sends:
+  // it may return before the mismatch is found (its next call then fails).
+  for (std::size_t n : {2, 3, 4, 6}) {
+    BOOST_TEST_CONTEXT("n=" << n) {
+      const tuning small = test::forcing(algorithm::recursive_doubling, algorithm::binomial_tree, algorithm::dissemination);
+      const auto counts = run_ranks(n, [&](auto& comm) {
+        comm.set_tuning(small);
+        std::vector<float> v(comm.rank() == n - 1 ? 17 : 16, 1.0f);
+        comm.allreduce(std::span<float>(v), reduce_op::sum);
+      }, quick);
+      expect_every_rank_fails(counts, errc::count_mismatch, {"count=17", "count=16", "via recursive_doubling"});
+      const auto ops = run_ranks(n, [&](auto& comm) {
+        comm.set_tuning(small);
+        std::vector<float> v(16, 1.0f);
+        comm.allreduce(std::span<float>(v), comm.rank() == 0 ? reduce_op::max : reduce_op::sum);
+      }, quick);
+      expect_every_rank_fails(ops, errc::operation_mismatch, {"max", "sum"});
+      const auto collectives = run_ranks(n, [&](auto& comm) {
+        comm.set_tuning(small);
+        std::vector<float> v(16, 1.0f);
+        if (comm.rank() == 0) comm.broadcast(std::span<float>(v), 0);
+        else comm.allreduce(std::span<float>(v), reduce_op::sum);
+      }, quick);
+      for (rank_t r = 0; r < n; ++r)
+        BOOST_TEST((r == 0 || collectives.failure(r).first == errc::operation_mismatch), "rank " << r);
+      BOOST_TEST(collectives.failure(n - 1).second.find("broadcast") != std::string::npos);
+      const auto skipped = run_ranks(n, [&](auto& comm) {
+        comm.set_tuning(small);
+        std::vector<float> v(16, 1.0f);
+        if (comm.rank() != n - 1) comm.barrier();
+        comm.allreduce(std::span<float>(v), reduce_op::sum);
+      }, quick);
+      expect_every_rank_fails(skipped, errc::operation_mismatch, {"barrier #0 via dissemination"});
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ranks_that_chose_different_algorithms) {
+  // A tuning variable set on some ranks only: the headers name both algorithms.
+  const auto outcome = run_ranks(2, [](auto& comm) {
+    comm.set_tuning(test::forcing(comm.rank() == 0 ? algorithm::ring : algorithm::recursive_doubling));
+    std::vector<float> v(16, 1.0f);
+    comm.allreduce(std::span<float>(v), reduce_op::sum);
+  }, quick);
+  expect_every_rank_fails(outcome, errc::operation_mismatch,
+                          {"allreduce(count=16, f32, sum) #0 via recursive_doubling but this rank called "
+                           "allreduce(count=16, f32, sum) #0 via ring"});
 }
 
 BOOST_AUTO_TEST_CASE(rank_out_of_range) {
@@ -206,6 +283,7 @@ BOOST_AUTO_TEST_CASE(a_rank_that_never_arrives_times_out_everywhere) {
   const communicator_options short_deadline{std::chrono::milliseconds(200)};
   const auto started = clock::now();
   const auto outcome = run_ranks(3, [](auto& comm) {
+    comm.set_tuning(test::forcing());  // each rank waits on its ring neighbour: rank 0 on 2
     if (comm.rank() == 2) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // alive, but silent
       std::vector<float> v(4096);

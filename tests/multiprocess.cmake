@@ -115,6 +115,10 @@ foreach(transport shm tcp)
       LINES "${verdicts}|1:rank 3 was killed by signal SIGKILL")
   endforeach()
 endforeach()
+# Single copy refused between two ranks (one is non-dumpable, none may ptrace): every rank
+# takes the pipes, rank 0 says why once, and every collective is still correct.
+qcoll_job_test(single_copy_refused_falls_back RANKS 3 TRANSPORT shm ARGS refuse_single_copy 4194304
+  LINES "3:single copy off|1:single copy is off for this job: rank 0 may not read rank 1's memory|3:all collectives correct")
 qcoll_job_test(intruders_are_refused RANKS 2 TRANSPORT tcp ARGS intruders
   LINES "1:impostor refused as expected|2:tcp transport refused a connection|2:all collectives correct")
 # A crashed job left a segment under this job's name: the new job must not inherit it, and

@@ -22,7 +22,7 @@ namespace stream = transports::stream;
 using test::pair_of_engines;
 
 message_header header_for(std::size_t count, std::uint64_t sequence = 0) {
-  return {sequence, count, 0, collective::allreduce, dtype::f32, reduce_op::sum, 0};
+  return {sequence, count, 0, collective::allreduce, dtype::f32, reduce_op::sum, algorithm::unspecified};
 }
 
 std::vector<std::byte> pattern(std::size_t n, unsigned seed) {

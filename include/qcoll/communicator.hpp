@@ -27,7 +27,10 @@
 /// started; any other call first waits until they have run, so every rank still runs
 /// its collectives in program order.
 
+#include <qcoll/algorithms/binomial_tree.hpp>
+#include <qcoll/algorithms/dissemination.hpp>
 #include <qcoll/algorithms/primitives.hpp>
+#include <qcoll/algorithms/recursive_doubling.hpp>
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/collective_handle.hpp>
 #include <qcoll/core/concepts.hpp>
@@ -35,12 +38,14 @@
 #include <qcoll/core/partition.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/log.hpp>
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/kernels/cpu/convert.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
 #include <qcoll/transports/subgroup.hpp>
+#include <qcoll/tuning/table.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/describe.hpp>
 
@@ -107,6 +112,16 @@ class communicator {
   Transport& transport() noexcept { return shared_->transport; }
   const channel_type& channel() const noexcept { return channel_; }
   const communicator_options& options() const noexcept { return options_; }
+  /// How the exact collectives choose their algorithms: the tuning table with the
+  /// environment's overrides, read when the communicator is made (tuning/table.hpp,
+  /// docs/algorithms.md). Communicators split from this one start with its tuning.
+  const qcoll::tuning& tuning() const noexcept { return tuning_; }
+  /// Replaces it. Every rank must pass the same values before its next collective:
+  /// ranks that then choose different algorithms fail that call with operation_mismatch.
+  void set_tuning(const qcoll::tuning& values) {
+    quiesce();
+    tuning_ = values;
+  }
 
   /// True once any rank aborted; every later collective fails at once. A
   /// communicator and those split from it share the transport, so they abort together.
@@ -163,7 +178,9 @@ class communicator {
     for (rank_t& m : members) m = channel_.base_rank(m);
     channel_type channel(shared_->transport, std::move(members), static_cast<std::uint32_t>(context));
     const rank_t child_size = channel.size();
-    return communicator(shared_, std::move(channel), topologies::fully_connected(child_size), options_);
+    communicator child(shared_, std::move(channel), topologies::fully_connected(child_size), options_);
+    child.tuning_ = tuning_;  // as this one has it, which every member has
+    return child;
   }
 
   /// out = in₀ ⊕ in₁ ⊕ … on every rank, bit-identical everywhere.
@@ -173,12 +190,14 @@ class communicator {
   /// (ring reduce-scatter, then ring all-gather).
   template <element T>
   void allreduce(std::span<const T> in, std::span<T> out, reduce_op op) {
-    auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0);
+    const choice way = choose_allreduce(in.size_bytes(), largest_block(in.size()) * sizeof(T));
+    auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
     if (in.size() != out.size())
       step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
     if (!detail::same_range(in, out) && detail::overlaps(in, out))
       step.fail(errc::invalid_argument, "input and output overlap without being the same range");
 
+    if (way.algorithm == algorithm::recursive_doubling) return recursive_doubling(step, in, out, op);
     const algorithms::ring_view ring = this->ring();
     if constexpr (half_element<T>) {
       // Reduce in float, round this rank's block once, then gather the rounded blocks.
@@ -217,7 +236,8 @@ class communicator {
   /// n − 1 steps; each rank sends and receives (n − 1)/n · count elements.
   template <element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
-    auto step = begin(collective::reduce_scatter, dtype_of<T>::value, op, in.size(), 0);
+    auto step = begin(collective::reduce_scatter, dtype_of<T>::value, op, in.size(), 0,
+                      ring_for(largest_block(in.size()) * sizeof(T)));
     const block_range mine = block_of(in.size(), size(), rank());
     if (out.size() != mine.size)
       step.fail(errc::invalid_argument, "output has {} elements but block {} of {} has {}", out.size(), rank(),
@@ -258,7 +278,8 @@ class communicator {
   /// n − 1 steps; each rank sends and receives (n − 1)/n · out.size() elements.
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    auto step = begin(collective::all_gather, dtype_of<T>::value, reduce_op::sum, out.size(), 0);
+    auto step = begin(collective::all_gather, dtype_of<T>::value, reduce_op::sum, out.size(), 0,
+                      ring_for(largest_block(out.size()) * sizeof(T)));
     const block_range mine = block_of(out.size(), size(), rank());
     if (in.size() != mine.size)
       step.fail(errc::invalid_argument, "input has {} elements but block {} of {} has {}", in.size(), rank(),
@@ -271,12 +292,17 @@ class communicator {
 
   /// Copies root's `data` into every rank's `data` (same size on every rank).
   /// @par Complexity
-  /// 2(n − 1) steps (ring scatter, then ring all-gather); root sends (n − 1)/n · count
-  /// elements in the scatter, and every rank sends (n − 1)/n · count in the all-gather.
+  /// Small buffers (tuning::broadcast_small_bytes): ⌈log₂ n⌉ rounds of a binomial tree,
+  /// each rank receiving count elements once. Larger ones: 2(n − 1) steps (ring
+  /// scatter, then ring all-gather); root sends (n − 1)/n · count elements in the
+  /// scatter, and every rank sends (n − 1)/n · count in the all-gather.
   template <element T>
   void broadcast(std::span<T> data, rank_t root) {
-    auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root);
+    const choice way = choose_broadcast(data.size_bytes());
+    auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root, way);
     if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
+    if (way.algorithm == algorithm::binomial_tree)
+      return algorithms::binomial_tree_broadcast<channel_type, T>(step, rank(), size(), root, data);
     const algorithms::ring_view ring = this->ring();
     algorithms::ring_scatter<channel_type, T>(step, ring, root, data);
     algorithms::ring_all_gather<channel_type, T>(step, ring, data);
@@ -286,9 +312,10 @@ class communicator {
   /// @par Complexity
   /// n − 1 steps of header-only messages (an all-gather of nothing).
   void barrier() {
-    auto step = begin(collective::barrier, dtype::f32, reduce_op::sum, 0, 0);
-    algorithms::ring_all_gather<channel_type, float>(step, ring(),
-                                                  std::span<float>());
+    const choice way = choose_barrier();
+    auto step = begin(collective::barrier, dtype::f32, reduce_op::sum, 0, 0, way);
+    if (way.algorithm == algorithm::dissemination) return algorithms::dissemination_barrier(step, rank(), size());
+    algorithms::ring_all_gather<channel_type, float>(step, ring(), std::span<float>());
   }
 
   /// out = in₀ + in₁ + … (or their average) through `plan`'s quantizer, with error
@@ -569,12 +596,82 @@ class communicator {
       detail::throw_error(errc::invalid_argument, "communicator: timeout must be positive");
   }
 
+  /// An algorithm and the rule that chose it (for the QCOLL_DEBUG=INFO line).
+  struct choice {
+    qcoll::algorithm algorithm = qcoll::algorithm::unspecified;
+    const char* rule = "";
+  };
+
+  /// Small buffers by recursive doubling where every pair of ranks is linked; the ring
+  /// otherwise. The same on every rank, given the same tuning: it depends on the
+  /// buffer's size, the world and the topology only.
+  choice choose_allreduce(std::size_t bytes, std::size_t step_bytes) {
+    if (tuning_.allreduce == algorithm::recursive_doubling) return {algorithm::recursive_doubling, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
+    if (tuning_.allreduce == algorithm::ring) return {ring_for(step_bytes).algorithm, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
+    if (size() == 1) return ring_choice();
+    if (bytes > tuning_.allreduce_small_bytes) return {ring_for(step_bytes).algorithm, "bytes > allreduce_small_bytes"};
+    if (!group().fully_linked) return {ring_for(step_bytes).algorithm, "the topology does not link every pair"};
+    return {algorithm::recursive_doubling, "bytes <= allreduce_small_bytes"};
+  }
+  choice choose_broadcast(std::size_t bytes) {
+    if (tuning_.broadcast != algorithm::unspecified) return {tuning_.broadcast, "forced (QCOLL_BROADCAST_ALGO or set_tuning)"};
+    if (bytes > tuning_.broadcast_small_bytes) return {ring_choice().algorithm, "bytes > broadcast_small_bytes"};
+    if (!group().fully_linked) return {ring_choice().algorithm, "the topology does not link every pair"};
+    return {algorithm::binomial_tree, "bytes <= broadcast_small_bytes"};
+  }
+  choice choose_barrier() {
+    if (tuning_.barrier != algorithm::unspecified) return {tuning_.barrier, "forced (QCOLL_BARRIER_ALGO or set_tuning)"};
+    if (!group().fully_linked) return {algorithm::ring, "the topology does not link every pair"};
+    return {algorithm::dissemination, "every pair linked"};
+  }
+  static choice ring_choice() { return {algorithm::ring, "the only algorithm"}; }
+
+  /// The ring, its steps read from the peer's memory where the transport can and a
+  /// step moves at least single_copy_bytes (the same on every rank: the transport's
+  /// join agreed on single_copy(), and the block size follows from the count).
+  choice ring_for(std::size_t step_bytes) const {
+    if constexpr (single_copy_transport<channel_type>) {
+      if (step_bytes >= tuning_.single_copy_bytes && channel_.single_copy())
+        return {algorithm::ring_single_copy, "steps of >= single_copy_bytes, and the transport reads peers' memory"};
+    }
+    (void)step_bytes;
+    return ring_choice();
+  }
+
   /// Starts a collective: numbers it and refuses to run on an aborted communicator.
   /// Called from the caller's thread, it first lets started calls finish.
   algorithms::primitives<channel_type> begin(collective kind, dtype type, reduce_op op, std::size_t count,
-                                          rank_t root) {
+                                             rank_t root, choice way = {}) {
     if (!shared_.is_progress_thread()) quiesce();
-    return step_for({sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, 0});
+    auto step = step_for({sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, way.algorithm});
+    if (way.algorithm == algorithm::ring) step.slice_reductions(tuning_.ring_slice_bytes, tuning_table::ring_slices_in_flight);
+    if (way.algorithm == algorithm::ring_single_copy) {
+      // Slices of the pipelined ring's size (at least 64 bytes), 8-byte aligned.
+      const std::size_t words = std::max<std::size_t>(tuning_.ring_slice_bytes, 64) / sizeof(double);
+      step.read_directly(std::as_writable_bytes(scratch<double>(2, words)));
+    }
+    if (log_choices_ && way.algorithm != algorithm::unspecified)
+      detail::log_info("qcoll: rank {} of {}: {} ({} bytes): {}", rank(), size(), detail::describe(step.header()),
+                       count * size_of(type), way.rule);
+    return step;
+  }
+
+  /// allreduce by recursive doubling (algorithms/recursive_doubling.hpp); 16-bit
+  /// values are widened into float scratch, reduced there and rounded once.
+  template <element T>
+  void recursive_doubling(algorithms::primitives<channel_type>& step, std::span<const T> in, std::span<T> out,
+                          reduce_op op) {
+    if constexpr (half_element<T>) {
+      const std::span<float> values = scratch<float>(0, in.size());
+      kernels::cpu::widen(in, values);
+      algorithms::recursive_doubling_allreduce<channel_type, float>(step, rank(), size(), values,
+                                                                    scratch<float>(1, in.size()), op);
+      kernels::cpu::narrow(std::span<const float>(values), out);
+    } else {
+      if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+      algorithms::recursive_doubling_allreduce<channel_type, T>(step, rank(), size(), out, scratch<T>(0, in.size()),
+                                                                op);
+    }
   }
 
   /// The primitives of one message of a point-to-point exchange with `peer`: numbered
@@ -585,7 +682,7 @@ class communicator {
     if (!shared_.is_progress_thread()) quiesce();
     if (counters.size() != size()) counters.assign(size(), 0);
     const std::uint64_t number = peer < size() ? counters[peer]++ : 0;
-    auto step = step_for({number, count, 0, collective::point_to_point, dtype_of<T>::value, reduce_op::sum, 0});
+    auto step = step_for({number, count, 0, collective::point_to_point, dtype_of<T>::value, reduce_op::sum, algorithm::unspecified});
     if (peer >= size()) step.fail(errc::invalid_argument, "peer {} is out of range", peer);
     if (peer == rank()) step.fail(errc::invalid_argument, "a rank does not send to or receive from itself");
     return step;
@@ -741,9 +838,11 @@ class communicator {
   channel_type channel_;  // into shared_'s transport, which never moves
   topologies::graph topology_;
   communicator_options options_;
+  qcoll::tuning tuning_ = qcoll::tuning::from_environment();
+  bool log_choices_ = detail::debug_info_enabled();  // QCOLL_DEBUG=INFO: a line per exact collective
   std::uint64_t sequence_ = 0;
   std::vector<std::uint64_t> sent_to_, received_from_;  // point-to-point messages per peer
-  std::vector<std::byte> scratch_[2];
+  std::vector<std::byte> scratch_[3];  // two blocks, and single-copy's bounce buffer
   std::optional<bool> fully_linked_;  // found by the first plan call
 };
 

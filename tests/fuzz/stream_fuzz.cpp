@@ -109,7 +109,7 @@ std::vector<std::uint8_t> valid_input(std::mt19937_64& rng) {
   for (const auto& [size, tag] : shapes) {
     append_record(input, stream::record_type::message, tag, size);
     std::array<std::byte, stream::message_header_bytes> header{};
-    stream::write_message_header(header, {1, size / 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, 0});
+    stream::write_message_header(header, {1, size / 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, algorithm::unspecified});
     for (const std::byte b : header) input.push_back(std::to_integer<std::uint8_t>(b));
     for (std::size_t sent = 0; sent < size;) {
       const std::size_t chunk = std::min<std::size_t>(size - sent, 1 + rng() % 5000);

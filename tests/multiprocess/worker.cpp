@@ -40,6 +40,13 @@
 #include <utility>
 #include <vector>
 
+#ifndef QCOLL_TEST_MPI
+#include <linux/capability.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace {
 
 using namespace qcoll;
@@ -783,6 +790,18 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
 }
 
 #ifndef QCOLL_TEST_MPI
+/// Removes CAP_SYS_PTRACE from this process (tests run as root, which may read any process).
+void drop_ptrace_capability() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (::syscall(SYS_capget, &header, data) != 0) fail("capget failed");
+  const auto bit = 1u << (CAP_SYS_PTRACE % 32);
+  data[CAP_SYS_PTRACE / 32].effective &= ~bit;
+  data[CAP_SYS_PTRACE / 32].permitted &= ~bit;
+  data[CAP_SYS_PTRACE / 32].inheritable &= ~bit;
+  if (::syscall(SYS_capset, &header, data) != 0) fail("capset failed");
+}
+
 /// Before joining, the last rank knocks on rank 0's store and data port with garbage and
 /// a wrong secret; both must be refused while the job carries on.
 void knock_with_bad_credentials(const rendezvous::job& job) {
@@ -866,6 +885,17 @@ int main(int argc, char** argv) try {
       return 0;
     }
     fail("a job with a wrong secret on one rank formed");
+  }
+  if (scenario == "refuse_single_copy") {
+    // No rank may read a non-dumpable process without CAP_SYS_PTRACE: rank 1 becomes
+    // one, so the probe at join fails for every rank that tries it, and all fall back.
+    drop_ptrace_capability();
+    if (job.rank == 1 && ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("prctl(PR_SET_DUMPABLE) failed");
+    return launch::join(job, [&](auto transport) {
+      if constexpr (requires { transport.single_copy(); })
+        fmt::print("rank {}: single copy {}\n", job.rank, transport.single_copy() ? "on" : "off");
+      return run("collectives", std::move(transport), job.timeout, max_bytes);
+    });
   }
   if (scenario == "intruders") {
     if (job.rank == job.size - 1 && job.size > 1) knock_with_bad_credentials(job);

@@ -39,6 +39,16 @@ struct rank_outcomes {
   }
 };
 
+/// Tuning that forces one algorithm (or the ring everywhere, by default).
+inline tuning forcing(algorithm allreduce = algorithm::ring, algorithm broadcast = algorithm::ring,
+                      algorithm barrier = algorithm::ring) {
+  tuning t;
+  t.allreduce = allreduce;
+  t.broadcast = broadcast;
+  t.barrier = barrier;
+  return t;
+}
+
 /// Rank r runs fn(communicator&) on its own thread; make_topology(n) gives the topology.
 /// fn must not use Boost.Test assertions (they are not thread-safe): record results
 /// per rank, or throw, and assert on the main thread afterwards.

@@ -56,6 +56,30 @@ std::vector<T> reference_reduce(const std::vector<std::vector<T>>& inputs, std::
   return out;
 }
 
+/// The documented recursive-doubling order: with m the largest power of two ≤ n,
+/// leaves yᵢ = xᵢ ⊕ x_{m+i} (xᵢ where m + i ≥ n), then the perfect binary tree over
+/// y₀ … y_{m−1} in rank order, lower ⊕ upper at every node.
+template <class T>
+std::vector<T> reference_recursive_doubling(const std::vector<std::vector<T>>& inputs, reduce_op op) {
+  const std::size_t n = inputs.size();
+  std::size_t m = 1;
+  while (m * 2 <= n) m *= 2;
+  std::vector<std::vector<T>> level(inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(m));
+  for (std::size_t i = 0; i + m < n; ++i)
+    for (std::size_t k = 0; k < level[i].size(); ++k) level[i][k] = apply(op, level[i][k], inputs[i + m][k]);
+  while (level.size() > 1) {
+    std::vector<std::vector<T>> next(level.size() / 2);
+    for (std::size_t j = 0; j < next.size(); ++j) {
+      next[j] = level[2 * j];
+      for (std::size_t k = 0; k < next[j].size(); ++k) next[j][k] = apply(op, level[2 * j][k], level[2 * j + 1][k]);
+    }
+    level = std::move(next);
+  }
+  if (op == reduce_op::avg)
+    for (T& x : level[0]) x = x / static_cast<T>(n);
+  return level[0];
+}
+
 /// Random values of mixed sign and magnitude; sums of them depend on the order.
 template <class T>
 std::vector<T> random_values(std::size_t count, std::uint64_t seed) {

@@ -15,6 +15,8 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -53,6 +55,12 @@ class primitives {
   /// Sends `outgoing` to `to` while receiving `incoming` from `from`.
   template <class T>
   void send_recv(rank_t to, std::span<const T> outgoing, rank_t from, std::span<T> incoming) {
+    if constexpr (single_copy_transport<Transport>) {
+      if (read_directly_)
+        return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(), [&](std::uint64_t address) {
+          return transport_.read_peer(from, address, std::as_writable_bytes(incoming));
+        });
+    }
     request recv_request;
     request send_request;
     transport_.post_recv(recv_request, from, tag_, std::as_writable_bytes(incoming));
@@ -62,13 +70,76 @@ class primitives {
   }
 
   /// send_recv, then result = incoming ⊕ own (own widened to float first when it
-  /// holds 16-bit values and T is float).
+  /// holds 16-bit values and T is float). Pipelined when slice_reductions() asked for
+  /// it and the step has at least two slices: each slice is its own message, up to
+  /// `in_flight` of them posted each way, and slice k is reduced while the following
+  /// ones travel (and while it is still in cache). The bits are the same either way.
   template <arithmetic_element T, element Own>
   void send_recv_reduce(rank_t to, std::span<const T> outgoing, rank_t from, std::span<T> incoming,
                         std::span<const Own> own, std::span<T> result, reduce_op op) {
-    send_recv(to, outgoing, from, incoming);
-    if constexpr (std::same_as<T, Own>) kernels::cpu::reduce<T>(op, incoming, own, result);
-    else kernels::cpu::reduce_widened(op, std::span<const T>(incoming), own, result);
+    if constexpr (single_copy_transport<Transport>) {
+      if (read_directly_) {
+        // Slices of the peer's partial land in the bounce buffer (in cache) and are reduced from there.
+        const std::size_t slice = bounce_.size() / sizeof(T);
+        const std::span<T> landing(reinterpret_cast<T*>(bounce_.data()), slice);
+        return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(), [&](std::uint64_t address) {
+          for (std::size_t at = 0; at < incoming.size(); at += slice) {
+            const std::size_t n = std::min(slice, incoming.size() - at);
+            if (const std::error_code code =
+                    transport_.read_peer(from, address + at * sizeof(T), std::as_writable_bytes(landing.first(n))))
+              return code;
+            reduce_into(op, std::span<const T>(landing.first(n)), own.subspan(at, n), result.subspan(at, n));
+          }
+          return std::error_code();
+        });
+      }
+    }
+    const slicing sent(outgoing.size(), slice_bytes_ / sizeof(T));
+    const slicing received(incoming.size(), slice_bytes_ / sizeof(T));
+    if (sent.count == 1 && received.count == 1) {
+      send_recv(to, outgoing, from, incoming);
+      reduce_into(op, std::span<const T>(incoming), own, result);
+      return;
+    }
+    std::array<request, max_slices_in_flight> receives, sends;
+    const std::size_t window = slices_in_flight_;
+    try {
+      for (std::size_t k = 0; k < std::min(window, received.count); ++k)
+        post_recv(receives[k], from, tag_, received.of(incoming, k));
+      for (std::size_t k = 0; k < std::min(window, sent.count); ++k)
+        post_send(sends[k], to, tag_, sent.of(outgoing, k));
+      for (std::size_t k = 0; k < std::max(sent.count, received.count); ++k) {
+        if (k < received.count) {
+          const std::span<T> arrived = received.of(incoming, k);
+          finish_recv(receives[k % window], from, arrived.size_bytes());
+          reduce_into(op, std::span<const T>(arrived), received.of(own, k), received.of(result, k));
+          if (k + window < received.count) post_recv(receives[k % window], from, tag_, received.of(incoming, k + window));
+        }
+        if (k < sent.count) {
+          finish_send(sends[k % window], to, sent.of(outgoing, k).size_bytes());
+          if (k + window < sent.count) post_send(sends[k % window], to, tag_, sent.of(outgoing, k + window));
+        }
+      }
+    } catch (const std::system_error& failure) {
+      abandon(receives, failure);
+      abandon(sends, failure);
+      throw;
+    }
+  }
+
+  /// Asks send_recv and send_recv_reduce to read what arrives straight from the
+  /// sender's memory (algorithm::ring_single_copy), reductions through `bounce` (at
+  /// least 64 bytes, aligned for the element type). Every rank of the call asks alike.
+  void read_directly(std::span<std::byte> bounce) noexcept {
+    read_directly_ = true;
+    bounce_ = bounce;
+  }
+
+  /// Asks send_recv_reduce to pipeline steps of at least two slices of `bytes` (0: never).
+  /// Both ends of a step must slice alike, so every rank passes the same values.
+  void slice_reductions(std::size_t bytes, std::size_t in_flight) noexcept {
+    slice_bytes_ = bytes;
+    slices_in_flight_ = std::clamp<std::size_t>(in_flight, 1, max_slices_in_flight);
   }
 
   // The split forms, for algorithms that keep many messages in flight (pipelined
@@ -156,13 +227,76 @@ class primitives {
         got.sequence != header_.sequence)
       return errc::operation_mismatch;
     if (got.type != header_.type) return errc::type_mismatch;
-    return errc::count_mismatch;
+    if (got.count != header_.count) return errc::count_mismatch;
+    return errc::operation_mismatch;  // the same call, run by another algorithm
+  }
+
+  static constexpr std::size_t max_slices_in_flight = 8;
+
+  /// A single-copy step: tell `to` where `outgoing` is (address, bytes), learn from
+  /// `from` where its data is, `consume` it from there (the first failed read's code,
+  /// or none), tell `from` this rank is done with it, and wait until `to` is done with
+  /// `outgoing` (which stays untouched until then). Receives are posted before the
+  /// send, as in every step.
+  template <class Consume>
+  void exchange_directly(rank_t to, std::span<const std::byte> outgoing, rank_t from, std::size_t expected_bytes,
+                         Consume&& consume) {
+    const std::array<std::uint64_t, 2> mine{reinterpret_cast<std::uintptr_t>(outgoing.data()), outgoing.size()};
+    std::array<std::uint64_t, 2> theirs{};
+    std::array<request, 4> requests;  // where from `from`, done from `to`, where to `to`, done to `from`
+    try {
+      post_recv(requests[0], from, tag_, std::span<std::uint64_t>(theirs));
+      post_recv(requests[1], to, tag_, std::span<std::byte>());
+      post_send(requests[2], to, tag_, std::span<const std::uint64_t>(mine));
+      finish_recv(requests[0], from, sizeof theirs);
+      if (theirs[1] != expected_bytes)
+        fail(errc::protocol_error, "peer {} offers {} bytes where this rank reads {}", from, theirs[1], expected_bytes);
+      if (const std::error_code code = expected_bytes > 0 ? consume(theirs[0]) : std::error_code()) {
+        // The peer left the call: most likely it aborted, and its reason waits in the
+        // transport (it is sent before the peer can exit or free the buffer). Take it
+        // in, so the failure passes that reason on instead of blaming the peer.
+        poll(requests[1]);
+        fail_transport(code, from, fmt::format("reading {} bytes from its memory", expected_bytes));
+      }
+      post_send(requests[3], from, tag_, std::span<const std::byte>());
+      finish_send(requests[3], from, 0);
+      finish_recv(requests[1], to, 0);
+      finish_send(requests[2], to, sizeof mine);
+    } catch (const std::system_error& failure) {
+      abandon(requests, failure);
+      throw;
+    }
+  }
+
+
+  /// A step's `count` elements as slices of `slice` (one slice when fewer than two fit).
+  struct slicing {
+    slicing(std::size_t elements, std::size_t slice_elements)
+        : size(slice_elements == 0 || elements < 2 * slice_elements ? elements : slice_elements),
+          count(size == 0 ? 1 : (elements + size - 1) / size) {}
+    template <class U>
+    std::span<U> of(std::span<U> whole, std::size_t k) const {
+      const std::size_t offset = std::min(k * size, whole.size());
+      return whole.subspan(offset, std::min(size, whole.size() - offset));
+    }
+    std::size_t size;
+    std::size_t count;
+  };
+
+  template <arithmetic_element T, element Own>
+  static void reduce_into(reduce_op op, std::span<const T> incoming, std::span<const Own> own, std::span<T> result) {
+    if constexpr (std::same_as<T, Own>) kernels::cpu::reduce<T>(op, incoming, own, result);
+    else kernels::cpu::reduce_widened(op, incoming, own, result);
   }
 
   Transport& transport_;
   transports::message_header header_;
   std::chrono::milliseconds timeout_;
   transports::tag_t tag_;
+  std::size_t slice_bytes_ = 0;
+  bool read_directly_ = false;
+  std::span<std::byte> bounce_;
+  std::size_t slices_in_flight_ = 1;
 };
 
 }  // namespace qcoll::algorithms

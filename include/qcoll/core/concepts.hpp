@@ -73,6 +73,18 @@ concept transport = requires(T& t, const T& ct, typename T::request& request, ra
   { ct.failure() } -> std::same_as<transports::failure>;
 };
 
+/// A transport that can also read a peer's memory directly, for single-copy ring
+/// steps (algorithm::ring_single_copy): single_copy() says whether every pair of ranks
+/// may (shm: the kernel permits cross-memory attach between them; in-process: always),
+/// and read_peer copies into.size() bytes from `address` in peer's address space.
+/// Only an address the peer sent in a message of the current call may be read.
+template <class T>
+concept single_copy_transport =
+    transport<T> && requires(T& t, const T& ct, rank_t peer, std::uint64_t address, std::span<std::byte> into) {
+      { ct.single_copy() } -> std::convertible_to<bool>;
+      { t.read_peer(peer, address, into) } -> std::same_as<std::error_code>;
+    };
+
 /// Who talks to whom. Compile-time facts (the fan-out bound) are static members;
 /// runtime neighbour tables are plain data built once.
 template <class T>

@@ -25,7 +25,7 @@ struct message_header {
   collective kind = collective::barrier;
   dtype type = dtype::f32;  ///< the caller's element type (16-bit collectives also send float partials)
   reduce_op op = reduce_op::sum;
-  std::uint8_t reserved = 0;
+  algorithm way = algorithm::unspecified;  ///< how an exact collective runs
 
   friend bool operator==(const message_header&, const message_header&) = default;
 };

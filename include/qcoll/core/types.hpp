@@ -60,11 +60,25 @@ enum class collective : std::uint8_t {
   point_to_point = 9,        ///< send, recv, send_recv (numbered per pair of ranks)
 };
 
+/// How an exact collective moves its data (docs/algorithms.md). Every message carries
+/// it, so ranks that chose differently (a tuning variable set on some ranks only) fail
+/// with operation_mismatch instead of exchanging the wrong messages. `unspecified`:
+/// calls with one way only (plans, split, point to point).
+enum class algorithm : std::uint8_t {
+  unspecified = 0,
+  ring = 1,                ///< ring reduce-scatter + all-gather, scatter + all-gather, all-gather of nothing
+  ring_single_copy = 2,    ///< the ring, each step read straight from the peer's memory (shm)
+  recursive_doubling = 3,  ///< allreduce of small buffers in ⌈log₂ n⌉ (+2) exchanges
+  binomial_tree = 4,       ///< broadcast of small buffers in ⌈log₂ n⌉ rounds
+  dissemination = 5,       ///< barrier in ⌈log₂ n⌉ rounds
+};
+
 /// The largest value of each wire enum, for decoders that check what a peer sent
 /// (every enum starts at 1 and has no gaps).
 inline constexpr std::uint8_t max_dtype = static_cast<std::uint8_t>(dtype::f16);
 inline constexpr std::uint8_t max_reduce_op = static_cast<std::uint8_t>(reduce_op::max);
 inline constexpr std::uint8_t max_collective = static_cast<std::uint8_t>(collective::point_to_point);
+inline constexpr std::uint8_t max_algorithm = static_cast<std::uint8_t>(algorithm::dissemination);  // from 0
 
 constexpr const char* to_string(dtype type) noexcept {
   switch (type) {
@@ -99,6 +113,18 @@ constexpr const char* to_string(collective kind) noexcept {
     case collective::point_to_point: return "point_to_point";
   }
   return "collective?";
+}
+
+constexpr const char* to_string(algorithm way) noexcept {
+  switch (way) {
+    case algorithm::unspecified: return "unspecified";
+    case algorithm::ring: return "ring";
+    case algorithm::ring_single_copy: return "ring_single_copy";
+    case algorithm::recursive_doubling: return "recursive_doubling";
+    case algorithm::binomial_tree: return "binomial_tree";
+    case algorithm::dissemination: return "dissemination";
+  }
+  return "algorithm?";
 }
 
 constexpr std::size_t size_of(dtype type) noexcept {

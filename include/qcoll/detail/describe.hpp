@@ -11,8 +11,8 @@
 
 namespace qcoll::detail {
 
-/// "allreduce(count=1000, f32, sum) #3", as error messages name a call.
-inline std::string describe(const transports::message_header& h) {
+/// "allreduce(count=1000, f32, sum) #3", the call without its algorithm.
+inline std::string describe_call(const transports::message_header& h) {
   switch (h.kind) {
     case collective::barrier: return fmt::format("barrier #{}", h.sequence);
     case collective::split: return fmt::format("split #{}", h.sequence);
@@ -32,6 +32,12 @@ inline std::string describe(const transports::message_header& h) {
   }
   return fmt::format("{}(count={}, {}, {}) #{}", to_string(h.kind), h.count, to_string(h.type),
                      to_string(h.op), h.sequence);
+}
+
+/// "allreduce(count=1000, f32, sum) #3 via ring", as error messages name a call.
+inline std::string describe(const transports::message_header& h) {
+  if (h.way == algorithm::unspecified) return describe_call(h);
+  return fmt::format("{} via {}", describe_call(h), to_string(h.way));
 }
 
 }  // namespace qcoll::detail

@@ -23,9 +23,16 @@ inline bool log_enabled() noexcept {
   return setting == nullptr || std::strcmp(setting, "quiet") != 0;
 }
 
+/// True when QCOLL_DEBUG=INFO asks for the informational lines (which algorithm a
+/// call used, …); read once by whoever caches it, as they may come once per call.
+inline bool debug_info_enabled() noexcept {
+  const char* setting = std::getenv("QCOLL_DEBUG");
+  return setting != nullptr && (std::strcmp(setting, "INFO") == 0 || std::strcmp(setting, "info") == 0);
+}
+
+/// Writes one whole line with one write(2).
 template <class... Args>
-void log_warning(fmt::format_string<Args...> format, Args&&... args) noexcept {
-  if (!log_enabled()) return;
+void write_line(fmt::format_string<Args...> format, Args&&... args) noexcept {
   try {
     std::string line = fmt::format(format, std::forward<Args>(args)...);
     line.push_back('\n');
@@ -40,6 +47,18 @@ void log_warning(fmt::format_string<Args...> format, Args&&... args) noexcept {
     }
   } catch (...) {  // a warning that cannot be formatted is not worth an exception
   }
+}
+
+template <class... Args>
+void log_warning(fmt::format_string<Args...> format, Args&&... args) noexcept {
+  if (!log_enabled()) return;
+  write_line(format, std::forward<Args>(args)...);
+}
+
+/// An informational line; the caller checks debug_info_enabled() first.
+template <class... Args>
+void log_info(fmt::format_string<Args...> format, Args&&... args) noexcept {
+  write_line(format, std::forward<Args>(args)...);
 }
 
 }  // namespace qcoll::detail

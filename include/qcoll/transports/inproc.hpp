@@ -244,6 +244,28 @@ class transport {
     for (rank_t r = 0; r < state_->size; ++r) state_->wakeups[r].notify_all();
   }
 
+  /// Ranks share one address space: a single-copy read is a memcpy from the peer's
+  /// buffer. It is safe while the peer waits for this rank's "done" message (it leaves
+  /// the buffer alone until then): the read happens only while the peer's receive from
+  /// this rank is queued, and marks it copying, so the peer cannot withdraw it and
+  /// leave the call (a failure elsewhere) until the copy is over.
+  bool single_copy() const noexcept { return true; }
+  std::error_code read_peer(rank_t peer, std::uint64_t address, std::span<std::byte> into) {
+    if (peer >= state_->size || peer == rank_) return make_error_code(errc::invalid_argument);
+    std::unique_lock lock(state_->mutex);
+    request* waiting = state_->boxes[peer].recvs.head;
+    while (waiting && waiting->peer_ != rank_) waiting = waiting->next_;
+    if (!waiting) return state_->aborted ? state_->abort_code : make_error_code(errc::peer_lost);
+    waiting->state_ = request::state::copying;
+    lock.unlock();
+    if (!into.empty())
+      std::memcpy(into.data(), reinterpret_cast<const void*>(static_cast<std::uintptr_t>(address)), into.size());
+    lock.lock();
+    waiting->state_ = request::state::queued;
+    state_->wakeups[peer].notify_all();
+    return {};
+  }
+
   /// The first abort's code and reason; an empty code while the world is intact.
   transports::failure failure() const {
     std::lock_guard lock(state_->mutex);

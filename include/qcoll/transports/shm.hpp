@@ -17,6 +17,16 @@
 /// it: nothing is left in /dev/shm after a normal exit or a crash. qcoll-run also
 /// removes `/dev/shm/qcoll-<job id>*` after a job, for a crash during setup.
 ///
+/// Single copy: where the kernel lets every rank read every other's memory (Linux
+/// cross-memory attach, process_vm_readv, probed at join), the ring's large steps skip
+/// the pipes: a rank sends where its data is, and the peer reads it straight into
+/// place, or slice by slice into cache for a reduction (algorithm::ring_single_copy,
+/// docs/algorithms.md). Where any pair is refused (Yama ptrace_scope 2 or 3, a
+/// container without CAP_SYS_PTRACE, a non-dumpable process), every rank keeps the
+/// two-copy path and rank 0 says why in one line on stderr. Under Yama ptrace_scope 1
+/// join declares any process of the user a permitted reader (PR_SET_PTRACER_ANY, as
+/// Open MPI's vader does); options::single_copy = false skips that and the probe.
+///
 /// Failures: a peer that closes its transport ends its streams after the bytes it
 /// wrote; a peer process that dies is noticed through a pidfd within one sleep slice
 /// (10 ms). Either way the requests waiting on it fail with errc::peer_lost.
@@ -24,6 +34,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/core/error.hpp>
+#include <qcoll/detail/log.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
@@ -34,6 +45,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -58,13 +71,16 @@ namespace qcoll::transports::shm {
 struct options {
   /// Bytes of each pair's ring; a power of two ≥ 64 KiB. n(n − 1) rings per job.
   std::size_t pipe_bytes = std::size_t{2} << 20;
+  /// Probe at join whether ranks may read each other's memory, and do so for large
+  /// ring steps if every pair may. false: the pipes only.
+  bool single_copy = true;
   stream::engine_options engine{};
 };
 
 namespace detail {
 
 inline constexpr std::uint64_t segment_magic = 0x71636f6c6c73686dULL;  // "qcollshm"
-inline constexpr std::uint32_t segment_version = 1;
+inline constexpr std::uint32_t segment_version = 2;
 
 struct segment_header {
   std::atomic<std::uint64_t> magic;  // written last by the creator
@@ -79,6 +95,8 @@ struct alignas(64) rank_slot {
   std::atomic<std::uint32_t> doorbell;  // changes whenever bytes move to or from this rank
   std::atomic<std::uint32_t> sleepers;  // > 0 while this rank sleeps on the doorbell
   std::atomic<std::int32_t> pid;
+  std::atomic<std::uint64_t> probe_address;  // where this rank keeps probe_value, for the single-copy probe
+  std::atomic<std::uint64_t> probe_value;
 };
 
 struct pipe_header {
@@ -411,17 +429,90 @@ class transport : public stream::endpoint {
     }
     auto* slots = reinterpret_cast<detail::rank_slot*>(segment.base() + shape.slots_offset());
     slots[job.rank].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
+    // The probe word lives as long as the transport; its value is random, so a read of
+    // the wrong process or address cannot pass for a successful one.
+    auto probe = std::make_unique<std::uint64_t>((std::uint64_t{std::random_device{}()} << 32) | 0x9e3779b9u);
+    slots[job.rank].probe_value.store(*probe, std::memory_order_relaxed);
+    slots[job.rank].probe_address.store(reinterpret_cast<std::uintptr_t>(probe.get()), std::memory_order_release);
+    if (opts.single_copy) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // EINVAL without Yama: fine
     store.set(fmt::format("qcoll/shm/attached/{}", job.rank), "1");
     store.wait_all("qcoll/shm/attached/", job.size, until);
     if (job.rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: the name is no longer needed
 
+    std::vector<pid_t> pids(job.size);
+    for (rank_t r = 0; r < job.size; ++r) pids[r] = slots[r].pid.load(std::memory_order_acquire);
+    const bool single_copy = opts.single_copy && agree_on_single_copy(job, store, slots, pids, until);
+
     auto pipes = std::make_unique<detail::shm_channels>(std::move(segment), shape, job.rank);
     return transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "shm transport",
-                                                      stream::resolve(opts.engine, job.local_size)));
+                                                      stream::resolve(opts.engine, job.local_size)),
+                     std::move(pids), single_copy, std::move(probe));
+  }
+
+  /// Whether every pair of ranks may read each other's memory (agreed at join).
+  bool single_copy() const noexcept { return single_copy_; }
+
+  /// Copies into.size() bytes from `address` in `peer`'s memory (process_vm_readv).
+  /// peer_lost when its process is gone or the memory no longer mapped (it left the call).
+  std::error_code read_peer(rank_t peer, std::uint64_t address, std::span<std::byte> into) {
+    if (!single_copy_ || peer >= pids_.size() || peer == rank()) return make_error_code(errc::invalid_argument);
+    std::size_t done = 0;
+    while (done < into.size()) {
+      const iovec local{into.data() + done, into.size() - done};
+      const iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(address + done)), into.size() - done};
+      const ssize_t n = ::process_vm_readv(pids_[peer], &local, 1, &remote, 1, 0);
+      if (n > 0) {
+        done += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      return make_error_code(errno == ESRCH || errno == EFAULT || n == 0 ? errc::peer_lost : errc::invalid_argument);
+    }
+    return {};
   }
 
  private:
-  using stream::endpoint::endpoint;
+  transport(std::unique_ptr<stream::engine> core, std::vector<pid_t> pids, bool single_copy,
+            std::unique_ptr<std::uint64_t> probe)
+      : stream::endpoint(std::move(core)), pids_(std::move(pids)), single_copy_(single_copy), probe_(std::move(probe)) {}
+
+  /// Each rank reads every peer's probe word; single copy is on only if every rank
+  /// read every word. Rank 0 says why not, once for the job.
+  template <rendezvous::store Store>
+  static bool agree_on_single_copy(const rendezvous::job& job, Store& store, const detail::rank_slot* slots,
+                                   const std::vector<pid_t>& pids, deadline until) {
+    std::string refused;
+    for (rank_t p = 0; p < job.size && refused.empty(); ++p) {
+      if (p == job.rank) continue;
+      std::uint64_t seen = 0;
+      const iovec local{&seen, sizeof seen};
+      const iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(slots[p].probe_address.load())),
+                         sizeof seen};
+      const ssize_t n = ::process_vm_readv(pids[p], &local, 1, &remote, 1, 0);
+      if (n != static_cast<ssize_t>(sizeof seen))
+        refused = fmt::format("rank {} may not read rank {}'s memory (process_vm_readv: {})", job.rank, p,
+                              n < 0 ? std::strerror(errno) : "short read");
+      else if (seen != slots[p].probe_value.load())
+        refused = fmt::format("rank {} read the wrong value from rank {}'s memory", job.rank, p);
+    }
+    store.set(fmt::format("qcoll/shm/single-copy/{}", job.rank), refused.empty() ? "yes" : refused);
+    store.wait_all("qcoll/shm/single-copy/", job.size, until);
+    std::string first_refusal;
+    for (rank_t r = 0; r < job.size && first_refusal.empty(); ++r) {
+      std::string answer = r == job.rank ? (refused.empty() ? "yes" : refused)
+                                         : store.get(fmt::format("qcoll/shm/single-copy/{}", r), until);
+      if (answer != "yes") first_refusal = std::move(answer);
+    }
+    if (!first_refusal.empty() && job.rank == 0)
+      qcoll::detail::log_warning("qcoll: shm transport: single copy is off for this job: {}; large messages take "
+                                 "the two-copy path through the shared pipes (docs/transports.md, \"Single copy\")",
+                                 first_refusal);
+    return first_refusal.empty();
+  }
+
+  std::vector<pid_t> pids_;
+  bool single_copy_ = false;
+  std::unique_ptr<std::uint64_t> probe_;  // read by the peers' probes at join
 };
 
 static_assert(qcoll::transport<transport>);

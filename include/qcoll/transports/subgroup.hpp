@@ -82,6 +82,18 @@ class subgroup {
   void abort(std::error_code code, std::string_view reason) { base_->abort(code, reason); }
   transports::failure failure() const { return base_->failure(); }
 
+  // Single-copy reads, where the base transport offers them.
+  bool single_copy() const
+    requires single_copy_transport<Base>
+  {
+    return base_->single_copy();
+  }
+  std::error_code read_peer(rank_t peer, std::uint64_t address, std::span<std::byte> into)
+    requires single_copy_transport<Base>
+  {
+    return base_->read_peer(base_peer(peer), address, into);
+  }
+
  private:
   rank_t base_peer(rank_t peer) const {
     if (peer >= size_)

@@ -22,6 +22,7 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/transports/stream/records.hpp>
+#include <qcoll/tuning/table.hpp>
 
 #include <algorithm>
 #include <array>
@@ -70,16 +71,11 @@ class channels {
   virtual void close(rank_t peer) noexcept = 0;
 };
 
-/// The default poll time: long (2 ms) when every local rank can have a core of its own,
-/// so a step's reply is caught without a wakeup, as MPI does by polling; short (50 µs)
-/// when ranks outnumber cores, where polling would take the core a peer needs.
-/// QCOLL_SPIN_US overrides it.
-inline std::chrono::microseconds automatic_spin(rank_t local_ranks) {
-  if (const char* given = std::getenv("QCOLL_SPIN_US"); given && *given)
-    return std::chrono::microseconds(std::strtoll(given, nullptr, 10));
-  const unsigned cores = std::thread::hardware_concurrency();
-  return cores != 0 && local_ranks <= cores ? std::chrono::microseconds(2000) : std::chrono::microseconds(50);
-}
+/// The default poll time is the tuning table's (qcoll::automatic_spin, tuning/table.hpp):
+/// long when every local rank can have a core of its own, so a step's reply is caught
+/// without a wakeup, as MPI does by polling; short when ranks outnumber cores, where
+/// polling would take the core a peer needs. QCOLL_SPIN_US overrides it.
+using qcoll::automatic_spin;
 
 class engine;
 

@@ -9,7 +9,7 @@
 /// Every record starts with a 16-byte header, little-endian, read field by field:
 ///   u16 magic 0x5143 · u8 version 1 · u8 type · u32 tag (abort: the error code) · u64 length
 /// message: length = total payload bytes; followed by the 24-byte message_header
-///          (u64 sequence, u64 count, u32 root, u8 kind, u8 type, u8 op, u8 reserved).
+///          (u64 sequence, u64 count, u32 root, u8 kind, u8 type, u8 op, u8 algorithm).
 /// data:    length = chunk bytes, 1 … max_chunk_bytes, never past the message's end.
 /// abort:   length = reason bytes, at most max_reason_bytes; tag = qcoll::errc value.
 /// Anything else is a protocol error: the receiver never allocates a size a peer
@@ -95,7 +95,7 @@ inline void write_message_header(std::span<std::byte, message_header_bytes> out,
   out[20] = static_cast<std::byte>(h.kind);
   out[21] = static_cast<std::byte>(h.type);
   out[22] = static_cast<std::byte>(h.op);
-  out[23] = static_cast<std::byte>(h.reserved);
+  out[23] = static_cast<std::byte>(h.way);
 }
 
 /// Enum fields are checked, so a header from a peer is always printable.
@@ -108,14 +108,16 @@ inline std::optional<message_header> read_message_header(std::span<const std::by
   const auto kind = std::to_integer<std::uint8_t>(in[20]);
   const auto type = std::to_integer<std::uint8_t>(in[21]);
   const auto op = std::to_integer<std::uint8_t>(in[22]);
-  h.reserved = std::to_integer<std::uint8_t>(in[23]);
-  if (kind < 1 || kind > max_collective || type < 1 || type > max_dtype || op < 1 || op > max_reduce_op) {
-    problem = "message header with an unknown collective, type or operation";
+  const auto way = std::to_integer<std::uint8_t>(in[23]);
+  if (kind < 1 || kind > max_collective || type < 1 || type > max_dtype || op < 1 || op > max_reduce_op ||
+      way > max_algorithm) {
+    problem = "message header with an unknown collective, type, operation or algorithm";
     return std::nullopt;
   }
   h.kind = static_cast<collective>(kind);
   h.type = static_cast<dtype>(type);
   h.op = static_cast<reduce_op>(op);
+  h.way = static_cast<algorithm>(way);
   return h;
 }
 

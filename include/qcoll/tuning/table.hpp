@@ -1,0 +1,147 @@
+#pragma once
+/// @file
+/// The tuning table: every threshold between the exact collectives' algorithms, the
+/// pipelined ring's slice and the transports' poll time, each with the measurement
+/// that chose it (as CUB's tuning headers name theirs). `qcoll::tuning` holds the
+/// values a communicator uses: the table's, each overridable by an environment
+/// variable (docs/algorithms.md, "Choosing an algorithm"), or given whole in
+/// communicator_options. Every rank of a job must use the same values: the algorithm
+/// travels in every message header, so ranks that chose differently fail with
+/// operation_mismatch instead of hanging.
+
+#include <qcoll/core/error.hpp>
+#include <qcoll/core/types.hpp>
+#include <qcoll/detail/check.hpp>
+
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <limits>
+#include <string_view>
+#include <thread>
+
+namespace qcoll {
+
+namespace tuning_table {
+
+// Measured on the development host: a 2-vCPU KVM guest (Intel Xeon, 23 GiB, Linux 6.18),
+// 2 and 4 ranks, with `benchmarks/collective_bench --job` under `qcoll-run`, each
+// algorithm forced through its variable, two rounds in one session (2026-11-25); the
+// tables are in docs/transports-performance.md, "Algorithm crossovers". Times are
+// medians per call, busbw in GB/s; "a / b" reads "this algorithm / the other".
+
+/// allreduce: recursive doubling up to this many bytes per rank, the ring above.
+/// 32 KiB: shm 2 ranks 6.6–6.9 / 9.2–9.3 µs (ring), 4 ranks 70–81 / 83–86 µs; at 64 KiB
+/// shm 2 ranks 11.3–11.7 / 11.3–11.6 µs, 4 ranks 152–184 / 125 µs, while tcp still
+/// gains (2 ranks 25 / 33 µs, 4 ranks 159–201 / 208 µs). 4 KiB: shm 4 ranks 20–28 / 34–43
+/// µs, tcp 4 ranks 62–79 / 130 µs.
+inline constexpr std::size_t allreduce_small_bytes = std::size_t{32} << 10;
+
+/// broadcast: binomial tree up to this many bytes, ring scatter + all-gather above.
+/// 1 MiB, 4 ranks: shm 752–832 / 945–1148 µs (ring), tcp 1200–1644 / 1105–1660 µs; at
+/// 256 KiB shm 187–232 / 292–295 µs, tcp 223–274 / 340–497 µs. With 2 ranks the tree
+/// (one message) wins at every size up to 4 MiB. On more ranks its log₂ n whole-buffer
+/// sends from the root lose to the ring's 2 buffers sooner: measure before raising it.
+inline constexpr std::size_t broadcast_small_bytes = std::size_t{1} << 20;
+
+/// The pipelined ring sends each reduce-scatter step in slices of this many bytes, so
+/// the reduction of one overlaps the transfer of the next; steps of fewer than two
+/// slices go whole. Also the single-copy reduction's slice. shm 2 ranks, single copy
+/// off, busbw: 64 MiB unsliced 2.96–3.16, 512 KiB 3.37–3.55, 1 MiB 3.35–3.52; 16 MiB
+/// 3.88–4.26 / 4.77–4.87 / 4.84–4.94. tcp: no change beyond noise (2 ranks 64 MiB
+/// 1.51–1.68 unsliced, 1.60–1.66 at 1 MiB). Single copy: 128 KiB – 1 MiB alike.
+inline constexpr std::size_t ring_slice_bytes = std::size_t{1} << 20;
+
+/// How many slices of a step may be in flight at once. Not tuned: 4 keeps the 2 MiB
+/// shm pipe full with 1 MiB slices.
+inline constexpr std::size_t ring_slices_in_flight = 4;
+
+/// The shm transport reads a ring step straight from the peer's memory (cross-memory
+/// attach) when the step moves at least this many bytes; smaller steps go through the
+/// shared pipes. shm 2 ranks busbw, pipes / single copy: 256 KiB allreduce (128 KiB
+/// steps) 7.1–7.3 / 6.7; 1 MiB (512 KiB steps) 6.3–6.5 / 6.8–7.3; 4 MiB 5.2–5.6 /
+/// 7.5–8.7; 64 MiB 3.3–3.6 / 3.5–4.1. 4 ranks, 1 MiB (256 KiB steps) 1.43–1.59 / 1.46–1.65.
+inline constexpr std::size_t single_copy_bytes = std::size_t{256} << 10;
+
+/// How long a wait polls before it sleeps when every local rank has a core: a reply
+/// within this time costs no wakeup. Commit e37e18c (2 ms together with fewer
+/// system calls per message): 2 ranks, 4 KiB allreduce, shm 17 → 3.9 µs, tcp 42 → 25 µs.
+inline constexpr std::chrono::microseconds spin_when_cores_suffice{2000};
+/// ... and when ranks outnumber cores, where polling takes the core a peer needs:
+/// docs/transports-performance.md, finding 4: 4 ranks on 2 cores, 4 KiB allreduce,
+/// 92–135 µs polling 50 µs, 288–463 µs sleeping at once; 1000 µs gave no consistent gain.
+inline constexpr std::chrono::microseconds spin_when_oversubscribed{50};
+
+}  // namespace tuning_table
+
+/// What a communicator's exact collectives use to choose; the defaults are the table's.
+struct tuning {
+  /// A forced algorithm per collective (QCOLL_ALLREDUCE_ALGO, QCOLL_BROADCAST_ALGO,
+  /// QCOLL_BARRIER_ALGO); `unspecified` chooses by size and topology.
+  algorithm allreduce = algorithm::unspecified;
+  algorithm broadcast = algorithm::unspecified;
+  algorithm barrier = algorithm::unspecified;
+  /// QCOLL_ALLREDUCE_SMALL_BYTES, QCOLL_BROADCAST_SMALL_BYTES, QCOLL_RING_SLICE_BYTES
+  /// (0: unsliced), QCOLL_SINGLE_COPY_BYTES ("off": never).
+  std::size_t allreduce_small_bytes = tuning_table::allreduce_small_bytes;
+  std::size_t broadcast_small_bytes = tuning_table::broadcast_small_bytes;
+  std::size_t ring_slice_bytes = tuning_table::ring_slice_bytes;
+  std::size_t single_copy_bytes = tuning_table::single_copy_bytes;
+
+  static constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+
+  /// The table's values with the environment's overrides.
+  /// @throws qcoll::error invalid_argument naming a variable that is set but malformed.
+  static tuning from_environment() {
+    tuning t;
+    t.allreduce = algorithm_variable("QCOLL_ALLREDUCE_ALGO", {algorithm::ring, algorithm::recursive_doubling});
+    t.broadcast = algorithm_variable("QCOLL_BROADCAST_ALGO", {algorithm::ring, algorithm::binomial_tree});
+    t.barrier = algorithm_variable("QCOLL_BARRIER_ALGO", {algorithm::ring, algorithm::dissemination});
+    t.allreduce_small_bytes = bytes_variable("QCOLL_ALLREDUCE_SMALL_BYTES", t.allreduce_small_bytes);
+    t.broadcast_small_bytes = bytes_variable("QCOLL_BROADCAST_SMALL_BYTES", t.broadcast_small_bytes);
+    t.ring_slice_bytes = bytes_variable("QCOLL_RING_SLICE_BYTES", t.ring_slice_bytes);
+    t.single_copy_bytes = bytes_variable("QCOLL_SINGLE_COPY_BYTES", t.single_copy_bytes);
+    return t;
+  }
+
+ private:
+  static algorithm algorithm_variable(const char* name, std::initializer_list<algorithm> allowed) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return algorithm::unspecified;
+    for (const algorithm a : allowed)
+      if (std::string_view(value) == to_string(a)) return a;
+    std::string names;
+    for (const algorithm a : allowed) names += fmt::format("{}, ", to_string(a));
+    detail::throw_error(errc::invalid_argument, "qcoll: {}={} is not one of {}auto", name, value, names);
+  }
+
+  static std::size_t bytes_variable(const char* name, std::size_t fallback) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') return fallback;
+    const std::string_view text(value);
+    if (text == "off") return never;
+    std::size_t number = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+    std::size_t scale = 1;
+    const std::string_view suffix(end, text.data() + text.size() - end);
+    if (suffix == "K" || suffix == "KiB") scale = std::size_t{1} << 10;
+    else if (suffix == "M" || suffix == "MiB") scale = std::size_t{1} << 20;
+    else if (!suffix.empty()) number = never;  // refused below
+    if (ec != std::errc() || number == never || number > never / scale)
+      detail::throw_error(errc::invalid_argument, "qcoll: {}={} is not a byte count (a number, optionally K or M, or off)",
+                          name, value);
+    return number * scale;
+  }
+};
+
+/// The poll time of a job with `local_ranks` ranks on this host (QCOLL_SPIN_US overrides it).
+inline std::chrono::microseconds automatic_spin(rank_t local_ranks) {
+  if (const char* given = std::getenv("QCOLL_SPIN_US"); given && *given)
+    return std::chrono::microseconds(std::strtoll(given, nullptr, 10));
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores != 0 && local_ranks <= cores ? tuning_table::spin_when_cores_suffice
+                                             : tuning_table::spin_when_oversubscribed;
+}
+
+}  // namespace qcoll
