@@ -18,6 +18,7 @@
 #include <chrono>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -56,6 +57,15 @@ tuning single_copy_everywhere(std::size_t slice_bytes = 64) {
   tuning tuned = test::forcing();
   tuned.single_copy_bytes = 0;
   tuned.ring_slice_bytes = slice_bytes;
+  return tuned;
+}
+
+/// The ring through the pipes, every step in slices of 8 bytes (more slices than are
+/// in flight, uneven last slices, and slices flowing across steps).
+tuning pipelined_everywhere() {
+  tuning tuned = test::forcing();
+  tuned.ring_slice_bytes = 8;
+  tuned.single_copy_bytes = tuning::never;
   return tuned;
 }
 
@@ -272,13 +282,14 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(reduce_scatter)
 
 BOOST_AUTO_TEST_CASE(matches_reference_blocks) {
-  for (const tuning& tuned : {test::forcing(), single_copy_everywhere()})
+  for (const tuning& tuned : {test::forcing(), single_copy_everywhere(), pipelined_everywhere()})
   for (std::size_t n = 1; n <= 8; ++n)
     for (std::size_t count : small_counts)
       for (reduce_op op : all_ops)
         for (bool aliased : {false, true}) {
           BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " op=" << to_string(op) << " aliased=" << aliased
-                                  << " single_copy_bytes=" << tuned.single_copy_bytes) {
+                                  << " single_copy_bytes=" << tuned.single_copy_bytes
+                                  << " slice=" << tuned.ring_slice_bytes) {
             const auto inputs = inputs_for<double>(n, count, count + n);
             const auto expected = test::reference_reduce(inputs, std::span<const rank_t>(natural_order(n)), op);
             std::vector<std::vector<double>> buffers = inputs, results(n);
@@ -311,12 +322,13 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(all_gather)
 
 BOOST_AUTO_TEST_CASE(every_rank_gets_every_block) {
-  for (const tuning& tuned : {test::forcing(), single_copy_everywhere()})
+  for (const tuning& tuned : {test::forcing(), single_copy_everywhere(), pipelined_everywhere()})
   for (std::size_t n = 1; n <= 8; ++n)
     for (std::size_t count : small_counts)
       for (bool in_place : {false, true}) {
         BOOST_TEST_CONTEXT("n=" << n << " count=" << count << " in_place=" << in_place
-                                << " single_copy_bytes=" << tuned.single_copy_bytes) {
+                                << " single_copy_bytes=" << tuned.single_copy_bytes
+                                << " slice=" << tuned.ring_slice_bytes) {
           const auto whole = test::random_values<float>(count, count * 3 + n);
           std::vector<std::vector<float>> results(n);
           const auto outcome = run_ranks(n, [&](auto& comm) {
@@ -438,7 +450,7 @@ std::vector<std::uint16_t> rounded_once(const std::vector<std::vector<Half>>& in
 
 /// allreduce (by `way`) and reduce_scatter (by the ring) against the float reference.
 template <class Half>
-void check_allreduce_and_reduce_scatter(algorithm way) {
+void check_allreduce_and_reduce_scatter(algorithm way, std::optional<tuning> tuned = std::nullopt) {
   for (std::size_t n = 1; n <= 5; ++n)
     for (std::size_t count : small_counts)
       for (reduce_op op : all_ops)
@@ -450,7 +462,9 @@ void check_allreduce_and_reduce_scatter(algorithm way) {
           const bool in_place = (count + n) % 2 == 0;
           std::vector<std::vector<Half>> results(n), blocks(n), buffers = inputs;
           const auto outcome = run_ranks(n, [&](auto& comm) {
-            comm.set_tuning(way == algorithm::ring_single_copy ? single_copy_everywhere() : test::forcing(way));
+            comm.set_tuning(tuned               ? *tuned
+                            : way == algorithm::ring_single_copy ? single_copy_everywhere()
+                                                                 : test::forcing(way));
             const rank_t r = comm.rank();
             if (in_place) {
               comm.allreduce(std::span<Half>(buffers[r]), op);
@@ -485,12 +499,14 @@ void check_allreduce_and_reduce_scatter(algorithm way) {
 BOOST_AUTO_TEST_CASE(bfloat16_equals_the_float_reduction_rounded_once) {
   check_allreduce_and_reduce_scatter<bfloat16>(algorithm::ring);
   check_allreduce_and_reduce_scatter<bfloat16>(algorithm::ring_single_copy);
+  check_allreduce_and_reduce_scatter<bfloat16>(algorithm::ring, pipelined_everywhere());
   check_allreduce_and_reduce_scatter<bfloat16>(algorithm::recursive_doubling);
 }
 
 BOOST_AUTO_TEST_CASE(float16_equals_the_float_reduction_rounded_once) {
   check_allreduce_and_reduce_scatter<float16>(algorithm::ring);
   check_allreduce_and_reduce_scatter<float16>(algorithm::ring_single_copy);
+  check_allreduce_and_reduce_scatter<float16>(algorithm::ring, pipelined_everywhere());
   check_allreduce_and_reduce_scatter<float16>(algorithm::recursive_doubling);
 }
 

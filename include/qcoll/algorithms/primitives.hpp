@@ -20,9 +20,12 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <deque>
 #include <span>
 #include <string>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 namespace qcoll::algorithms {
 
@@ -70,10 +73,8 @@ class primitives {
   }
 
   /// send_recv, then result = incoming ⊕ own (own widened to float first when it
-  /// holds 16-bit values and T is float). Pipelined when slice_reductions() asked for
-  /// it and the step has at least two slices: each slice is its own message, up to
-  /// `in_flight` of them posted each way, and slice k is reduced while the following
-  /// ones travel (and while it is still in cache). The bits are the same either way.
+  /// holds 16-bit values and T is float). Straight from the sender's memory after
+  /// read_directly(); see ring_phase() for the pipelined form of a whole phase.
   template <arithmetic_element T, element Own>
   void send_recv_reduce(rank_t to, std::span<const T> outgoing, rank_t from, std::span<T> incoming,
                         std::span<const Own> own, std::span<T> result, reduce_op op) {
@@ -94,35 +95,121 @@ class primitives {
         });
       }
     }
-    const slicing sent(outgoing.size(), slice_bytes_ / sizeof(T));
-    const slicing received(incoming.size(), slice_bytes_ / sizeof(T));
-    if (sent.count == 1 && received.count == 1) {
-      send_recv(to, outgoing, from, incoming);
-      reduce_into(op, std::span<const T>(incoming), own, result);
-      return;
-    }
-    std::array<request, max_slices_in_flight> receives, sends;
+    send_recv(to, outgoing, from, incoming);
+    reduce_into(op, std::span<const T>(incoming), own, result);
+  }
+
+  /// result = incoming ⊕ own, own widened to float first when it holds 16-bit values.
+  template <arithmetic_element T, element Own>
+  static void reduce_into(reduce_op op, std::span<const T> incoming, std::span<const Own> own, std::span<T> result) {
+    if constexpr (std::same_as<T, Own>) kernels::cpu::reduce<T>(op, incoming, own, result);
+    else kernels::cpu::reduce_widened(op, incoming, own, result);
+  }
+
+  /// True when ring phases go as pipelines of slices (slice_reductions() asked for it
+  /// and the steps are not read from the peer's memory).
+  bool pipelined() const noexcept { return slice_bytes_ > 0 && !read_directly_; }
+
+  /// A ring phase of `steps` steps as one pipeline of slices: step s sends block
+  /// outgoing(s) to `to` and receives block incoming(s) from `from`, both cut into
+  /// slices (slice_reductions()), each its own message; arrived(s, offset, count) runs
+  /// as each slice of step s lands, in order. Slice k of step s leaves as soon as slice
+  /// k of step s − 1 has arrived (the ring's data dependence), not when the whole step
+  /// has, so the link stays busy across steps; slice k of step s is received only once
+  /// this rank is done with slice k of step s − 1 both ways, so a phase may reuse its
+  /// buffers from step to step. Receives are posted up to the in-flight count ahead;
+  /// sends whenever their data is there (a send window could hold a sender back while
+  /// its peer waits for exactly that send). outgoing(s) and incoming(s) are asked once
+  /// per step, in step order.
+  template <class T, class Outgoing, class Incoming, class Arrived>
+  void ring_phase(rank_t to, rank_t from, std::size_t steps, Outgoing&& outgoing, Incoming&& incoming,
+                  Arrived&& arrived) {
+    struct stream {  // one direction: which slices are posted and done
+      std::vector<std::size_t> first_unit{0};  // first_unit[s]: slices of the steps before s
+      std::size_t posted = 0, done = 0;
+      std::size_t step_of_posted = 0;  // the step of the next slice to post
+      std::size_t step_of_done = 0;    // the step of the oldest slice not done
+    };
+    const std::size_t slice = std::max<std::size_t>(1, slice_bytes_ / sizeof(T));
     const std::size_t window = slices_in_flight_;
+    const auto cut = [&](std::size_t elements) { return slicing(elements, slice); };
+    std::vector<std::span<const T>> out_blocks;
+    std::vector<std::span<T>> in_blocks;
+    stream sends, receives;
+    std::deque<request> send_requests;  // one per slice sent; a deque never moves them
+    std::array<request, max_slices_in_flight> receive_requests;
+    // A slice done in either direction; false when the oldest is still pending.
+    const auto finish_oldest_receive = [&](bool block) {
+      request& r = receive_requests[receives.done % window];
+      if (!block && !poll(r)) return false;
+      while (receives.first_unit[receives.step_of_done + 1] <= receives.done) ++receives.step_of_done;
+      const std::size_t s = receives.step_of_done, k = receives.done - receives.first_unit[s];
+      const slicing pieces = cut(in_blocks[s].size());
+      const std::span<T> landed = pieces.of(in_blocks[s], k);
+      finish_recv(r, from, landed.size_bytes());
+      ++receives.done;
+      arrived(s, std::min(k * pieces.size, in_blocks[s].size()), landed.size());
+      return true;
+    };
+    const auto finish_oldest_send = [&](bool block) {
+      request& r = send_requests[sends.done];
+      if (!block && !poll(r)) return false;
+      while (sends.first_unit[sends.step_of_done + 1] <= sends.done) ++sends.step_of_done;
+      const std::size_t s = sends.step_of_done, k = sends.done - sends.first_unit[s];
+      finish_send(r, to, cut(out_blocks[s].size()).of(out_blocks[s], k).size_bytes());
+      ++sends.done;
+      return true;
+    };
     try {
-      for (std::size_t k = 0; k < std::min(window, received.count); ++k)
-        post_recv(receives[k], from, tag_, received.of(incoming, k));
-      for (std::size_t k = 0; k < std::min(window, sent.count); ++k)
-        post_send(sends[k], to, tag_, sent.of(outgoing, k));
-      for (std::size_t k = 0; k < std::max(sent.count, received.count); ++k) {
-        if (k < received.count) {
-          const std::span<T> arrived = received.of(incoming, k);
-          finish_recv(receives[k % window], from, arrived.size_bytes());
-          reduce_into(op, std::span<const T>(arrived), received.of(own, k), received.of(result, k));
-          if (k + window < received.count) post_recv(receives[k % window], from, tag_, received.of(incoming, k + window));
+      for (;;) {
+        bool moved = false;
+        while (sends.done < sends.posted && finish_oldest_send(false)) moved = true;
+        while (receives.done < receives.posted && finish_oldest_receive(false)) moved = true;
+        // Sends, in order, as their data arrives.
+        while (sends.step_of_posted < steps) {
+          const std::size_t s = sends.step_of_posted;
+          if (out_blocks.size() == s) {
+            out_blocks.push_back(outgoing(s));
+            sends.first_unit.push_back(sends.first_unit[s] + cut(out_blocks[s].size()).count);
+          }
+          const std::size_t k = sends.posted - sends.first_unit[s];
+          if (s > 0 && (receives.first_unit.size() <= s ||
+                        receives.done <= std::min(receives.first_unit[s - 1] + k, receives.first_unit[s] - 1)))
+            break;  // slice k of step s − 1 has not arrived
+          post_send(send_requests.emplace_back(), to, tag_, cut(out_blocks[s].size()).of(out_blocks[s], k));
+          if (++sends.posted == sends.first_unit[s + 1]) ++sends.step_of_posted;
+          moved = true;
         }
-        if (k < sent.count) {
-          finish_send(sends[k % window], to, sent.of(outgoing, k).size_bytes());
-          if (k + window < sent.count) post_send(sends[k % window], to, tag_, sent.of(outgoing, k + window));
+        // Receives, in order, once the previous step's slice is done with both ways.
+        while (receives.step_of_posted < steps && receives.posted - receives.done < window) {
+          const std::size_t s = receives.step_of_posted;
+          if (in_blocks.size() == s) {
+            in_blocks.push_back(incoming(s));
+            receives.first_unit.push_back(receives.first_unit[s] + cut(in_blocks[s].size()).count);
+          }
+          const std::size_t k = receives.posted - receives.first_unit[s];
+          if (s > 0) {
+            if (receives.done <= std::min(receives.first_unit[s - 1] + k, receives.first_unit[s] - 1)) break;
+            if (sends.first_unit.size() <= s ||
+                sends.done <= std::min(sends.first_unit[s - 1] + k, sends.first_unit[s] - 1))
+              break;
+          }
+          post_recv(receive_requests[receives.posted % window], from, tag_, cut(in_blocks[s].size()).of(in_blocks[s], k));
+          if (++receives.posted == receives.first_unit[s + 1]) ++receives.step_of_posted;
+          moved = true;
         }
+        if (moved) continue;
+        // Nothing to do but wait: for the oldest receive (it unblocks the most), else the oldest send.
+        if (receives.done < receives.posted) finish_oldest_receive(true);
+        else if (sends.done < sends.posted) finish_oldest_send(true);
+        else break;  // everything posted has completed, and nothing is left to post
       }
+      if (sends.step_of_posted < steps || receives.step_of_posted < steps)
+        fail(errc::invalid_argument, "internal error: the ring pipeline stalled at step {} of {}",
+             std::min(sends.step_of_posted, receives.step_of_posted), steps);
     } catch (const std::system_error& failure) {
-      abandon(receives, failure);
-      abandon(sends, failure);
+      abandon(receive_requests, failure);
+      for (request& r : send_requests) abandon(std::span<request>(&r, 1), failure);
       throw;
     }
   }
@@ -135,8 +222,9 @@ class primitives {
     bounce_ = bounce;
   }
 
-  /// Asks send_recv_reduce to pipeline steps of at least two slices of `bytes` (0: never).
-  /// Both ends of a step must slice alike, so every rank passes the same values.
+  /// Asks ring phases to go as pipelines of slices of `bytes` (0: whole steps; a step
+  /// of fewer than two slices goes whole). Both ends of a step must slice alike, so
+  /// every rank passes the same values.
   void slice_reductions(std::size_t bytes, std::size_t in_flight) noexcept {
     slice_bytes_ = bytes;
     slices_in_flight_ = std::clamp<std::size_t>(in_flight, 1, max_slices_in_flight);
@@ -283,11 +371,6 @@ class primitives {
     std::size_t count;
   };
 
-  template <arithmetic_element T, element Own>
-  static void reduce_into(reduce_op op, std::span<const T> incoming, std::span<const Own> own, std::span<T> result) {
-    if constexpr (std::same_as<T, Own>) kernels::cpu::reduce<T>(op, incoming, own, result);
-    else kernels::cpu::reduce_widened(op, incoming, own, result);
-  }
 
   Transport& transport_;
   transports::message_header header_;

@@ -75,13 +75,24 @@ template <transport Transport, element T, class Buffers>
 void ring_reduce_scatter(primitives<Transport>& step, const ring_view& ring, std::size_t count, reduce_op op,
                          Buffers& buffers) {
   const std::size_t n = ring.size();
-  for (std::size_t s = 0; s + 1 < n; ++s) {
-    const auto back = static_cast<std::ptrdiff_t>(s);
-    const block_range sent = ring.block_at(count, -1 - back);
-    const block_range received = ring.block_at(count, -2 - back);
-    const std::span<const T> outgoing = s == 0 ? buffers.own(sent) : buffers.partial(s - 1, sent);
-    step.send_recv_reduce(ring.next(), outgoing, ring.prev(), buffers.incoming(s, received),
-                          ring_detail::contribution(buffers, received), buffers.partial(s, received), op);
+  const auto sent = [&](std::size_t s) { return ring.block_at(count, -1 - static_cast<std::ptrdiff_t>(s)); };
+  const auto received = [&](std::size_t s) { return ring.block_at(count, -2 - static_cast<std::ptrdiff_t>(s)); };
+  const auto outgoing = [&](std::size_t s) -> std::span<const T> {
+    return s == 0 ? buffers.own(sent(0)) : buffers.partial(s - 1, sent(s));
+  };
+  if (step.pipelined() && n > 1) {
+    step.template ring_phase<T>(
+        ring.next(), ring.prev(), n - 1, outgoing, [&](std::size_t s) { return buffers.incoming(s, received(s)); },
+        [&](std::size_t s, std::size_t offset, std::size_t length) {
+          const block_range b = received(s);
+          const std::span<const T> arrived = std::span<const T>(buffers.incoming(s, b)).subspan(offset, length);
+          primitives<Transport>::reduce_into(op, arrived, ring_detail::contribution(buffers, b).subspan(offset, length),
+                                             buffers.partial(s, b).subspan(offset, length));
+        });
+  } else {
+    for (std::size_t s = 0; s + 1 < n; ++s)
+      step.send_recv_reduce(ring.next(), outgoing(s), ring.prev(), buffers.incoming(s, received(s)),
+                            ring_detail::contribution(buffers, received(s)), buffers.partial(s, received(s)), op);
   }
   if (op == reduce_op::avg && n > 1) kernels::cpu::finish_avg(buffers.partial(n - 2, ring.block_at(count, 0)), n);
 }
@@ -91,11 +102,16 @@ void ring_reduce_scatter(primitives<Transport>& step, const ring_view& ring, std
 template <transport Transport, element T>
 void ring_all_gather(primitives<Transport>& step, const ring_view& ring, std::span<T> data) {
   const std::size_t count = data.size();
-  for (std::size_t s = 0; s + 1 < ring.size(); ++s) {
-    const auto back = static_cast<std::ptrdiff_t>(s);
-    step.send_recv(ring.next(), std::span<const T>(ring.block_at(count, -back).of(data)), ring.prev(),
-                   ring.block_at(count, -1 - back).of(data));
+  const auto outgoing = [&](std::size_t s) {
+    return std::span<const T>(ring.block_at(count, -static_cast<std::ptrdiff_t>(s)).of(data));
+  };
+  const auto incoming = [&](std::size_t s) { return ring.block_at(count, -1 - static_cast<std::ptrdiff_t>(s)).of(data); };
+  if (step.pipelined() && ring.size() > 1) {
+    step.template ring_phase<T>(ring.next(), ring.prev(), ring.size() - 1, outgoing, incoming,
+                                [](std::size_t, std::size_t, std::size_t) {});
+    return;
   }
+  for (std::size_t s = 0; s + 1 < ring.size(); ++s) step.send_recv(ring.next(), outgoing(s), ring.prev(), incoming(s));
 }
 
 /// Scatter from `root` along the ring in n − 1 pipelined steps: afterwards every rank

@@ -45,12 +45,16 @@ inline constexpr std::size_t allreduce_small_bytes = std::size_t{32} << 10;
 /// sends from the root lose to the ring's 2 buffers sooner: measure before raising it.
 inline constexpr std::size_t broadcast_small_bytes = std::size_t{1} << 20;
 
-/// The pipelined ring sends each reduce-scatter step in slices of this many bytes, so
-/// the reduction of one overlaps the transfer of the next; steps of fewer than two
-/// slices go whole. Also the single-copy reduction's slice. shm 2 ranks, single copy
-/// off, busbw: 64 MiB unsliced 2.96–3.16, 512 KiB 3.37–3.55, 1 MiB 3.35–3.52; 16 MiB
-/// 3.88–4.26 / 4.77–4.87 / 4.84–4.94. tcp: no change beyond noise (2 ranks 64 MiB
-/// 1.51–1.68 unsliced, 1.60–1.66 at 1 MiB). Single copy: 128 KiB – 1 MiB alike.
+/// The pipelined ring cuts each step into slices of this many bytes, one message each,
+/// and sends slice k of a step as soon as slice k of the previous step has arrived;
+/// steps of fewer than two slices go whole. Also the single-copy reduction's slice.
+/// With slices flowing across steps (HEAD), 1 MiB against unsliced, busbw, two rounds:
+/// shm pipes (single copy off) 2 ranks 16 MiB 5.12–5.16 / 5.15–5.21, 64 MiB 3.55–3.81 /
+/// 3.51–3.71; tcp 2 ranks 64 MiB 1.84–1.87 / 1.42–1.76, 4 ranks 0.78–0.85 / 0.78–0.87;
+/// lab (4 ranks, 1 Gbit/s, 64 MiB) 82.2–85.2 / 81.8–82.6 % of the link. Differences
+/// within this host's noise (the lab is CPU-bound: 2 % idle); kept for links where the
+/// step boundaries, not the CPU, cost. Slicing within steps only (earlier): shm pipes
+/// 2 ranks 64 MiB 2.96–3.16 unsliced, 3.35–3.52 at 1 MiB, 3.37–3.55 at 512 KiB.
 inline constexpr std::size_t ring_slice_bytes = std::size_t{1} << 20;
 
 /// How many slices of a step may be in flight at once. Not tuned: 4 keeps the 2 MiB
