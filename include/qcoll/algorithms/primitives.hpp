@@ -160,6 +160,15 @@ class primitives {
       ++sends.done;
       return true;
     };
+    // Whether step s − 1 is done up to element `end` in `st`: every slice of it that
+    // starts before `end` (blocks of neighbouring steps may differ by an element, and
+    // so in how they are cut, so slices are matched by elements, not by index).
+    const auto done_before = [&](const stream& st, std::size_t s, std::size_t block_elements, std::size_t end) {
+      if (st.first_unit.size() <= s) return false;  // step s − 1 not even posted
+      const slicing pieces = cut(block_elements);
+      const std::size_t last = end == 0 || pieces.size == 0 ? 0 : (end - 1) / pieces.size;
+      return st.done > st.first_unit[s - 1] + std::min(last, st.first_unit[s] - st.first_unit[s - 1] - 1);
+    };
     try {
       for (;;) {
         bool moved = false;
@@ -173,10 +182,11 @@ class primitives {
             sends.first_unit.push_back(sends.first_unit[s] + cut(out_blocks[s].size()).count);
           }
           const std::size_t k = sends.posted - sends.first_unit[s];
-          if (s > 0 && (receives.first_unit.size() <= s ||
-                        receives.done <= std::min(receives.first_unit[s - 1] + k, receives.first_unit[s] - 1)))
-            break;  // slice k of step s − 1 has not arrived
-          post_send(send_requests.emplace_back(), to, tag_, cut(out_blocks[s].size()).of(out_blocks[s], k));
+          const slicing pieces = cut(out_blocks[s].size());
+          const std::size_t end = std::min((k + 1) * pieces.size, out_blocks[s].size());
+          if (s > 0 && (in_blocks.size() < s || !done_before(receives, s, in_blocks[s - 1].size(), end)))
+            break;  // its data has not arrived
+          post_send(send_requests.emplace_back(), to, tag_, pieces.of(out_blocks[s], k));
           if (++sends.posted == sends.first_unit[s + 1]) ++sends.step_of_posted;
           moved = true;
         }
@@ -188,13 +198,12 @@ class primitives {
             receives.first_unit.push_back(receives.first_unit[s] + cut(in_blocks[s].size()).count);
           }
           const std::size_t k = receives.posted - receives.first_unit[s];
-          if (s > 0) {
-            if (receives.done <= std::min(receives.first_unit[s - 1] + k, receives.first_unit[s] - 1)) break;
-            if (sends.first_unit.size() <= s ||
-                sends.done <= std::min(sends.first_unit[s - 1] + k, sends.first_unit[s] - 1))
-              break;
-          }
-          post_recv(receive_requests[receives.posted % window], from, tag_, cut(in_blocks[s].size()).of(in_blocks[s], k));
+          const slicing pieces = cut(in_blocks[s].size());
+          const std::size_t end = std::min((k + 1) * pieces.size, in_blocks[s].size());
+          if (s > 0 && (!done_before(receives, s, in_blocks[s - 1].size(), end) ||
+                        out_blocks.size() < s || !done_before(sends, s, out_blocks[s - 1].size(), end)))
+            break;  // the previous step still uses these elements of the buffers
+          post_recv(receive_requests[receives.posted % window], from, tag_, pieces.of(in_blocks[s], k));
           if (++receives.posted == receives.first_unit[s + 1]) ++receives.step_of_posted;
           moved = true;
         }
