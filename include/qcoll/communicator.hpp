@@ -604,8 +604,10 @@ class communicator {
 
   /// Small buffers by recursive doubling where every pair of ranks is linked; the ring
   /// otherwise. The same on every rank, given the same tuning: it depends on the
-  /// buffer's size, the world and the topology only.
+  /// buffer's size, the world and the topology only. Like begin(), the choices first
+  /// let started calls finish: they read (and fill in) what those calls use.
   choice choose_allreduce(std::size_t bytes, std::size_t step_bytes) {
+    if (!shared_.is_progress_thread()) quiesce();
     if (tuning_.allreduce == algorithm::recursive_doubling) return {algorithm::recursive_doubling, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
     if (tuning_.allreduce == algorithm::ring) return {ring_for(step_bytes).algorithm, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
     if (size() == 1) return ring_choice();
@@ -614,12 +616,14 @@ class communicator {
     return {algorithm::recursive_doubling, "bytes <= allreduce_small_bytes"};
   }
   choice choose_broadcast(std::size_t bytes) {
+    if (!shared_.is_progress_thread()) quiesce();
     if (tuning_.broadcast != algorithm::unspecified) return {tuning_.broadcast, "forced (QCOLL_BROADCAST_ALGO or set_tuning)"};
     if (bytes > tuning_.broadcast_small_bytes) return {ring_choice().algorithm, "bytes > broadcast_small_bytes"};
     if (!group().fully_linked) return {ring_choice().algorithm, "the topology does not link every pair"};
     return {algorithm::binomial_tree, "bytes <= broadcast_small_bytes"};
   }
   choice choose_barrier() {
+    if (!shared_.is_progress_thread()) quiesce();
     if (tuning_.barrier != algorithm::unspecified) return {tuning_.barrier, "forced (QCOLL_BARRIER_ALGO or set_tuning)"};
     if (!group().fully_linked) return {algorithm::ring, "the topology does not link every pair"};
     return {algorithm::dissemination, "every pair linked"};
