@@ -124,6 +124,7 @@ struct collective_options {
   std::vector<std::size_t> chunk_values;       // --chunk: values per chunk, whole_stripe, or empty = library default
   static constexpr std::size_t whole_stripe = 0;
   std::vector<std::size_t> grid_extents;       // --grid: also run each variant as a grid allreduce on this torus
+  std::size_t layers = 0;                      // --layers: also run each variant over this many layers, fused and not
 };
 
 inline constexpr std::string_view collective_usage =
@@ -149,6 +150,9 @@ inline constexpr std::string_view collective_usage =
     "                           the library's default)\n"
     "  --grid EXTENTS           also run each variant as a grid_allreduce_plan on a healthy torus of these\n"
     "                           extents, e.g. 4x4 (their product must be the number of ranks)\n"
+    "  --layers N               also run each variant over the size cut into N layers of unequal sizes: one fused\n"
+    "                           plan over all of them in one call (rows fused:V) against one plan and one\n"
+    "                           blocking call per layer (rows layers:V)\n"
     "job-mode transport knobs, for experiments:\n"
     "  --spin-us US             how long a wait polls before it sleeps (library default 50)\n"
     "  --shm-pipe BYTES         shm ring bytes per pair (power of two >= 64K; default 2M)\n"
@@ -204,7 +208,10 @@ inline collective_options parse_collective_options(int argc, char** argv) {
         if (item != "whole" && values == 0) throw std::invalid_argument("--chunk: '" + item + "' values per chunk");
         o.chunk_values.push_back(values);
       }
-    else if (flag == "--grid")
+    else if (flag == "--layers") {
+      o.layers = parse_bytes(value);
+      if (o.layers == 0) throw std::invalid_argument("--layers: a positive number of layers");
+    } else if (flag == "--grid")
       for (const std::string& item : split_list(value, "--grid", 'x')) {
         const std::size_t extent = parse_bytes(item);
         if (extent == 0) throw std::invalid_argument("--grid: extents are positive, not '" + item + "'");
@@ -225,6 +232,7 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     throw std::invalid_argument("--compressed needs -o allreduce");
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");
+  if (o.layers != 0 && o.compressed.empty()) throw std::invalid_argument("--layers needs --compressed");
   if (!o.grid_extents.empty() && !o.job &&
       std::accumulate(o.grid_extents.begin(), o.grid_extents.end(), std::size_t{1}, std::multiplies<>()) != o.threads)
     throw std::invalid_argument("--grid: the extents' product must be NRANKS");

@@ -27,7 +27,10 @@
 // training. Lossy variants cannot be checked with ==: each rank hashes its result, and
 // the check is that every rank holds the same bits; relerr says how far they are from
 // the exact sum. --grid EXTENTS (e.g. 4x4) runs every variant once more as a
-// grid_allreduce_plan on a healthy torus of those extents (rows "grid:…").
+// grid_allreduce_plan on a healthy torus of those extents (rows "grid:…"). --layers N
+// cuts each size into N layers (sizes in proportion 1, 2, …, 7, 1, 2, …) and runs
+// every variant as one fused plan over them, one call (rows "fused:…"), and as N
+// plans, one blocking call each, layer after layer (rows "layers:…").
 //
 // collective_bench_mpi, the same program built with QCOLL_BENCH_MPI against an MPI,
 // runs `mpirun -np N collective_bench_mpi --job [options]` over the MPI transport
@@ -307,6 +310,21 @@ std::string grid_text(const std::vector<std::size_t>& extents) {
   return text;
 }
 
+/// `count` values cut into `layers` layers of sizes in proportion 1, 2, …, 7, 1, 2, …
+/// (the last takes what rounding leaves).
+std::vector<std::size_t> layer_sizes(std::size_t count, std::size_t layers) {
+  std::size_t weights = 0;
+  for (std::size_t k = 0; k < layers; ++k) weights += 1 + k % 7;
+  std::vector<std::size_t> sizes;
+  std::size_t given = 0;
+  for (std::size_t k = 0; k + 1 < layers; ++k) {
+    sizes.push_back(count * (1 + k % 7) / weights);
+    given += sizes.back();
+  }
+  sizes.push_back(count - given);
+  return sizes;
+}
+
 /// The --compressed sweep on one rank: per size, the exact allreduce, then every
 /// variant at every chunk size, each by timed_iterations.
 template <class Communicator>
@@ -375,6 +393,40 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
               if (table) table->compressed_row(bytes, row);
             },
             v.quantizer);
+
+    // --layers: the same variants over N layers, fused into one call and one by one.
+    if (o.layers != 0) {
+      const std::vector<std::size_t> sizes = layer_sizes(count, o.layers);
+      std::vector<std::span<float>> layers;
+      for (std::size_t k = 0, at = 0; k < sizes.size(); at += sizes[k++]) layers.push_back(data.subspan(at, sizes[k]));
+      for (const variant_spec& v : ctx.variants)
+        std::visit(
+            [&](const auto& quantizer) {
+              using Q = std::decay_t<decltype(quantizer)>;
+              qcoll::compressed_allreduce_plan<Q> fused(comm, std::span<const std::size_t>(sizes), quantizer);
+              bench::compressed_table::row_data row = measure(
+                  [&] { comm.allreduce(fused, std::span<const std::span<float>>(layers), qcoll::reduce_op::sum); },
+                  v.variant.lossy());
+              row.variant = "fused:" + v.variant.name;
+              row.chunk = fmt::format("{}L", layers.size());
+              row.wire_bytes = static_cast<double>(fused.last_call().bytes_sent);
+              if (table) table->compressed_row(bytes, row);
+
+              std::vector<qcoll::compressed_allreduce_plan<Q>> plans;
+              for (const std::size_t size : sizes) plans.emplace_back(comm, size, quantizer);
+              row = measure(
+                  [&] {
+                    for (std::size_t k = 0; k < plans.size(); ++k) comm.allreduce(plans[k], layers[k], qcoll::reduce_op::sum);
+                  },
+                  v.variant.lossy());
+              row.variant = "layers:" + v.variant.name;
+              row.chunk = fmt::format("{}L", layers.size());
+              row.wire_bytes = 0;
+              for (const auto& p : plans) row.wire_bytes += static_cast<double>(p.last_call().bytes_sent);
+              if (table) table->compressed_row(bytes, row);
+            },
+            v.quantizer);
+    }
 
     // --grid: the same variants through the grid allreduce on a healthy torus.
     if (!o.grid_extents.empty()) {

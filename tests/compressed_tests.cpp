@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <limits>
 #include <new>
 #include <numeric>
@@ -67,7 +68,11 @@ struct run_settings {
   std::size_t chunk_values = compressed_allreduce_options{}.chunk_values;
   bool in_place = true;
   bool started = false;  // start_allreduce + wait instead of the blocking call
+  std::vector<std::size_t> tensors{};  // a fused plan over these sizes, called with separate tensors
+  bool momentum = false;               // the owner applies optimizers::momentum{0.9}
 };
+
+constexpr float model_momentum = 0.9f;
 
 /// Runs inputs[call][rank] through one plan per rank; make_quantizer(rank) gives each
 /// rank's quantizer (stochastic ones differ by seed). Throws the first rank's error.
@@ -82,7 +87,12 @@ std::vector<rank_record<typename Q::value_type>> run_calls(
   auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
     auto body = [&](auto& comm) {
       const rank_t r = comm.rank();
-      compressed_allreduce_plan<Q> plan(comm, count, make_quantizer(r), {.chunk_values = settings.chunk_values});
+      const bool fused = !settings.tensors.empty();
+      const std::vector<std::size_t> sizes = fused ? settings.tensors : std::vector<std::size_t>{count};
+      owner_update<T> update;
+      if (settings.momentum) update = optimizers::momentum{.momentum = model_momentum};
+      compressed_allreduce_plan<Q> plan(comm, std::span<const std::size_t>(sizes), make_quantizer(r),
+                                        {.chunk_values = settings.chunk_values}, update);
       rank_record<T>& record = records[r];
       record.formula_bytes = plan.bytes_sent_per_call();
       record.stripe = plan.stripe(r);
@@ -90,16 +100,34 @@ std::vector<rank_record<typename Q::value_type>> run_calls(
       for (const auto& call : inputs) {
         std::vector<T> data = call[r];
         std::vector<T> out(settings.in_place ? 0 : count);
-        const std::span<T> result = settings.in_place ? std::span<T>(data) : std::span<T>(out);
+        std::span<T> result = settings.in_place ? std::span<T>(data) : std::span<T>(out);
+        // A fused call: each tensor in memory of its own, in place.
+        std::vector<std::vector<T>> tensors;
+        std::vector<std::span<T>> listed;
+        for (std::size_t k = 0, at = 0; fused && k < sizes.size(); at += sizes[k++])
+          tensors.emplace_back(data.begin() + static_cast<std::ptrdiff_t>(at),
+                               data.begin() + static_cast<std::ptrdiff_t>(at + sizes[k]));
+        for (auto& t : tensors) listed.emplace_back(t);
+        const std::span<const std::span<T>> list(listed);
         const std::size_t before = comm.transport().bytes_sent();
         if (settings.started) {
-          comm.start_allreduce(plan, std::span<const T>(data), result, settings.op);
+          if (fused)
+            comm.start_allreduce(plan, list, settings.op);
+          else
+            comm.start_allreduce(plan, std::span<const T>(data), result, settings.op);
           plan.wait();
+        } else if (fused) {
+          comm.allreduce(plan, list, settings.op);
         } else {
           comm.allreduce(plan, std::span<const T>(data), result, settings.op);
         }
         record.counted_bytes.push_back(comm.transport().bytes_sent() - before);
         record.plan_bytes.push_back(plan.last_call().bytes_sent);
+        if (fused) {
+          result = std::span<T>(data);
+          for (std::size_t k = 0, at = 0; k < sizes.size(); at += sizes[k++])
+            std::copy(tensors[k].begin(), tensors[k].end(), data.begin() + static_cast<std::ptrdiff_t>(at));
+        }
         record.outputs.emplace_back(result.begin(), result.end());
       }
       record.worker_residual.assign(plan.worker_residual().begin(), plan.worker_residual().end());
@@ -122,10 +150,12 @@ std::vector<rank_record<typename Q::value_type>> run_calls(
 
 /// The documented algorithm, written sequentially and independently of the library:
 /// stripe j is block j of the groups; every chunk of chunk_values (whole groups) is a
-/// frame; the owner's sum starts with its own decoded contribution and adds those
-/// of the ranks 1, 2, … places before it in `order` (rank order on the direct route,
-/// the topology's ring on the ring route); avg divides; the owner re-encodes with
-/// its server residual; everybody gets the decoded bits.
+/// message, cut where a tensor ends (a fused plan) into frames; the owner's sum starts
+/// with its own decoded contribution and adds those of the ranks 1, 2, … places
+/// before it in `order` (rank order on the direct route, the topology's ring on the
+/// ring route); avg divides; with momentum the owner's velocity v ← 0.9·v + sum
+/// replaces the sum; the owner re-encodes with its server residual; everybody gets
+/// the decoded bits.
 template <class Q>
 struct sequential_model {
   using T = typename Q::value_type;
@@ -136,10 +166,16 @@ struct sequential_model {
   std::vector<std::vector<T>> server;  // per owner, over its stripe
   std::vector<block_range> stripes;
   std::vector<rank_t> order;
+  std::vector<std::size_t> tensor_ends;  // where each tensor ends
+  bool momentum = false;
+  std::vector<std::vector<T>> velocity;  // per owner, over its stripe
   std::uint64_t calls = 0;
 
-  sequential_model(std::vector<Q> q, std::size_t count_, std::size_t requested_chunk, std::vector<rank_t> order_)
-      : quantizers(std::move(q)), count(count_), order(std::move(order_)) {
+  sequential_model(std::vector<Q> q, std::size_t count_, std::size_t requested_chunk, std::vector<rank_t> order_,
+                   const std::vector<std::size_t>& tensors = {}, bool momentum_ = false)
+      : quantizers(std::move(q)), count(count_), order(std::move(order_)), momentum(momentum_) {
+    for (const std::size_t size : tensors) tensor_ends.push_back((tensor_ends.empty() ? 0 : tensor_ends.back()) + size);
+    if (tensor_ends.empty()) tensor_ends.push_back(count);
     const std::size_t n = quantizers.size();
     const std::size_t g = quantizers[0].group_size() == 0 ? 1 : quantizers[0].group_size();
     chunk_values = std::max<std::size_t>(1, (requested_chunk + g - 1) / g) * g;
@@ -152,14 +188,21 @@ struct sequential_model {
     const bool residual = Q::keeps_residual;
     worker.assign(n, std::vector<T>(residual ? count : 0));
     for (std::size_t j = 0; j < n; ++j) server.emplace_back(residual ? stripes[j].size : 0);
+    for (std::size_t j = 0; j < n; ++j) velocity.emplace_back(stripes[j].size);
   }
 
   std::vector<T> call(const std::vector<std::vector<T>>& in, reduce_op op) {
     const std::size_t n = quantizers.size();
     std::vector<T> out(count);
     for (std::size_t j = 0; j < n; ++j) {
-      for (std::size_t begin = 0; begin < stripes[j].size; begin += chunk_values) {
-        const block_range values{stripes[j].offset + begin, std::min(chunk_values, stripes[j].size - begin)};
+      for (std::size_t chunk = 0; chunk < stripes[j].size; chunk += chunk_values)
+        for (std::size_t at = stripes[j].offset + chunk,
+                         end = stripes[j].offset + std::min(stripes[j].size, chunk + chunk_values);
+             at < end;) {
+        const std::size_t piece_end = std::min(end, *std::upper_bound(tensor_ends.begin(), tensor_ends.end(), at));
+        const block_range values{at, piece_end - at};
+        const std::size_t begin = at - stripes[j].offset;
+        at = piece_end;
         std::vector<std::vector<std::byte>> frames(n);
         for (std::size_t r = 0; r < n; ++r) {
           frames[r].resize(quantizers[r].encoded_size(values.size));
@@ -173,6 +216,11 @@ struct sequential_model {
           check(quantizers[j].decode_accumulate(frames[order[(position + n - k) % n]], sum));
         if (op == reduce_op::avg)
           for (T& v : sum) v /= static_cast<T>(n);
+        for (std::size_t i = 0; momentum && i < sum.size(); ++i) {
+          T& v = velocity[j][begin + i];
+          v = model_momentum * v + sum[i];
+          sum[i] = v;
+        }
         std::vector<std::byte> aggregate(quantizers[j].encoded_size(values.size));
         std::span<T> residual =
             Q::keeps_residual ? std::span(server[j]).subspan(begin, values.size) : std::span<T>();
@@ -214,14 +262,16 @@ void check_against_model(std::size_t n, std::size_t count, std::size_t calls, Ma
                          run_settings settings) {
   BOOST_TEST_CONTEXT(Q::name << " n=" << n << " count=" << count << " route=" << name_of(settings.route)
                              << " op=" << to_string(settings.op) << " chunk=" << settings.chunk_values
-                             << " in_place=" << settings.in_place << " started=" << settings.started) {
+                             << " in_place=" << settings.in_place << " started=" << settings.started
+                             << " tensors=" << settings.tensors.size() << " momentum=" << settings.momentum) {
     const auto inputs = random_calls<float>(calls, n, count, n * 7919 + count);
     const auto records = run_calls<Q>(inputs, make_quantizer, settings);
     std::vector<Q> quantizers;
     for (std::size_t r = 0; r < n; ++r) quantizers.push_back(make_quantizer(r));
     const bool direct = records[0].route == stripe_route::direct;
     sequential_model<Q> model(quantizers, count, settings.chunk_values,
-                              ring_order(direct ? route_kind::direct : settings.route, n));
+                              ring_order(direct ? route_kind::direct : settings.route, n), settings.tensors,
+                              settings.momentum);
     for (std::size_t c = 0; c < calls; ++c) {
       const std::vector<float> expected = model.call(inputs[c], settings.op);
       for (std::size_t r = 0; r < n; ++r) {
@@ -619,6 +669,360 @@ BOOST_AUTO_TEST_CASE(bytes_sent_equal_the_documented_formula) {
           }
         }
       }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(compressed_fused)
+
+// Tensor lists whose ends fall inside groups, chunks and stripes, with empty ones and
+// ones smaller than a group: every rank matches the model (a frame per piece) bit
+// for bit, on both routes, blocking and started, and the bytes are the formula.
+BOOST_AUTO_TEST_CASE(fused_tensors_match_the_model) {
+  const std::vector<std::vector<std::size_t>> lists = {
+      {1000}, {0, 300, 0, 17, 683}, {5, 5, 5, 5, 980}, {333, 333, 334}, {1, 999}};
+  for (std::size_t n : {1, 2, 3, 5})
+    for (const auto& sizes : lists)
+      for (route_kind route : {route_kind::direct, route_kind::shuffled_ring}) {
+        const run_settings settings{.route = route, .op = reduce_op::avg, .chunk_values = 128,
+                                    .started = sizes.size() == 3, .tensors = sizes};
+        check_against_model<quantizers::one_bit>(n, 1000, 3, [](rank_t) { return one_bit_with(64); }, settings);
+        check_against_model<quantizers::k_level>(
+            n, 1000, 2, [](rank_t r) { return quantizers::k_level({.levels = 4, .group_size = 96, .seed = r + 1u}); },
+            settings);
+        check_against_model<quantizers::bfp>(n, 1000, 2, [](rank_t) { return quantizers::bfp({.block_size = 32}); },
+                                             settings);
+      }
+}
+
+// 50 layers of different sizes in one call give the flat call's bits on their
+// concatenation through the same plan, and identity gives the exact sums.
+BOOST_AUTO_TEST_CASE(a_fused_call_equals_the_flat_call_on_the_concatenation) {
+  const std::size_t n = 4;
+  std::vector<std::size_t> sizes;
+  for (std::size_t k = 0; k < 50; ++k) sizes.push_back(37 + (k * 131) % 700);
+  const std::size_t count = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
+  std::vector<std::vector<float>> fused(n), flat(n), exact(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    std::vector<float> input(count);
+    for (std::size_t i = 0; i < count; ++i) input[i] = float(int((i * 7 + r * 13) % 29) - 14);
+    std::vector<std::vector<float>> layers;
+    std::vector<std::span<float>> spans;
+    for (std::size_t k = 0, at = 0; k < sizes.size(); at += sizes[k++])
+      layers.emplace_back(input.begin() + std::ptrdiff_t(at), input.begin() + std::ptrdiff_t(at + sizes[k]));
+    for (auto& l : layers) spans.emplace_back(l);
+    compressed_allreduce_plan a(comm, sizes, quantizers::one_bit({.group_size = 256}));
+    compressed_allreduce_plan b(comm, sizes, quantizers::one_bit({.group_size = 256}));
+    comm.allreduce(a, std::span<const std::span<float>>(spans), reduce_op::sum);
+    flat[r] = input;
+    comm.allreduce(b, std::span(flat[r]), reduce_op::sum);
+    for (auto& l : layers) fused[r].insert(fused[r].end(), l.begin(), l.end());
+    BOOST_TEST(a.count() == count);
+    BOOST_TEST(a.tensor_sizes().size() == sizes.size());
+
+    compressed_allreduce_plan<quantizers::identity<float>> same(comm, std::span<const std::size_t>(sizes),
+                                                                quantizers::identity<float>{});
+    std::vector<std::vector<float>> again;
+    for (std::size_t k = 0, at = 0; k < sizes.size(); at += sizes[k++])
+      again.emplace_back(input.begin() + std::ptrdiff_t(at), input.begin() + std::ptrdiff_t(at + sizes[k]));
+    spans.clear();
+    for (auto& l : again) spans.emplace_back(l);
+    comm.allreduce(same, std::span<const std::span<float>>(spans), reduce_op::sum);
+    for (auto& l : again) exact[r].insert(exact[r].end(), l.begin(), l.end());
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(bitwise_equal(fused[r], flat[r]));
+    BOOST_TEST(bitwise_equal(fused[r], fused[0]));
+    for (std::size_t i = 0; i < exact[r].size(); ++i) {
+      float want = 0;
+      for (rank_t q = 0; q < n; ++q) want += float(int((i * 7 + q * 13) % 29) - 14);
+      if (exact[r][i] != want) {
+        BOOST_TEST(exact[r][i] == want, "value " << i);
+        break;
+      }
+    }
+  }
+}
+
+// Wrong tensors fail the call on every rank, with invalid_argument, within the
+// timeout: a list of another length, a tensor of another size, two that overlap; and
+// ranks whose lists differ (the same total) fail instead of mixing up frames.
+BOOST_AUTO_TEST_CASE(wrong_tensors_fail_on_every_rank) {
+  struct bad_case {
+    const char* what;
+    std::function<std::vector<std::span<float>>(std::vector<float>&, rank_t)> tensors;
+    errc code;
+  };
+  const std::vector<std::size_t> sizes{100, 200, 300};
+  const std::vector<bad_case> cases = {
+      {"two tensors", [](std::vector<float>& d, rank_t r) {
+         std::vector<std::span<float>> t{std::span(d).first(100), std::span(d).subspan(100, 200)};
+         if (r != 1) t.push_back(std::span(d).subspan(300, 300));
+         return t;
+       }, errc::invalid_argument},
+      {"a tensor of another size", [](std::vector<float>& d, rank_t r) {
+         return std::vector<std::span<float>>{std::span(d).first(100), std::span(d).subspan(100, r == 0 ? 199 : 200),
+                                              std::span(d).subspan(300, 300)};
+       }, errc::invalid_argument},
+      {"overlapping tensors", [](std::vector<float>& d, rank_t r) {
+         return std::vector<std::span<float>>{std::span(d).first(100), std::span(d).subspan(r == 2 ? 50 : 100, 200),
+                                              std::span(d).subspan(300, 300)};
+       }, errc::invalid_argument},
+  };
+  for (const bad_case& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      std::vector<std::error_code> codes(3);
+      std::vector<std::string> messages(3);
+      auto errors = transports::inproc::run_ranks(3, [&](transports::inproc::transport endpoint) {
+        communicator comm(std::move(endpoint), {.timeout = std::chrono::seconds(5)});
+        const rank_t r = comm.rank();
+        compressed_allreduce_plan plan(comm, sizes, quantizers::one_bit{});
+        std::vector<float> data(600, 1.0f);
+        const auto tensors = c.tensors(data, r);
+        try {
+          comm.allreduce(plan, std::span<const std::span<float>>(tensors), reduce_op::sum);
+        } catch (const error& e) {
+          codes[r] = e.code();
+          messages[r] = e.what();
+        }
+      });
+      for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+      for (rank_t r = 0; r < 3; ++r) {
+        BOOST_TEST_INFO("rank " << r << ": " << messages[r]);
+        BOOST_TEST(codes[r] == c.code);
+      }
+    }
+  }
+  // Plans for different lists of the same total: the pieces, and so the messages,
+  // differ; every rank fails (no rank decodes another layout's frames as its own).
+  std::vector<std::error_code> codes(2);
+  auto errors = transports::inproc::run_ranks(2, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint), {.timeout = std::chrono::seconds(5)});
+    const rank_t r = comm.rank();
+    const std::vector<std::size_t> mine = r == 0 ? std::vector<std::size_t>{1000, 3000} : std::vector<std::size_t>{3000, 1000};
+    compressed_allreduce_plan plan(comm, mine, quantizers::one_bit({.group_size = 128}));
+    std::vector<float> data(4000, 1.0f);
+    comm.allreduce(plan, std::span(data), reduce_op::sum, codes[r]);
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < 2; ++r) {
+    BOOST_TEST_INFO("rank " << r << ": " << codes[r].message());
+    BOOST_TEST((codes[r] == errc::protocol_error));
+  }
+}
+
+// bfloat16 layers, fused: the float plan's bits on the widened layers, rounded once.
+BOOST_AUTO_TEST_CASE(fused_16_bit_tensors) {
+  const std::size_t n = 3;
+  const std::vector<std::size_t> sizes{70, 0, 513, 9};
+  std::vector<std::vector<bfloat16>> fused(n);
+  std::vector<std::vector<float>> reference(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    std::vector<std::vector<bfloat16>> layers;
+    std::vector<float> widened;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      layers.emplace_back();
+      for (std::size_t i = 0; i < sizes[k]; ++i) {
+        layers.back().push_back(bfloat16(float(int((i * 5 + k + r) % 13) - 6) * 0.125f));
+        widened.push_back(float(layers.back().back()));
+      }
+    }
+    std::vector<std::span<bfloat16>> spans(layers.begin(), layers.end());
+    compressed_allreduce_plan<quantizers::one_bit, bfloat16> plan(comm, std::span<const std::size_t>(sizes),
+                                                                  quantizers::one_bit({.group_size = 64}));
+    compressed_allreduce_plan<quantizers::one_bit> float_plan(comm, std::span<const std::size_t>(sizes),
+                                                              quantizers::one_bit({.group_size = 64}));
+    comm.allreduce(plan, std::span<const std::span<bfloat16>>(spans), reduce_op::avg);
+    comm.allreduce(float_plan, std::span(widened), reduce_op::avg);
+    for (auto& l : layers) fused[r].insert(fused[r].end(), l.begin(), l.end());
+    reference[r] = widened;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < fused[r].size(); ++i)
+      if (std::memcmp(&fused[r][i], &fused[0][i], sizeof(bfloat16)) != 0 ||
+          float(fused[r][i]) != float(bfloat16(reference[r][i]))) {
+        BOOST_TEST(false, "rank " << r << " value " << i);
+        break;
+      }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(owner_updates)
+
+// Momentum at the owner matches the model (the velocity re-encoded with the server
+// residual) bit for bit, on both routes, fused or not.
+BOOST_AUTO_TEST_CASE(momentum_at_the_owner_matches_the_model) {
+  for (std::size_t n : {1, 2, 4, 5})
+    for (route_kind route : {route_kind::direct, route_kind::ring})
+      for (reduce_op op : {reduce_op::sum, reduce_op::avg}) {
+        check_against_model<quantizers::one_bit>(
+            n, 3001, 4, [](rank_t) { return one_bit_with(128); },
+            {.route = route, .op = op, .chunk_values = 512, .momentum = true});
+        check_against_model<quantizers::k_level>(
+            n, 3001, 3, [](rank_t) { return quantizers::k_level({.levels = 16, .group_size = 256}); },
+            {.route = route, .op = op, .chunk_values = 512, .tensors = {1000, 1, 2000}, .momentum = true});
+      }
+}
+
+/// Runs `calls` averaged calls of `rule` at the owner (identity quantizer) and of
+/// the plain plan followed by `every_rank(state, decoded)` on every rank; returns
+/// each rank's outputs of both, call by call, and the owners' state sizes.
+template <class Rule, class EveryRank>
+void check_owner_equals_every_rank(Rule rule, EveryRank every_rank) {
+  const std::size_t n = 4, count = 2503, calls = 5;
+  const auto inputs = random_calls<float>(calls, n, count, 99);
+  std::vector<std::vector<std::vector<float>>> at_owner(n), by_all(n);
+  std::vector<std::size_t> state_sizes(n), stripe_sizes(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    using plan_type = compressed_allreduce_plan<quantizers::identity<float>>;
+    plan_type owner(comm, count, quantizers::identity<float>{}, {.chunk_values = 300}, rule);
+    plan_type plain(comm, count, quantizers::identity<float>{}, {.chunk_values = 300});
+    std::vector<float> state(count);
+    for (std::size_t c = 0; c < calls; ++c) {
+      std::vector<float> a = inputs[c][r], b = inputs[c][r];
+      comm.allreduce(owner, std::span(a), reduce_op::avg);
+      comm.allreduce(plain, std::span(b), reduce_op::avg);
+      every_rank(state, b);
+      at_owner[r].push_back(a);
+      by_all[r].push_back(b);
+    }
+    state_sizes[r] = owner.owner_state().size();
+    stripe_sizes[r] = owner.stripe(r).size;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(state_sizes[r] == stripe_sizes[r]);  // sharded: the owner keeps its stripe's state only
+    for (std::size_t c = 0; c < calls; ++c) {
+      BOOST_TEST_INFO("rank " << r << " call " << c);
+      BOOST_TEST(bitwise_equal(at_owner[r][c], by_all[r][c]));
+    }
+  }
+}
+
+// Where the quantizer is exact (identity), an update at the owner gives every rank
+// the bits of the same update applied by every rank to the decoded result.
+BOOST_AUTO_TEST_CASE(at_the_owner_equals_by_every_rank_where_the_arithmetic_allows) {
+  check_owner_equals_every_rank(optimizers::momentum{.momentum = 0.9}, [](std::vector<float>& v, std::vector<float>& g) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = v[i] = 0.9f * v[i] + g[i];
+  });
+  check_owner_equals_every_rank(optimizers::adagrad{}, [](std::vector<float>& s, std::vector<float>& g) {
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      s[i] += g[i] * g[i];
+      g[i] = g[i] / (std::sqrt(s[i]) + 1e-8f);
+    }
+  });
+}
+
+// A rule of the user's: clipping to ±limit with no state, and a running maximum of
+// |g| with one value of state; its arguments name the right offsets and calls.
+struct clip_and_track {
+  float limit = 0.5f;
+  std::size_t state_per_value() const { return 2; }
+  void operator()(const owner_update_args<float>& a) const {
+    for (std::size_t i = 0; i < a.values.size(); ++i) {
+      a.next_state[2 * i] = std::max(a.state[2 * i], std::abs(a.values[i]));
+      a.next_state[2 * i + 1] = static_cast<float>(a.offset + i) + static_cast<float>(a.call) * 1e6f;
+      a.values[i] = std::clamp(a.values[i], -limit, limit);
+    }
+  }
+};
+static_assert(owner_update_rule<clip_and_track, float>);
+
+BOOST_AUTO_TEST_CASE(a_users_rule_with_state) {
+  const std::size_t n = 3, count = 1000;
+  std::vector<std::vector<float>> outputs(n), states(n);
+  std::vector<block_range> stripes(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    compressed_allreduce_plan<quantizers::identity<float>> plan(comm, count, quantizers::identity<float>{},
+                                                                {.chunk_values = 128}, clip_and_track{});
+    for (int call = 0; call < 2; ++call) {
+      std::vector<float> data(count);
+      for (std::size_t i = 0; i < count; ++i) data[i] = float(i % 7) * (call == 0 ? 0.25f : 0.1f) - 0.3f;
+      comm.allreduce(plan, std::span(data), reduce_op::sum);
+      outputs[r] = data;
+    }
+    states[r].assign(plan.owner_state().begin(), plan.owner_state().end());
+    stripes[r] = plan.stripe(r);
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(bitwise_equal(outputs[r], outputs[0]));
+    BOOST_TEST(states[r].size() == 2 * stripes[r].size);
+    for (std::size_t i = 0; i < stripes[r].size; ++i) {
+      const std::size_t at = stripes[r].offset + i;
+      const float first = std::abs(3 * (float(at % 7) * 0.25f - 0.3f)), second = std::abs(3 * (float(at % 7) * 0.1f - 0.3f));
+      BOOST_TEST(states[r][2 * i] == std::max(first, second), "value " << at);
+      BOOST_TEST(states[r][2 * i + 1] == float(at) + 1e6f);  // offset in the buffer; the second call is call 1
+    }
+    for (std::size_t i = 0; i < count; ++i) BOOST_TEST(std::abs(outputs[r][i]) <= 0.5f);
+  }
+}
+
+// A failed call leaves the owner's state as it was; roll_back_last_call takes it
+// back with the residuals; a retry gives the bits of a run that never failed.
+BOOST_AUTO_TEST_CASE(a_failed_call_leaves_the_owners_state_as_it_was) {
+  const std::size_t n = 3, count = 3000;
+  const auto inputs = random_calls<float>(2, n, count, 5);
+  using plan_type = compressed_allreduce_plan<quantizers::one_bit>;
+  const topologies::fully_connected topology(n);
+  auto make = [&] {
+    std::vector<std::unique_ptr<plan_type>> plans;
+    for (rank_t r = 0; r < n; ++r)
+      plans.push_back(std::make_unique<plan_type>(r, topology, count, quantizers::one_bit({.group_size = 128}),
+                                                  compressed_allreduce_options{.chunk_values = 256},
+                                                  optimizers::momentum{}));
+    return plans;
+  };
+  auto call = [&](std::vector<std::unique_ptr<plan_type>>& plans, const std::vector<std::vector<float>>& in,
+                  rank_t victim) {
+    std::vector<std::error_code> codes(n);
+    std::vector<std::vector<float>> out(n);
+    auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+      const rank_t r = endpoint.rank();
+      communicator<test::counting_transport> comm(test::counting_transport(std::move(endpoint)), topology,
+                                                  {.timeout = std::chrono::seconds(10)});
+      if (r == victim) comm.transport().fail_after_sends(1);
+      out[r] = in[r];
+      comm.allreduce(*plans[r], std::span(out[r]), reduce_op::avg, codes[r]);
+    });
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    return std::pair(codes, out);
+  };
+  auto clean = make(), plans = make();
+  call(clean, inputs[0], ~rank_t{0});
+  const auto reference = call(clean, inputs[1], ~rank_t{0});
+  call(plans, inputs[0], ~rank_t{0});
+  std::vector<std::vector<float>> states;
+  for (auto& p : plans) states.emplace_back(p->owner_state().begin(), p->owner_state().end());
+  const auto failed = call(plans, inputs[1], 0);
+  for (rank_t r = 0; r < n; ++r) {
+    if (!failed.first[r]) plans[r]->roll_back_last_call();
+    BOOST_TEST(bitwise_equal(plans[r]->owner_state(), states[r]));
+  }
+  const auto retried = call(plans, inputs[1], ~rank_t{0});
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(!retried.first[r]);
+    BOOST_TEST(bitwise_equal(retried.second[r], reference.second[r]));
+    BOOST_TEST(bitwise_equal(plans[r]->owner_state(), clean[r]->owner_state()));
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -341,11 +341,22 @@ class communicator {
   void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
                  reduce_op op) {
     plan.require_idle("allreduce");
-    run_plan(plan, in, out, op);
+    run_plan(plan, {.in = in, .out = out, .op = op});
   }
   template <allreduce_plan<channel_type> Plan>
   void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
     allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
+  }
+  /// A fused call: `tensors` (one per layer, say), in place, in one call of a plan
+  /// made for their sizes (compressed_allreduce_plan's Fused plans). Tensor k must
+  /// have plan.tensor_sizes()[k] values, no two may overlap, and the list itself must
+  /// stay valid until the call is finished.
+  /// @par Errors
+  /// As above, and invalid_argument for tensors of other sizes or overlapping ones.
+  template <allreduce_plan<channel_type> Plan>
+  void allreduce(Plan& plan, std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op) {
+    plan.require_idle("allreduce");
+    run_plan(plan, {.tensors = tensors, .op = op});
   }
 
   /// Starts the same call on the communicator's progress thread and returns at once;
@@ -359,11 +370,16 @@ class communicator {
   void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
                        std::span<typename Plan::value_type> out, reduce_op op) {
     plan.require_idle("start_allreduce");
-    shared_->progress().submit(plan.queue_call(in, out, op), &run_started<Plan>, this, &plan);
+    shared_->progress().submit(plan.queue_call({.in = in, .out = out, .op = op}), &run_started<Plan>, this, &plan);
   }
   template <allreduce_plan<channel_type> Plan>
   void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
     start_allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
+  }
+  template <allreduce_plan<channel_type> Plan>
+  void start_allreduce(Plan& plan, std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op) {
+    plan.require_idle("start_allreduce");
+    shared_->progress().submit(plan.queue_call({.tensors = tensors, .op = op}), &run_started<Plan>, this, &plan);
   }
 
   /// Point to point: sends `data` to rank `to`, which takes it with a recv (or
@@ -489,6 +505,16 @@ class communicator {
   void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op,
                        std::error_code& ec) noexcept {
     ec = capture([&] { start_allreduce(plan, data, op); });
+  }
+  template <allreduce_plan<channel_type> Plan>
+  void allreduce(Plan& plan, std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op,
+                 std::error_code& ec) noexcept {
+    ec = capture([&] { allreduce(plan, tensors, op); });
+  }
+  template <allreduce_plan<channel_type> Plan>
+  void start_allreduce(Plan& plan, std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op,
+                       std::error_code& ec) noexcept {
+    ec = capture([&] { start_allreduce(plan, tensors, op); });
   }
   template <element T>
   void start_allreduce(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle,
@@ -763,8 +789,7 @@ class communicator {
   static std::error_code run_started(void* self, void* subject, std::string& message) noexcept {
     return report(message, [&] {
       auto& plan = *static_cast<Plan*>(subject);
-      const plan_call<typename Plan::value_type> call = plan.queued_call();
-      static_cast<communicator*>(self)->run_plan(plan, call.in, call.out, call.op);
+      static_cast<communicator*>(self)->run_plan(plan, plan.queued_call());
     });
   }
 
@@ -804,22 +829,27 @@ class communicator {
 
   /// One call of a plan: the checks every plan shares, then the plan's own, then the call.
   template <class Plan>
-  void run_plan(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
-                reduce_op op) {
+  void run_plan(Plan& plan, const plan_call<typename Plan::value_type>& call) {
     using T = typename Plan::value_type;
-    auto step = begin(Plan::collective_kind, dtype_of<T>::value, op, in.size(), plan.header_root());
+    std::size_t count = call.in.size();
+    for (const std::span<T>& t : call.tensors) count += t.size();
+    auto step = begin(Plan::collective_kind, dtype_of<T>::value, call.op, count, plan.header_root());
     const group_view facts = group();
     plan.refuse_if_excluded(facts);  // after begin: the rank's later collectives stay numbered like everyone's
-    if (in.size() != out.size())
-      step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
-    if (!detail::same_range(in, out) && detail::overlaps(in, out))
-      step.fail(errc::invalid_argument, "input and output overlap without being the same range");
-    if (op != reduce_op::sum && op != reduce_op::avg)
-      step.fail(errc::invalid_argument, "a quantized allreduce sums or averages; {} is not supported", to_string(op));
-    if (in.size() != plan.count())
-      step.fail(errc::invalid_argument, "the plan was made for {} elements", plan.count());
+    if (call.fused()) {
+      plan.check_tensors(step, call.tensors);
+    } else {
+      if (call.in.size() != call.out.size())
+        step.fail(errc::invalid_argument, "input has {} elements but output has {}", call.in.size(), call.out.size());
+      if (!detail::same_range(call.in, call.out) && detail::overlaps(call.in, call.out))
+        step.fail(errc::invalid_argument, "input and output overlap without being the same range");
+    }
+    if (call.op != reduce_op::sum && call.op != reduce_op::avg)
+      step.fail(errc::invalid_argument, "a quantized allreduce sums or averages; {} is not supported",
+                to_string(call.op));
+    if (count != plan.count()) step.fail(errc::invalid_argument, "the plan was made for {} elements", plan.count());
     plan.check(step, facts);
-    plan.run(step, in, out, op);
+    plan.run(step, call);
   }
 
   template <class Call>

@@ -11,6 +11,11 @@
 /// comm.start_allreduce(plan, std::span(gradients), qcoll::reduce_op::avg);  // or not:
 /// compute_next_minibatch();
 /// plan.wait();
+///
+/// // Many tensors (one per layer) in one call, each reduced where it lies:
+/// std::vector<std::span<float>> layers = …;
+/// qcoll::compressed_allreduce_plan fused(comm, qcoll::sizes_of(layers), qcoll::quantizers::one_bit{});
+/// comm.allreduce(fused, std::span<const std::span<float>>(layers), qcoll::reduce_op::avg);
 /// @endcode
 ///
 /// docs/compressed-allreduce.md explains the algorithm, the bytes it sends and what
@@ -21,6 +26,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/optimizers/owner_update.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/quantizers/identity.hpp>
 
@@ -46,7 +52,36 @@ struct compressed_allreduce_options {
   std::size_t chunk_values = std::size_t{1} << 18;
 };
 
+/// The sizes of `tensors`, for a fused plan over them.
+template <class T>
+std::vector<std::size_t> sizes_of(std::span<const std::span<T>> tensors) {
+  std::vector<std::size_t> sizes;
+  sizes.reserve(tensors.size());
+  for (const std::span<T>& t : tensors) sizes.push_back(t.size());
+  return sizes;
+}
+template <class T>
+std::vector<std::size_t> sizes_of(const std::vector<std::span<T>>& tensors) {
+  return sizes_of(std::span<const std::span<T>>(tensors));
+}
+
 /// State and handle of a compressed allreduce of `count` values on one rank.
+///
+/// @par Fused plans
+/// A plan made for a list of tensor sizes reduces that many tensors (say, one per
+/// layer) in one call, comm.allreduce(plan, tensors, op), in place: the stripes are
+/// laid across the tensors end to end, each chunk is one message, and a chunk is cut
+/// where a tensor ends into pieces encoded and decoded where they lie — no staging
+/// copy. count() is the total; residuals, stripes and offsets refer to the tensors
+/// end to end, and a flat buffer of count() values is taken too (the same result).
+/// The guarantees are those of a single buffer.
+///
+/// @par The owner's update rule
+/// With an owner_update (optimizers::momentum, optimizers::adagrad, or any rule),
+/// each stripe's owner applies it to the summed (avg: averaged) gradient of its
+/// stripe before re-encoding it, and every rank gets the rule's output (say, the
+/// momentum velocity) instead of the gradient. Its state lives only at the owner,
+/// for its stripe (owner_state()), and is committed and rolled back with the residuals.
 ///
 /// @par Element types
 /// T is Q's own type, or bfloat16 or float16 for a quantizer that works in float:
@@ -81,16 +116,31 @@ class compressed_allreduce_plan : public plan_handle<Q, T> {
   /// (direct when every pair of ranks is linked, otherwise along its ring).
   template <class Communicator>
   compressed_allreduce_plan(const Communicator& comm, std::size_t count, Q quantizer = Q{},
-                            compressed_allreduce_options options = {})
-      : compressed_allreduce_plan(comm.rank(), comm.topology(), count, std::move(quantizer), options) {}
+                            compressed_allreduce_options options = {}, owner_update<residual_type> update = {})
+      : compressed_allreduce_plan(comm.rank(), comm.topology(), std::span<const std::size_t>(&count, 1),
+                                  std::move(quantizer), options, std::move(update)) {}
+
+  /// A fused plan: calls take tensors of these sizes (see Fused plans).
+  template <class Communicator>
+  compressed_allreduce_plan(const Communicator& comm, std::span<const std::size_t> tensor_sizes, Q quantizer = Q{},
+                            compressed_allreduce_options options = {}, owner_update<residual_type> update = {})
+      : compressed_allreduce_plan(comm.rank(), comm.topology(), tensor_sizes, std::move(quantizer), options,
+                                  std::move(update)) {}
 
   /// The same for rank `rank` of `topology`, without a communicator at hand.
   /// @par Errors
   /// qcoll::error (invalid_argument) for a rank outside the topology or chunk_values 0.
   template <ring_topology Topology>
   compressed_allreduce_plan(rank_t rank, const Topology& topology, std::size_t count, Q quantizer,
-                            compressed_allreduce_options options = {})
-      : base("compressed_allreduce_plan", count) {
+                            compressed_allreduce_options options = {}, owner_update<residual_type> update = {})
+      : compressed_allreduce_plan(rank, topology, std::span<const std::size_t>(&count, 1), std::move(quantizer), options,
+                                  std::move(update)) {}
+
+  template <ring_topology Topology>
+  compressed_allreduce_plan(rank_t rank, const Topology& topology, std::span<const std::size_t> tensor_sizes,
+                            Q quantizer, compressed_allreduce_options options = {},
+                            owner_update<residual_type> update = {})
+      : base("compressed_allreduce_plan", tensor_sizes) {
     if (rank >= topology.size())
       qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: rank {} of a {}-rank topology",
                                  rank, topology.size());
@@ -101,9 +151,13 @@ class compressed_allreduce_plan : public plan_handle<Q, T> {
     route_ = algorithms::route_for(topology);
     const std::span<const rank_t> order = topology.ring_order();
     ring_order_.assign(order.begin(), order.end());
-    layout_ = algorithms::stripe_layout(quantizer, count, size_, options.chunk_values);
+    layout_ = algorithms::stripe_layout(quantizer, tensor_sizes, size_, options.chunk_values);
     state_.quantizer = std::move(quantizer);
-    state_.install(algorithms::compressed_schedule_builder(layout_, rank_, route_, ring_order_).build());
+    const bool updates = static_cast<bool>(update);
+    const std::size_t state_per_value = update.state_per_value();
+    state_.update = std::move(update);
+    state_.install(
+        algorithms::compressed_schedule_builder(layout_, rank_, route_, ring_order_, updates, state_per_value).build());
   }
 
   std::size_t count() const noexcept { return layout_.count(); }
@@ -198,8 +252,13 @@ class compressed_allreduce_plan : public plan_handle<Q, T> {
 static_assert(allreduce_plan<compressed_allreduce_plan<quantizers::identity<float>>, archetypes::transport>);
 static_assert(allreduce_plan<compressed_allreduce_plan<quantizers::identity<float>, bfloat16>, archetypes::transport>);
 
-template <class Communicator, class Q>
-compressed_allreduce_plan(const Communicator&, std::size_t, Q, compressed_allreduce_options = {})
+template <class Communicator, class Q, class... Rest>
+compressed_allreduce_plan(const Communicator&, std::size_t, Q, Rest&&...) -> compressed_allreduce_plan<Q>;
+template <class Communicator, class Q, class... Rest>
+compressed_allreduce_plan(const Communicator&, std::span<const std::size_t>, Q, Rest&&...)
+    -> compressed_allreduce_plan<Q>;
+template <class Communicator, class Q, class... Rest>
+compressed_allreduce_plan(const Communicator&, const std::vector<std::size_t>&, Q, Rest&&...)
     -> compressed_allreduce_plan<Q>;
 
 }  // namespace qcoll

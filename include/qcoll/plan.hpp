@@ -29,6 +29,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -45,12 +46,16 @@ struct group_view {
   bool fully_linked = true;            ///< every pair of ranks is linked
 };
 
-/// The arguments of a call started without waiting, kept by the plan until it runs.
+/// The arguments of one call: `in` and `out`, or (a fused call, in place) `tensors`
+/// laid end to end. A call started without waiting keeps them until it runs.
 template <element T>
 struct plan_call {
-  std::span<const T> in;
-  std::span<T> out;
+  std::span<const T> in{};
+  std::span<T> out{};
+  std::span<const std::span<T>> tensors{};  ///< non-empty: a fused call over these, in place
   reduce_op op = reduce_op::sum;
+
+  bool fused() const noexcept { return !tensors.empty(); }
 };
 
 /// What a communicator needs of a plan. The communicator numbers the call (its
@@ -59,24 +64,27 @@ struct plan_call {
 /// overlap, sum or avg, `count()`), then the plan's own: `refuse_if_excluded`
 /// throws for a rank that takes no part, without aborting; `check` fails the call
 /// (through the primitives, aborting) when the plan was made for another rank, size
-/// or topology. `run` is the call itself: it leaves the plan as it was if it fails,
-/// and commits on success. `queue_call` records a started call and hands the
-/// progress thread its queue entry; `queued_call` gives the arguments back.
+/// or topology; `check_tensors` does the same for a fused call's tensors (their
+/// sizes against `tensor_sizes()`, and no two overlapping). `run` is the call itself:
+/// it leaves the plan as it was if it fails, and commits on success. `queue_call`
+/// records a started call and hands the progress thread its queue entry;
+/// `queued_call` gives the arguments back.
 template <class P, class Transport>
 concept allreduce_plan =
     transport<Transport> &&
     requires(P& plan, const P& cplan, const group_view& group, algorithms::primitives<Transport>& step,
-             std::span<const typename P::value_type> in, std::span<typename P::value_type> out, reduce_op op,
-             const char* what) {
+             const plan_call<typename P::value_type>& call, const char* what) {
       requires element<typename P::value_type>;
       { P::collective_kind } -> std::convertible_to<collective>;
       { cplan.count() } -> std::same_as<std::size_t>;
+      { cplan.tensor_sizes() } -> std::same_as<std::span<const std::size_t>>;
       { cplan.header_root() } -> std::same_as<std::uint32_t>;
       { cplan.refuse_if_excluded(group) } -> std::same_as<void>;
       { cplan.check(step, group) } -> std::same_as<void>;
-      { plan.run(step, in, out, op) } -> std::same_as<void>;
+      { cplan.check_tensors(step, call.tensors) } -> std::same_as<void>;
+      { plan.run(step, call) } -> std::same_as<void>;
       { cplan.require_idle(what) } -> std::same_as<void>;
-      { plan.queue_call(in, out, op) } -> std::same_as<detail::pending_operation&>;
+      { plan.queue_call(call) } -> std::same_as<detail::pending_operation&>;
       { cplan.queued_call() } -> std::same_as<plan_call<typename P::value_type>>;
     };
 
@@ -111,6 +119,9 @@ class plan_handle : public detail::call_handle {
   plan_handle(plan_handle&& other)
       : call_handle((other.require_idle("move"), std::move(other))),
         state_(std::move(other.state_)),
+        tensor_sizes_(std::move(other.tensor_sizes_)),
+        tensor_starts_(std::move(other.tensor_starts_)),
+        by_address_(std::move(other.by_address_)),
         widened_(std::move(other.widened_)),
         requests_(std::move(other.requests_)),
         can_roll_back_(other.can_roll_back_) {}
@@ -118,6 +129,9 @@ class plan_handle : public detail::call_handle {
     require_idle("move");
     other.require_idle("move");
     state_ = std::move(other.state_);
+    tensor_sizes_ = std::move(other.tensor_sizes_);
+    tensor_starts_ = std::move(other.tensor_starts_);
+    by_address_ = std::move(other.by_address_);
     widened_ = std::move(other.widened_);
     requests_ = std::move(other.requests_);
     can_roll_back_ = other.can_roll_back_;
@@ -146,10 +160,21 @@ class plan_handle : public detail::call_handle {
     can_roll_back_ = false;
   }
 
-  /// Forgets every residual (say, after the model was reloaded).
+  /// The owner's update-rule state for this rank's stripe after the last successful
+  /// call (state_per_value() values per value, interleaved; empty without a rule).
+  std::span<const residual_type> owner_state() const noexcept { return state_.owner_state[state_.committed]; }
+
+  /// Forgets every residual (say, after the model was reloaded); the owner's state stays.
   void reset_residuals() {
     require_idle("reset_residuals");
     for (auto& r : state_.residual) std::fill(r.begin(), r.end(), residual_type{});
+    can_roll_back_ = false;
+  }
+
+  /// Forgets the owner's update-rule state (a new optimizer).
+  void reset_owner_state() {
+    require_idle("reset_owner_state");
+    for (auto& s : state_.owner_state) std::fill(s.begin(), s.end(), residual_type{});
     can_roll_back_ = false;
   }
 
@@ -157,25 +182,59 @@ class plan_handle : public detail::call_handle {
   // (in_flight, test, wait and require_idle: call_handle's, the handle of a call
   // started with communicator::start_allreduce)
 
+  /// The sizes of the tensors a fused call takes, laid end to end (one: count()).
+  std::span<const std::size_t> tensor_sizes() const noexcept { return tensor_sizes_; }
+
+  /// Fails a fused call whose tensors do not have the plan's sizes, or overlap.
+  template <transport Transport>
+  void check_tensors(algorithms::primitives<Transport>& step, std::span<const std::span<T>> tensors) const {
+    if (tensors.size() != tensor_sizes_.size())
+      step.fail(errc::invalid_argument, "{} tensors for a plan made for {}", tensors.size(), tensor_sizes_.size());
+    for (std::size_t k = 0; k < tensors.size(); ++k)
+      if (tensors[k].size() != tensor_sizes_[k])
+        step.fail(errc::invalid_argument, "tensor {} has {} elements, the plan was made for {}", k, tensors[k].size(),
+                  tensor_sizes_[k]);
+    // Sorted by address, neighbours must not overlap (the scratch is sized at construction).
+    std::pair<const T*, std::size_t>* first = by_address_.data();
+    std::size_t listed = 0;
+    for (const std::span<T>& t : tensors)
+      if (!t.empty()) first[listed++] = {t.data(), t.size()};
+    std::sort(first, first + listed, [](const auto& a, const auto& b) { return std::less<>()(a.first, b.first); });
+    for (std::size_t k = 1; k < listed; ++k)
+      if (!std::less<>()(first[k - 1].first + first[k - 1].second - 1, first[k].first))
+        step.fail(errc::invalid_argument, "two of the {} tensors overlap", tensors.size());
+  }
+
   /// Runs one call of the schedule. On failure every rank hears of it (the
   /// communicator is aborted), the requests still posted are taken back, and the
   /// residuals stay as they were; on success the staged residuals become the
   /// committed ones.
   template <transport Transport>
-  void run(algorithms::primitives<Transport>& step, std::span<const value_type> in, std::span<value_type> out,
-           reduce_op op) {
+  void run(algorithms::primitives<Transport>& step, const plan_call<value_type>& call) {
+    using algorithms::value_view;
     const std::span<typename Transport::request> requests =
         requests_.template get<typename Transport::request>(state_.schedule.requests);
     can_roll_back_ = false;  // the staging residuals are about to be overwritten
+    const std::size_t count = call.fused() ? tensor_starts_.back() : call.in.size();
     try {
       if constexpr (half_element<T>) {
-        if (widened_.size() < in.size())  // a derived plan that passed another count, or a moved-from plan
-          step.fail(errc::invalid_argument, "the plan holds {} values, the call has {}", widened_.size(), in.size());
-        const std::span<float> widened = std::span<float>(widened_).first(in.size());
-        kernels::cpu::widen(in, widened);
-        algorithms::run_schedule(step, state_, requests, std::span<const float>(widened), widened, op);
+        if (widened_.size() < count)  // a derived plan that passed another count, or a moved-from plan
+          step.fail(errc::invalid_argument, "the plan holds {} values, the call has {}", widened_.size(), count);
+        const std::span<float> widened = std::span<float>(widened_).first(count);
+        if (call.fused())
+          for (std::size_t k = 0; k < call.tensors.size(); ++k)
+            kernels::cpu::widen(std::span<const T>(call.tensors[k]), widened.subspan(tensor_starts_[k], call.tensors[k].size()));
+        else
+          kernels::cpu::widen(call.in, widened);
+        algorithms::run_schedule(step, state_, requests, value_view<const float>(widened), value_view<float>(widened),
+                                 call.op);
+      } else if (call.fused()) {
+        const std::span<const std::size_t> starts = std::span(tensor_starts_).first(call.tensors.size());
+        algorithms::run_schedule(step, state_, requests, value_view<const T>(call.tensors, starts),
+                                 value_view<T>(call.tensors, starts), call.op);
       } else {
-        algorithms::run_schedule(step, state_, requests, in, out, op);
+        algorithms::run_schedule(step, state_, requests, value_view<const T>(call.in), value_view<T>(call.out),
+                                 call.op);
       }
     } catch (const std::system_error& e) {
       step.abandon(requests, e);
@@ -184,11 +243,18 @@ class plan_handle : public detail::call_handle {
     state_.committed = 1 - state_.committed;
     ++state_.calls;
     can_roll_back_ = true;
-    if constexpr (half_element<T>) kernels::cpu::narrow(std::span<const float>(widened_).first(in.size()), out);
+    if constexpr (half_element<T>) {
+      const std::span<const float> widened = std::span<const float>(widened_).first(count);
+      if (call.fused())
+        for (std::size_t k = 0; k < call.tensors.size(); ++k)
+          kernels::cpu::narrow(widened.subspan(tensor_starts_[k], call.tensors[k].size()), call.tensors[k]);
+      else
+        kernels::cpu::narrow(widened, call.out);
+    }
   }
 
-  detail::pending_operation& queue_call(std::span<const value_type> in, std::span<value_type> out, reduce_op op) {
-    queued_ = {in, out, op};
+  detail::pending_operation& queue_call(const plan_call<value_type>& call) {
+    queued_ = call;
     return operation();
   }
   plan_call<value_type> queued_call() const noexcept { return queued_; }
@@ -196,8 +262,13 @@ class plan_handle : public detail::call_handle {
  protected:
   /// `count`: the values a call takes (a 16-bit plan keeps a float buffer of them,
   /// allocated here so that calls allocate nothing).
-  plan_handle(const char* name, std::size_t count) : call_handle(name) {
-    if constexpr (half_element<T>) widened_.assign(count, 0.0f);
+  plan_handle(const char* name, std::size_t count) : plan_handle(name, std::span<const std::size_t>(&count, 1)) {}
+  /// A fused plan: calls take tensors of these sizes, laid end to end.
+  plan_handle(const char* name, std::span<const std::size_t> tensor_sizes)
+      : call_handle(name), tensor_sizes_(tensor_sizes.begin(), tensor_sizes.end()), by_address_(tensor_sizes.size()) {
+    tensor_starts_.assign(1, 0);
+    for (const std::size_t size : tensor_sizes_) tensor_starts_.push_back(tensor_starts_.back() + size);
+    if constexpr (half_element<T>) widened_.assign(tensor_starts_.back(), 0.0f);
   }
   /// Waits for a call still in flight (its buffers and this state are in use).
   ~plan_handle() { finish_in_flight(); }
@@ -205,6 +276,9 @@ class plan_handle : public detail::call_handle {
   algorithms::quantized_state<Q> state_;
 
  private:
+  std::vector<std::size_t> tensor_sizes_;   // of a fused call; one, count(), otherwise
+  std::vector<std::size_t> tensor_starts_;  // their starts laid end to end, and the total
+  mutable std::vector<std::pair<const T*, std::size_t>> by_address_;  // check_tensors' scratch
   std::vector<float> widened_;  // 16-bit plans: the call's values in float
   detail::request_storage requests_;
   bool can_roll_back_ = false;

@@ -46,39 +46,78 @@ inline stripe_route route_for(const topologies::graph& topology) {
 
 /// Where stripes, chunks and their frames lie. Stripe j is block j of the buffer's
 /// groups (block_of over whole groups), so no group straddles two stripes; chunks
-/// cut a stripe every `chunk_values` values (a multiple of the group size).
+/// cut a stripe every `chunk_values` values (a multiple of the group size), and each
+/// chunk is one message.
+///
+/// The buffer may be several tensors laid end to end (a fused plan: one call for
+/// many layers). A chunk is then cut again where a tensor ends, into *pieces*, each
+/// encoded as a frame of its own from the tensor's memory (no staging copy); the
+/// chunk's message is its pieces' frames end to end. With one tensor every chunk is
+/// one piece.
 class stripe_layout {
  public:
+  /// A chunk's values inside one tensor, and where its frame lies in the chunk's bytes.
+  struct piece {
+    block_range values;       ///< of the whole buffer (the tensors end to end)
+    std::size_t frame_offset = 0;  ///< bytes from the start of the chunk's message
+    std::size_t frame_bytes = 0;
+  };
+
   stripe_layout() = default;
 
   template <quantizer Q>
   stripe_layout(const Q& q, std::size_t count, std::size_t parts, std::size_t requested_chunk_values)
-      : count_(count) {
+      : stripe_layout(q, std::span<const std::size_t>(&count, 1), parts, requested_chunk_values) {}
+
+  /// Over `tensor_sizes` values laid end to end.
+  template <quantizer Q>
+  stripe_layout(const Q& q, std::span<const std::size_t> tensor_sizes, std::size_t parts,
+                std::size_t requested_chunk_values) {
+    tensor_starts_.reserve(tensor_sizes.size());
+    for (const std::size_t size : tensor_sizes) {
+      tensor_starts_.push_back(count_);
+      count_ += size;
+    }
     // A quantizer with no group (identity, whole-tensor bfp) may be cut anywhere.
     const std::size_t unit = q.group_size() == 0 ? 1 : q.group_size();
-    const std::size_t groups = (count + unit - 1) / unit;
+    const std::size_t groups = (count_ + unit - 1) / unit;
     const std::size_t chunk_units = std::max<std::size_t>(1, (requested_chunk_values + unit - 1) / unit);
     chunk_values_ = chunk_units * unit;
     stripes_.resize(parts);
     chunk_base_.assign(parts + 1, 0);
     for (std::size_t j = 0; j < parts; ++j) {
       const block_range units = block_of(groups, parts, j);
-      const std::size_t begin = std::min(count, units.offset * unit);
-      const std::size_t end = std::min(count, (units.offset + units.size) * unit);
+      const std::size_t begin = std::min(count_, units.offset * unit);
+      const std::size_t end = std::min(count_, (units.offset + units.size) * unit);
       stripes_[j] = {begin, end - begin};
       chunk_base_[j + 1] = chunk_base_[j] + (end - begin + chunk_values_ - 1) / chunk_values_;
     }
     frame_begin_.assign(chunk_base_[parts] + 1, 0);
+    piece_base_.assign(chunk_base_[parts] + 1, 0);
     for (std::size_t j = 0; j < parts; ++j)
       for (std::size_t c = 0; c < chunks(j); ++c) {
         const std::size_t g = global_chunk(j, c);
-        frame_begin_[g + 1] = frame_begin_[g] + q.encoded_size(chunk(j, c).size);
+        const block_range whole = chunk(j, c);
+        std::size_t bytes = 0;
+        for (std::size_t at = whole.offset; at < whole.offset + whole.size;) {
+          const std::size_t t = tensor_at(at);
+          const std::size_t tensor_end = t + 1 < tensor_starts_.size() ? tensor_starts_[t + 1] : count_;
+          const std::size_t end = std::min(whole.offset + whole.size, tensor_end);
+          const std::size_t piece_bytes = q.encoded_size(end - at);
+          pieces_.push_back({{at, end - at}, bytes, piece_bytes});
+          bytes += piece_bytes;
+          at = end;
+        }
+        piece_base_[g + 1] = pieces_.size();
+        frame_begin_[g + 1] = frame_begin_[g] + bytes;
       }
   }
 
   std::size_t count() const noexcept { return count_; }
   std::size_t parts() const noexcept { return stripes_.size(); }
   std::size_t chunk_values() const noexcept { return chunk_values_; }
+  /// Where each tensor starts in the whole buffer.
+  std::span<const std::size_t> tensor_starts() const noexcept { return tensor_starts_; }
   block_range stripe(std::size_t j) const noexcept { return stripes_[j]; }
   std::size_t chunks(std::size_t j) const noexcept { return chunk_base_[j + 1] - chunk_base_[j]; }
   std::size_t total_chunks() const noexcept { return chunk_base_.back(); }
@@ -95,25 +134,41 @@ class stripe_layout {
     const std::size_t begin = c * chunk_values_;
     return {stripes_[j].offset + begin, std::min(chunk_values_, stripes_[j].size - begin)};
   }
+  /// Chunk c of stripe j cut where tensors end, in order.
+  std::span<const piece> pieces(std::size_t j, std::size_t c) const noexcept {
+    const std::size_t g = global_chunk(j, c);
+    return std::span(pieces_).subspan(piece_base_[g], piece_base_[g + 1] - piece_base_[g]);
+  }
 
   /// Bytes of the frames of all stripes, laid end to end in stripe order.
   std::size_t total_frame_bytes() const noexcept { return frame_begin_.back(); }
   std::size_t stripe_frame_bytes(std::size_t j) const noexcept {
     return frame_begin_[chunk_base_[j + 1]] - frame_begin_[chunk_base_[j]];
   }
+  /// Bytes of chunk c of stripe j's message (its pieces' frames).
   std::size_t frame_bytes(std::size_t j, std::size_t c) const noexcept {
     const std::size_t g = global_chunk(j, c);
     return frame_begin_[g + 1] - frame_begin_[g];
   }
-  /// Where chunk c of stripe j's frame starts in a buffer of total_frame_bytes().
+  /// Where chunk c of stripe j's message starts in a buffer of total_frame_bytes().
   std::size_t frame_offset(std::size_t j, std::size_t c) const noexcept { return frame_begin_[global_chunk(j, c)]; }
 
  private:
+  /// The tensor that holds value `at` (< count): the last one starting at or before it,
+  /// so empty tensors are skipped.
+  std::size_t tensor_at(std::size_t at) const noexcept {
+    return static_cast<std::size_t>(std::upper_bound(tensor_starts_.begin(), tensor_starts_.end(), at) -
+                                    tensor_starts_.begin()) - 1;
+  }
+
   std::size_t count_ = 0;
   std::size_t chunk_values_ = 1;
+  std::vector<std::size_t> tensor_starts_;
   std::vector<block_range> stripes_;
   std::vector<std::size_t> chunk_base_;   // first global chunk of each stripe, and the total
-  std::vector<std::size_t> frame_begin_;  // byte offset of each global chunk's frame, and the total
+  std::vector<std::size_t> frame_begin_;  // byte offset of each global chunk's message, and the total
+  std::vector<std::size_t> piece_base_;   // first piece of each global chunk, and the total
+  std::vector<piece> pieces_;
 };
 
 /// Compiles rank `rank`'s part of the exchange over `layout` into a schedule.
@@ -122,7 +177,9 @@ class stripe_layout {
 /// phase-1 frames received, in receive order. Residual: the worker residual (one
 /// value per buffer value), then the server residual (one per value of the own
 /// stripe). Encodes draw stochastic rounding at sequence 2·call (contributions) and
-/// 2·call + 1 (the owner's re-encode).
+/// 2·call + 1 (the owner's re-encode). With an owner update, the owner applies it
+/// to its sum before re-encoding; its state is `owner_state_per_value` values per
+/// value of the own stripe.
 class compressed_schedule_builder {
  public:
   /// Phase-2 messages have a tag of their own: a fast owner's phase-2 chunk may
@@ -133,9 +190,11 @@ class compressed_schedule_builder {
   static constexpr transports::tag_t aggregate_tag = 1;
 
   compressed_schedule_builder(const stripe_layout& layout, rank_t rank, stripe_route route,
-                              std::span<const rank_t> ring_order)
+                              std::span<const rank_t> ring_order, bool owner_update = false,
+                              std::size_t owner_state_per_value = 0)
       : layout_(layout), rank_(rank), size_(static_cast<rank_t>(layout.parts())), route_(route),
-        ring_(ring_order, rank) {
+        ring_(ring_order, rank), owner_update_(owner_update), owner_state_per_value_(owner_state_per_value) {
+    if (owner_update_) s_.owner_state_values = layout.stripe(rank).size * owner_state_per_value_;
     s_.sequence_stride = 2;
     s_.divisor = size_;
     s_.buffer_bytes[static_cast<int>(frame_buffer::outgoing)] = layout.total_frame_bytes();
@@ -188,20 +247,35 @@ class compressed_schedule_builder {
 
   // ---- the steps both routes are made of ----
 
+  /// Piece p of the message `chunk` (a chunk's frames).
+  static frame_slice frame_of(frame_slice chunk, const stripe_layout::piece& p) noexcept {
+    return {chunk.buffer, chunk.offset + p.frame_offset, p.frame_bytes};
+  }
+  /// Where the owner's state of a value of its stripe starts.
+  std::size_t within_stripe(const stripe_layout::piece& p) const noexcept {
+    return p.values.offset - layout_.stripe(rank_).offset;
+  }
+
   /// Encodes chunk c of stripe j of the input with the worker residual.
   void encode_contribution(std::size_t j, std::size_t c) {
-    const block_range values = layout_.chunk(j, c);
-    s_.encode(values, true, values.offset, 0, contribution(j, c));
+    for (const auto& p : layout_.pieces(j, c)) s_.encode(p.values, true, p.values.offset, 0, frame_of(contribution(j, c), p));
+  }
+  /// Decodes the message `chunk` from `from`, chunk c of stripe j, into the output.
+  void decode_chunk(frame_slice chunk, rank_t from, std::size_t j, std::size_t c, bool accumulate) {
+    for (const auto& p : layout_.pieces(j, c)) s_.decode(frame_of(chunk, p), from, p.values, accumulate);
   }
   /// The sum starts as this rank's own decoded contribution, in the output.
-  void start_sum(std::size_t c) { s_.decode(contribution(rank_, c), rank_, layout_.chunk(rank_, c), false); }
-  /// Between the phases: the owner (divides and) re-encodes its sum with the server
-  /// residual, then keeps the decoded bits, exactly what every other rank will decode.
+  void start_sum(std::size_t c) { decode_chunk(contribution(rank_, c), rank_, rank_, c, false); }
+  /// Between the phases: the owner (divides, applies its update rule and) re-encodes
+  /// its sum with the server residual, then keeps the decoded bits, exactly what
+  /// every other rank will decode.
   void finish_sum(std::size_t c) {
-    const block_range values = layout_.chunk(rank_, c);
-    s_.average(values);
-    s_.encode(values, false, layout_.count() + values.offset - layout_.stripe(rank_).offset, 1, aggregate(rank_, c));
-    s_.decode(aggregate(rank_, c), rank_, values, false);
+    for (const auto& p : layout_.pieces(rank_, c)) {
+      s_.average(p.values);
+      if (owner_update_) s_.update(p.values, within_stripe(p) * owner_state_per_value_);
+      s_.encode(p.values, false, layout_.count() + within_stripe(p), 1, frame_of(aggregate(rank_, c), p));
+    }
+    decode_chunk(aggregate(rank_, c), rank_, rank_, c, false);
   }
 
   // ---- direct: round r sends to rank + r and receives from rank − r ----
@@ -242,7 +316,7 @@ class compressed_schedule_builder {
         for (std::size_t r = 1; r < n; ++r) {
           const std::size_t index = incoming_index(r, c);
           s_.complete_receive(index, before(r), incoming(index));
-          s_.decode(incoming(index), before(r), layout_.chunk(own, c), true);
+          decode_chunk(incoming(index), before(r), own, c, true);
         }
         finish_sum(c);
         for (std::size_t r = 1; r < n; ++r)
@@ -254,7 +328,7 @@ class compressed_schedule_builder {
           const rank_t j = before(r);
           if (c >= layout_.chunks(j)) continue;
           s_.complete_receive(second_receives + layout_.global_chunk(j, c), j, aggregate(j, c));
-          s_.decode(aggregate(j, c), j, layout_.chunk(j, c), false);
+          decode_chunk(aggregate(j, c), j, j, c, false);
         }
       }
     }
@@ -311,7 +385,7 @@ class compressed_schedule_builder {
     for_each_incoming([&](std::size_t step, rank_t d, std::size_t c) {
       s_.complete_receive(index, prev, incoming(index));
       if (d == own)
-        s_.decode(incoming(index), back(step), layout_.chunk(own, c), true);
+        decode_chunk(incoming(index), back(step), own, c, true);
       else
         s_.send(forwards + index, next, contribution_tag, incoming(index));
       ++index;
@@ -325,7 +399,7 @@ class compressed_schedule_builder {
       for (std::size_t c = 0; c < layout_.chunks(owner); ++c) {
         const std::size_t slot = layout_.global_chunk(owner, c);
         s_.complete_receive(second_receives + slot, prev, aggregate(owner, c));
-        s_.decode(aggregate(owner, c), owner, layout_.chunk(owner, c), false);
+        decode_chunk(aggregate(owner, c), owner, owner, c, false);
         if (s + 1 < n) s_.send(second_sends + slot, next, aggregate_tag, aggregate(owner, c));
       }
     }
@@ -351,6 +425,8 @@ class compressed_schedule_builder {
   rank_t size_;
   stripe_route route_;
   ring_view ring_;
+  bool owner_update_;
+  std::size_t owner_state_per_value_;
   std::vector<std::size_t> incoming_begin_;  // byte offset of each received frame, in receive order, and the end
   quantized_schedule s_;
 };

@@ -17,11 +17,13 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/partition.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
+#include <qcoll/optimizers/owner_update.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace qcoll {
@@ -61,6 +63,7 @@ enum class step_verb : std::uint8_t {
   complete_receive,  ///< wait for request `request`'s receive from `peer`
   decode,            ///< decode `frame` from `peer` into `values` of the output (or add it)
   average,           ///< avg only: divide `values` of the output by the schedule's divisor
+  update,            ///< apply the owner's update rule to `values` of the output (state at `residual_offset`)
   complete_send,     ///< wait for request `request`'s send to `peer`
 };
 
@@ -72,7 +75,7 @@ struct schedule_step {
   rank_t peer = 0;          ///< communicator rank; decode: whose frame it is (for errors)
   block_range values{};     ///< of the whole buffer
   frame_slice frame{};
-  std::size_t residual_offset = 0;  ///< encode: where its part of the residual starts
+  std::size_t residual_offset = 0;  ///< encode: where its part of the residual starts (update: of the owner's state)
   std::size_t sequence = 0;         ///< encode: its index in the call's stochastic-rounding sequence
   std::size_t request = 0;          ///< post_receive, send, complete_*: the request slot
 };
@@ -84,6 +87,7 @@ struct quantized_schedule {
   std::vector<schedule_step> steps;
   std::size_t buffer_bytes[3] = {0, 0, 0};  ///< by frame_buffer
   std::size_t residual_values = 0;          ///< values of residual the encodes use
+  std::size_t owner_state_values = 0;       ///< values of state the update steps use
   std::size_t requests = 0;                 ///< request slots the steps name
   /// Encode i of call c draws its stochastic rounding at sequence c · stride + i.
   std::size_t sequence_stride = 1;
@@ -132,23 +136,70 @@ struct quantized_schedule {
     steps.push_back({.verb = step_verb::decode, .accumulate = accumulate, .peer = from, .values = into, .frame = frame});
   }
   void average(block_range values) { steps.push_back({.verb = step_verb::average, .values = values}); }
+  void update(block_range values, std::size_t state_offset) {
+    steps.push_back({.verb = step_verb::update, .values = values, .residual_offset = state_offset});
+  }
   void complete_send(std::size_t request, rank_t to, frame_slice frame) {
     steps.push_back({.verb = step_verb::complete_send, .peer = to, .frame = frame, .request = request});
   }
 };
 
+/// The values a call reads or writes: one span, or a fused plan's tensors laid end
+/// to end (tensor k starts at starts[k] of the whole). Every step's values lie in
+/// one tensor (stripe_layout cuts pieces where tensors end).
+template <class T>
+class value_view {
+ public:
+  using tensor = std::span<std::remove_const_t<T>>;
+
+  value_view(std::span<T> whole) noexcept : whole_(whole) {}  // NOLINT: a span is a view of one tensor
+  value_view(std::span<const tensor> tensors, std::span<const std::size_t> starts) noexcept
+      : tensors_(tensors), starts_(starts) {}
+
+  std::span<T> of(block_range r) const noexcept {
+    if (tensors_.empty()) return r.of(whole_);
+    const std::size_t k =
+        static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), r.offset) - starts_.begin()) - 1;
+    return std::span<T>(tensors_[k]).subspan(r.offset - starts_[k], r.size);
+  }
+  /// Whether both name the same memory (a call in place).
+  template <class U>
+  bool same_as(const value_view<U>& other) const noexcept {
+    return static_cast<const void*>(whole_.data()) == static_cast<const void*>(other.whole_.data()) &&
+           tensors_.data() == other.tensors_.data();
+  }
+  /// Copies every value into `into` (the same tensors' sizes).
+  void copy_to(const value_view<std::remove_const_t<T>>& into) const {
+    if (tensors_.empty()) {
+      std::copy(whole_.begin(), whole_.end(), into.whole_.begin());
+      return;
+    }
+    for (std::size_t k = 0; k < tensors_.size(); ++k) std::copy(tensors_[k].begin(), tensors_[k].end(), into.of({starts_[k], tensors_[k].size()}).begin());
+  }
+
+ private:
+  template <class>
+  friend class value_view;
+  std::span<T> whole_;
+  std::span<const tensor> tensors_;
+  std::span<const std::size_t> starts_;
+};
+
 /// Everything a quantized plan owns on one rank: the quantizer, the compiled
-/// schedule, both residuals (committed and staging) and the frame buffers. Built
-/// once; a call allocates nothing.
+/// schedule, both residuals (committed and staging), the owner's update rule and
+/// its state, and the frame buffers. Built once; a call allocates nothing.
 template <quantizer Q>
 struct quantized_state {
   using value_type = typename Q::value_type;
 
   Q quantizer;
   quantized_schedule schedule;
+  owner_update<value_type> update;
   // Residuals double-buffered: a call encodes from the committed residual into the
   // staging one and swaps them only once the whole call succeeded (failure atomicity).
+  // The owner's state is kept the same way, under the same index.
   std::vector<value_type> residual[2];
+  std::vector<value_type> owner_state[2];
   unsigned committed = 0;
   std::uint64_t calls = 0;  // successful calls: keys stochastic rounding
   std::vector<std::byte> buffers[3];
@@ -158,6 +209,7 @@ struct quantized_state {
   void install(quantized_schedule compiled) {
     schedule = std::move(compiled);
     for (auto& r : residual) r.assign(Q::keeps_residual ? schedule.residual_values : 0, value_type{});
+    for (auto& o : owner_state) o.assign(schedule.owner_state_values, value_type{});
     for (int b = 0; b < 3; ++b) buffers[b].assign(schedule.buffer_bytes[b], std::byte{});
     committed = 0;
     calls = 0;
@@ -174,18 +226,18 @@ struct quantized_state {
 /// throws, from whichever step found it.
 template <transport Transport, quantizer Q>
 void run_schedule(primitives<Transport>& step, quantized_state<Q>& state,
-                  std::span<typename Transport::request> requests, std::span<const typename Q::value_type> in,
-                  std::span<typename Q::value_type> out, reduce_op op) {
+                  std::span<typename Transport::request> requests, value_view<const typename Q::value_type> in,
+                  value_view<typename Q::value_type> out, reduce_op op) {
   using T = typename Q::value_type;
   const quantized_schedule& schedule = state.schedule;
   call_statistics& counted = state.last_call;
   counted = {};
-  if (schedule.input_to_output && in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+  if (schedule.input_to_output && !in.same_as(out)) in.copy_to(out);
   for (const schedule_step& s : schedule.steps) {
     switch (s.verb) {
       case step_verb::post_receive: step.post_recv(requests[s.request], s.peer, s.tag, state.frame(s.frame)); break;
       case step_verb::encode:
-        staged_encode(state.quantizer, s.values.of(s.from_input ? in : std::span<const T>(out)), state.residual,
+        staged_encode(state.quantizer, s.from_input ? in.of(s.values) : std::span<const T>(out.of(s.values)), state.residual,
                       state.committed, {s.residual_offset, s.values.size}, state.frame(s.frame),
                       {state.calls * schedule.sequence_stride + s.sequence, s.values.offset});
         break;
@@ -201,11 +253,17 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q>& state,
         ++counted.messages_received;
         break;
       case step_verb::decode:
-        decode_or_fail(step, state.quantizer, state.frame(s.frame), s.values.of(out), s.accumulate, s.peer);
+        decode_or_fail(step, state.quantizer, state.frame(s.frame), out.of(s.values), s.accumulate, s.peer);
         break;
       case step_verb::average:
-        if (op == reduce_op::avg) kernels::cpu::finish_avg(s.values.of(out), schedule.divisor);
+        if (op == reduce_op::avg) kernels::cpu::finish_avg(out.of(s.values), schedule.divisor);
         break;
+      case step_verb::update: {
+        const block_range at{s.residual_offset, s.values.size * state.update.state_per_value()};
+        state.update({out.of(s.values), at.of(std::span<const T>(state.owner_state[state.committed])),
+                      at.of(std::span<T>(state.owner_state[1 - state.committed])), s.values.offset, state.calls});
+        break;
+      }
       case step_verb::complete_send: step.complete_send(requests[s.request], s.peer, s.frame.bytes); break;
     }
   }
