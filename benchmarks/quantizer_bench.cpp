@@ -88,7 +88,7 @@ quantizer_case make_case(const std::string& name) {
   if (name == "one_bit") {
     const one_bit_options o;
     return {name, [o](std::size_t n) { return wire::one_bit_layout(o.group_size).payload_bytes(n); },
-            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.one_bit_encode(o, in, r, r, out); },
+            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.one_bit_encode(o, in, r, r, {}, {}, out); },
             [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.one_bit_decode(o, in, out, true); }};
   }
   if (name.rfind("k_level", 0) == 0) {

@@ -11,7 +11,9 @@
 //
 // Options: --epochs N, --seed S, --samples N (training set), --test-samples N,
 // --hidden N (units in each of the two hidden layers), --batch N (global, split over
-// the ranks), --lr X (peak learning rate).
+// the ranks), --lr X (peak learning rate), --reconstruction current|previous (where
+// the 1-bit reconstruction values come from: this step's values, qcoll's default, or
+// the previous step's, as the 1-bit SGD patent's eqs. 13–15 say).
 // Exit status: 0 when the 1-bit run's test accuracy is at most 0.5 percentage points
 // below the exact run's, 1 when it is further below, 2 on errors.
 
@@ -63,6 +65,7 @@ struct settings {
   std::size_t hidden = 256;
   std::size_t batch = 128;
   float learning_rate = 0.05f;
+  qcoll::quantizers::reconstruction_source reconstruction_from = qcoll::quantizers::reconstruction_source::current;
 };
 
 settings parse(int argc, char** argv) {
@@ -77,6 +80,14 @@ settings parse(int argc, char** argv) {
     if (flag == "--lr") {
       s.learning_rate = std::strtof(text, &end);
       if (*end != '\0' || !(s.learning_rate > 0)) throw std::invalid_argument("--lr takes a positive number");
+      continue;
+    }
+    if (flag == "--reconstruction") {
+      const std::string_view from = text;
+      if (from != "current" && from != "previous")
+        throw std::invalid_argument(fmt::format("--reconstruction is current or previous, not '{}'", from));
+      s.reconstruction_from = from == "previous" ? qcoll::quantizers::reconstruction_source::previous
+                                                 : qcoll::quantizers::reconstruction_source::current;
       continue;
     }
     if (!whole_number) throw std::invalid_argument(fmt::format("{} takes a whole number, not '{}'", flag, text));
@@ -101,7 +112,7 @@ class exact_exchange {
  public:
   static constexpr std::string_view name = "exact allreduce";
 
-  exact_exchange(Communicator& comm, mlp& model) : comm_(comm), model_(model) {}
+  exact_exchange(Communicator& comm, mlp& model, const settings&) : comm_(comm), model_(model) {}
   void layer_done(std::size_t) {}
   void finish() { comm_.allreduce(model_.gradients(), qcoll::reduce_op::avg); }
   /// The ring's reduce-scatter and all-gather each send (n − 1)/n of the buffer.
@@ -124,9 +135,10 @@ class one_bit_exchange {
   static constexpr std::string_view name = "1-bit compressed allreduce";
   using plan = qcoll::compressed_allreduce_plan<qcoll::quantizers::one_bit>;
 
-  one_bit_exchange(Communicator& comm, mlp& model) : comm_(comm), model_(model) {
+  one_bit_exchange(Communicator& comm, mlp& model, const settings& s) : comm_(comm), model_(model) {
     for (std::size_t l = 0; l < model.layers(); ++l)
-      plans_.emplace_back(comm, model.layer_gradients(l).size(), qcoll::quantizers::one_bit{});
+      plans_.emplace_back(comm, model.layer_gradients(l).size(),
+                          qcoll::quantizers::one_bit({.reconstruction_from = s.reconstruction_from}));
   }
   void layer_done(std::size_t l) { comm_.start_allreduce(plans_[l], model_.layer_gradients(l), qcoll::reduce_op::avg); }
   void finish() {
@@ -158,7 +170,7 @@ class training_run {
  public:
   training_run(Communicator& comm, const cluster_problem& p, const settings& s, std::span<const std::size_t> widths)
       : comm_(comm), problem_(p), settings_(s), model_(widths, s.batch / comm.size(), s.seed),
-        exchange_(comm, model_) {}
+        exchange_(comm, model_, s) {}
 
   std::string_view name() const { return Exchange<Communicator>::name; }
   std::size_t bytes_sent_per_step() const { return exchange_.bytes_sent_per_step(); }
@@ -242,8 +254,9 @@ int train_and_compare(Communicator& comm, const settings& s, std::string_view tr
                n, transport, widths[0], widths[1], widths[2], widths[3], parameters, p.train.size(), p.test.size(),
                s.batch, s.batch / n, s.epochs, s.seed);
     fmt::print("1-bit: one plan per layer ({} values: {} groups of {}), each started as soon as backprop has "
-               "produced its layer's gradient\n",
-               layer_sizes, layer_groups, group);
+               "produced its layer's gradient; reconstruction values from the {} step's values\n",
+               layer_sizes, layer_groups, group,
+               s.reconstruction_from == qcoll::quantizers::reconstruction_source::previous ? "previous" : "current");
     fmt::print("best possible test accuracy (the Bayes classifier, which knows the clusters): {:.2f} %\n\n",
                bayes_accuracy(p));
     fmt::print("       {:^32}   {:^32}\n", exact.name(), one_bit.name());

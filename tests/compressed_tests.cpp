@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <limits>
+#include <map>
 #include <new>
 #include <numeric>
 #include <optional>
@@ -169,7 +170,21 @@ struct sequential_model {
   std::vector<std::size_t> tensor_ends;  // where each tensor ends
   bool momentum = false;
   std::vector<std::vector<T>> velocity;  // per owner, over its stripe
+  // Quantizers that remember between encodes: per rank, per encode (by its first value).
+  std::vector<std::map<std::size_t, std::vector<T>>> worker_memory, server_memory;
   std::uint64_t calls = 0;
+
+  /// Encodes as the plan's encode site (rank, first value) does, with its memory if Q keeps one.
+  void encode(std::map<std::size_t, std::vector<T>>& memories, const Q& q, std::span<const T> in, std::span<T> residual,
+              std::span<std::byte> frame, quantizers::encode_position position) {
+    if constexpr (algorithms::remembers_between_encodes<Q>) {
+      if (const std::size_t size = q.memory_size(in.size()); size != 0) {
+        auto [where, fresh] = memories.try_emplace(position.offset, size, std::numeric_limits<T>::quiet_NaN());
+        return q.encode(in, residual, residual, where->second, where->second, frame, position);
+      }
+    }
+    q.encode(in, residual, frame, position);
+  }
 
   sequential_model(std::vector<Q> q, std::size_t count_, std::size_t requested_chunk, std::vector<rank_t> order_,
                    const std::vector<std::size_t>& tensors = {}, bool momentum_ = false)
@@ -189,6 +204,8 @@ struct sequential_model {
     worker.assign(n, std::vector<T>(residual ? count : 0));
     for (std::size_t j = 0; j < n; ++j) server.emplace_back(residual ? stripes[j].size : 0);
     for (std::size_t j = 0; j < n; ++j) velocity.emplace_back(stripes[j].size);
+    worker_memory.resize(n);
+    server_memory.resize(n);
   }
 
   std::vector<T> call(const std::vector<std::vector<T>>& in, reduce_op op) {
@@ -207,7 +224,8 @@ struct sequential_model {
         for (std::size_t r = 0; r < n; ++r) {
           frames[r].resize(quantizers[r].encoded_size(values.size));
           std::span<T> residual = Q::keeps_residual ? values.of(std::span(worker[r])) : std::span<T>();
-          quantizers[r].encode(values.of(std::span(in[r])), residual, frames[r], {2 * calls, values.offset});
+          encode(worker_memory[r], quantizers[r], values.of(std::span(in[r])), residual, frames[r],
+                 {2 * calls, values.offset});
         }
         std::vector<T> sum(values.size);
         check(quantizers[j].decode(frames[j], sum));
@@ -224,7 +242,7 @@ struct sequential_model {
         std::vector<std::byte> aggregate(quantizers[j].encoded_size(values.size));
         std::span<T> residual =
             Q::keeps_residual ? std::span(server[j]).subspan(begin, values.size) : std::span<T>();
-        quantizers[j].encode(sum, residual, aggregate, {2 * calls + 1, values.offset});
+        encode(server_memory[j], quantizers[j], sum, residual, aggregate, {2 * calls + 1, values.offset});
         check(quantizers[j].decode(aggregate, values.of(std::span(out))));
       }
     }
@@ -454,6 +472,23 @@ BOOST_AUTO_TEST_CASE(bfp_blocks_and_whole_chunks) {
 // Groups are never cut, so for per-group quantizers the bits cannot depend on the
 // chunk size, nor on the route when the ring is in rank order: every rank decodes
 // the same frames in the same order. (A ring in another order sums in that order.)
+// The seed's reconstruction values (taken from the previous call's statistics): every
+// encode site — each rank's contribution, each owner's re-encode — keeps its own
+// memory, and every rank matches the model bit for bit.
+BOOST_AUTO_TEST_CASE(one_bit_reconstruction_from_the_previous_call) {
+  for (auto rule : {quantizers::reconstruction::bin_means, quantizers::reconstruction::min_max})
+    for (std::size_t n : {1, 2, 3, 5})
+      for (route_kind route : {route_kind::direct, route_kind::shuffled_ring}) {
+        const auto make = [rule](rank_t) {
+          return quantizers::one_bit({.group_size = 64, .reconstruction = rule,
+                                      .reconstruction_from = quantizers::reconstruction_source::previous});
+        };
+        check_against_model<quantizers::one_bit>(n, 1500, 4, make, {.route = route, .op = reduce_op::avg, .chunk_values = 256});
+        check_against_model<quantizers::one_bit>(
+            n, 1500, 3, make, {.route = route, .chunk_values = 256, .tensors = {700, 3, 797}, .momentum = true});
+      }
+}
+
 BOOST_AUTO_TEST_CASE(results_do_not_depend_on_chunks_or_route) {
   const std::size_t n = 4, count = 50000;
   const auto inputs = random_calls<float>(2, n, count, 99);
@@ -1027,17 +1062,138 @@ BOOST_AUTO_TEST_CASE(a_failed_call_leaves_the_owners_state_as_it_was) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(adaptive)
+
+/// Runs `calls` calls of an adaptive_allreduce over one_bit on n ranks (inputs from
+/// random_calls, scaled to small integers); returns per rank its outputs, what it
+/// decided and its mass at the end.
+struct adaptive_run {
+  std::vector<std::vector<std::vector<float>>> outputs;  // [rank][call]
+  std::vector<char> decided, compressed;
+  std::vector<std::size_t> chunks;
+  std::vector<std::string> explanations;
+  std::vector<std::vector<float>> mass;
+  std::vector<std::vector<std::vector<float>>> inputs;  // [call][rank]
+};
+
+adaptive_run run_adaptive(std::size_t n, std::size_t count, std::size_t calls, adaptive_allreduce_options options) {
+  adaptive_run run{std::vector<std::vector<std::vector<float>>>(n), std::vector<char>(n), std::vector<char>(n),
+                   std::vector<std::size_t>(n), std::vector<std::string>(n), std::vector<std::vector<float>>(n),
+                   random_calls<float>(calls, n, count, 3)};
+  for (auto& call : run.inputs)
+    for (auto& v : call)
+      for (float& x : v) x = std::round(x * 400.0f);  // small integers: sums are exact in float
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    adaptive_allreduce bucket(comm, count, quantizers::one_bit({.group_size = 64}), options);
+    for (std::size_t c = 0; c < calls; ++c) {
+      std::vector<float> data = run.inputs[c][r];
+      bucket.allreduce(std::span(data), reduce_op::sum);
+      run.outputs[r].push_back(data);
+    }
+    run.decided[r] = bucket.decided();
+    run.compressed[r] = bucket.compressed();
+    run.chunks[r] = bucket.chunk_values();
+    run.explanations[r] = bucket.explanation();
+    run.mass[r].assign(count, 0.0f);
+    bucket.add_residual_mass(std::span(run.mass[r]));
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return run;
+}
+
+// Automatic: undecided during the probes (candidates × rounds calls), then decided,
+// alike on every rank, with an explanation naming every candidate's time; every call's
+// result is bitwise identical across ranks; and no gradient mass is lost to the
+// probing: Σ outputs + Σ ranks' mass = Σ inputs, value by value.
+BOOST_AUTO_TEST_CASE(automatic_probes_then_every_rank_keeps_the_same_choice) {
+  const std::size_t n = 3, count = 5000;
+  const adaptive_allreduce_options options{.probe_rounds = 2, .chunk_candidates = {256, 1024}};
+  const adaptive_run undecided = run_adaptive(n, count, 5, options);  // 3 candidates × 2 rounds = 6 probes
+  for (rank_t r = 0; r < n; ++r) BOOST_TEST(!undecided.decided[r]);
+  // required_speedup decides the outcome whatever the timings: 1e-9, compressed (and one
+  // compressed candidate's residual is carried); 1e9, exact (both are).
+  for (double speedup : {1e-9, 1.2, 1e9}) {
+    BOOST_TEST_CONTEXT("required speedup " << speedup) {
+      const std::size_t calls = 9;
+      adaptive_allreduce_options settings = options;
+      settings.required_speedup = speedup;
+      const adaptive_run run = run_adaptive(n, count, calls, settings);
+      for (rank_t r = 0; r < n; ++r) {
+        BOOST_TEST_INFO("rank " << r << ": " << run.explanations[r]);
+        BOOST_TEST(bool(run.decided[r]));
+        if (speedup != 1.2) BOOST_TEST(bool(run.compressed[r]) == (speedup < 1));
+        BOOST_TEST(run.compressed[r] == run.compressed[0]);
+        BOOST_TEST(run.chunks[r] == run.chunks[0]);
+        BOOST_TEST(run.explanations[r] == run.explanations[0]);
+        BOOST_TEST(run.explanations[r].find("20000 bytes: ") == 0u);
+        for (const char* named : {"exact", "chunk 256", "chunk 1024", "best of 2 timed calls"})
+          BOOST_TEST(run.explanations[r].find(named) != std::string::npos, named);
+        for (std::size_t c = 0; c < calls; ++c) BOOST_TEST(bitwise_equal(run.outputs[r][c], run.outputs[0][c]));
+      }
+      for (std::size_t i = 0; i < count; ++i) {
+        double inputs = 0, kept = 0;
+        for (std::size_t c = 0; c < calls; ++c)
+          for (rank_t r = 0; r < n; ++r) inputs += run.inputs[c][r][i];
+        for (std::size_t c = 0; c < calls; ++c) kept += run.outputs[0][c][i];
+        for (rank_t r = 0; r < n; ++r) kept += run.mass[r][i];
+        if (std::abs(kept - inputs) > 1e-3 * (1.0 + std::abs(inputs))) {
+          BOOST_TEST(kept == inputs, "value " << i << " lost mass");
+          break;
+        }
+      }
+    }
+  }
+}
+
+// Forced, by the options or by QCOLL_COMPRESSION (which wins): decided from the first
+// call, and the results are the exact allreduce's or the compressed plan's bits.
+BOOST_AUTO_TEST_CASE(the_choice_can_be_forced) {
+  const std::size_t n = 2, count = 3000, calls = 3;
+  const adaptive_run exact = run_adaptive(n, count, calls, {.choice = compression_choice::exact});
+  const adaptive_run compressed = run_adaptive(n, count, calls, {.choice = compression_choice::compressed});
+  BOOST_TEST(exact.explanations[0] == "12000 bytes: exact (set by the options)");
+  BOOST_TEST(compressed.explanations[0] == "12000 bytes: compressed (one_bit, chunk 262144) (set by the options)");
+  const auto plain = run_calls<quantizers::one_bit>(compressed.inputs, [](rank_t) { return one_bit_with(64); }, {});
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST(!exact.compressed[r]);
+    BOOST_TEST(bool(compressed.compressed[r]));
+    for (std::size_t c = 0; c < calls; ++c) {
+      std::vector<float> sum(count);
+      for (rank_t q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < count; ++i) sum[i] += exact.inputs[c][q][i];
+      BOOST_TEST(exact.outputs[r][c] == sum);  // by value: a sum of -0s may be -0 or +0
+      BOOST_TEST(bitwise_equal(compressed.outputs[r][c], plain[r].outputs[c]));
+    }
+  }
+  ::setenv("QCOLL_COMPRESSION", "exact", 1);
+  const adaptive_run by_environment = run_adaptive(n, count, 1, {.choice = compression_choice::compressed});
+  ::setenv("QCOLL_COMPRESSION", "sometimes", 1);
+  BOOST_CHECK_EXCEPTION(compression_choice_from_environment(), qcoll::error, [](const qcoll::error& e) {
+    return e.code() == errc::invalid_argument && std::string(e.what()).find("QCOLL_COMPRESSION") != std::string::npos;
+  });
+  ::unsetenv("QCOLL_COMPRESSION");
+  BOOST_TEST(by_environment.explanations[0] == "12000 bytes: exact (set by QCOLL_COMPRESSION)");
+  BOOST_TEST(!by_environment.compressed[0]);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(compressed_failures)
 
 using plan_type = compressed_allreduce_plan<quantizers::one_bit>;
 
 /// Plans made on the main thread, so they outlive the worlds the calls run in.
 template <class Topology>
-std::vector<std::unique_ptr<plan_type>> make_plans(std::size_t n, std::size_t count, const Topology& topology) {
+std::vector<std::unique_ptr<plan_type>> make_plans(std::size_t n, std::size_t count, const Topology& topology,
+                                                   quantizers::reconstruction_source from) {
   std::vector<std::unique_ptr<plan_type>> plans;
   for (rank_t r = 0; r < n; ++r)
-    plans.push_back(std::make_unique<plan_type>(r, topology, count, quantizers::one_bit({.group_size = 128}),
-                                                compressed_allreduce_options{.chunk_values = 256}));
+    plans.push_back(std::make_unique<plan_type>(
+        r, topology, count, quantizers::one_bit({.group_size = 128, .reconstruction_from = from}),
+        compressed_allreduce_options{.chunk_values = 256}));
   return plans;
 }
 
@@ -1076,13 +1232,15 @@ std::vector<float> server_of(const plan_type& p) { return {p.server_residual().b
 
 // A link fails at a chosen send of the second call, on either route: every rank
 // fails with peer_lost, every plan's residuals are exactly as after the first call,
-// and repeating the call on a new world gives the bits of a run that never failed.
+// and repeating the call on a new world gives the bits of a run that never failed —
+// also with reconstruction values from the previous call, whose memory must roll
+// back with the residuals.
 template <class Topology>
-void check_failure_atomicity(const Topology& topology) {
+void check_failure_atomicity(const Topology& topology, quantizers::reconstruction_source from) {
   const std::size_t n = topology.size(), count = 3000;
   const auto inputs = random_calls<float>(2, n, count, 17);
 
-  auto clean = make_plans(n, count, topology);
+  auto clean = make_plans(n, count, topology, from);
   call_once(clean, topology, inputs[0]);
   const world_outcome reference = call_once(clean, topology, inputs[1]);
 
@@ -1090,7 +1248,7 @@ void check_failure_atomicity(const Topology& topology) {
     const std::size_t sends = reference.sends[victim];
     for (std::size_t fail_at : {std::size_t{0}, sends / 2, sends - 1}) {
       BOOST_TEST_CONTEXT("victim " << victim << " fails send " << fail_at << " of " << sends) {
-        auto plans = make_plans(n, count, topology);
+        auto plans = make_plans(n, count, topology, from);
         call_once(plans, topology, inputs[0]);
         std::vector<std::vector<float>> worker, server;
         for (auto& p : plans) {
@@ -1124,6 +1282,12 @@ void check_failure_atomicity(const Topology& topology) {
       }
     }
   }
+}
+
+template <class Topology>
+void check_failure_atomicity(const Topology& topology) {
+  for (auto from : {quantizers::reconstruction_source::current, quantizers::reconstruction_source::previous})
+    BOOST_TEST_CONTEXT("reconstruction from " << int(from)) { check_failure_atomicity(topology, from); }
 }
 
 BOOST_AUTO_TEST_CASE(a_failed_call_leaves_the_residuals_as_they_were_direct) {
@@ -1552,6 +1716,45 @@ BOOST_AUTO_TEST_CASE(the_grid_plan_takes_16_bit_buffers_too) {
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   for (rank_t r = 0; r < 4; ++r) BOOST_TEST(got[r] == expected[r], "rank " << r);
+}
+
+// The grid plan keeps the quantizer's memory too (one part per encode): with the
+// reconstruction values of the previous call, its first call is the current-source
+// plan's (a fresh memory), later ones are not; all ranks agree bit for bit, and
+// reset_residuals() forgets the memory.
+BOOST_AUTO_TEST_CASE(the_grid_plan_keeps_the_quantizers_memory) {
+  const auto routing = topologies::route_grid(topologies::torus({2, 2}));
+  const std::size_t count = 2001;
+  std::vector<std::vector<std::vector<float>>> previous(4), current(4);
+  auto errors = transports::inproc::run_ranks(4, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint));
+    const rank_t r = comm.rank();
+    grid_allreduce_plan<quantizers::one_bit> remembering(
+        comm, routing, count,
+        quantizers::one_bit({.group_size = 64, .reconstruction_from = quantizers::reconstruction_source::previous}));
+    grid_allreduce_plan<quantizers::one_bit> plain(comm, routing, count, quantizers::one_bit({.group_size = 64}));
+    for (std::size_t c = 0; c < 4; ++c) {
+      if (c == 3) {
+        remembering.reset_residuals();
+        plain.reset_residuals();
+      }
+      const auto values = random_calls<float>(1, 4, count, 40 + c);
+      std::vector<float> a = values[0][r], b = values[0][r];
+      comm.allreduce(remembering, std::span(a), reduce_op::sum);
+      comm.allreduce(plain, std::span(b), reduce_op::sum);
+      previous[r].push_back(a);
+      current[r].push_back(b);
+    }
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (rank_t r = 0; r < 4; ++r) {
+    for (std::size_t c = 0; c < 4; ++c) BOOST_TEST(bitwise_equal(previous[r][c], previous[0][c]));
+    BOOST_TEST(bitwise_equal(previous[r][0], current[r][0]));
+    BOOST_TEST(!bitwise_equal(previous[r][1], current[r][1]));
+    BOOST_TEST(!bitwise_equal(previous[r][2], current[r][2]));
+    BOOST_TEST(bitwise_equal(previous[r][3], current[r][3]));  // after reset_residuals: fresh again
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -178,30 +178,44 @@ BOOST_AUTO_TEST_CASE(every_simd_backend_matches_the_reference_bit_for_bit) {
     for (const auto& options : all_one_bit_options(group))
       for (std::size_t n : test::boundary_counts(group))
         for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(n + group)))
-          for (bool feedback : {false, true}) {
+          for (int feedback_and_memory : {0, 1, 2, 3}) {
+            // 0: no feedback; 1: feedback; 2: and a fresh memory (NaN: none yet); 3: and a
+            // memory of previous tables, one of them NaN (that group uses its own).
+            const bool feedback = feedback_and_memory >= 1;
             const auto layout = quantizers::wire::one_bit_layout(group);
             std::vector<float> residual0(feedback ? n : 0);
             for (std::size_t i = 0; i < residual0.size(); ++i) residual0[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
-            std::vector<float> expected_residual = residual0;
+            const std::size_t groups = (n + group - 1) / group;
+            std::vector<float> memory0(feedback_and_memory >= 2 ? 2 * groups : 0,
+                                       std::numeric_limits<float>::quiet_NaN());
+            for (std::size_t k = 0; feedback_and_memory == 3 && k < groups; ++k)
+              if (k % 3 != 1) {
+                memory0[2 * k] = -0.5f + 0.1f * static_cast<float>(k);
+                memory0[2 * k + 1] = 0.7f - 0.05f * static_cast<float>(k);
+              }
+            std::vector<float> expected_residual = residual0, expected_memory = memory0;
             std::vector<std::byte> expected(layout.payload_bytes(n));
-            reference.one_bit_encode(options, input.values, expected_residual, expected_residual, expected.data());
+            reference.one_bit_encode(options, input.values, expected_residual, expected_residual, expected_memory,
+                                     expected_memory, expected.data());
             std::vector<float> base(n, 0.5f), expected_decoded(n), expected_accumulated = base;
             reference.one_bit_decode(options, expected.data(), expected_decoded, false);
             reference.one_bit_decode(options, expected.data(), expected_accumulated, true);
             for (const auto* backend : backends) {
-              std::vector<float> residual = residual0;
+              std::vector<float> residual = residual0, memory = memory0;
               std::vector<std::byte> records(expected.size());
-              backend->one_bit_encode(options, input.values, residual, residual, records.data());
+              backend->one_bit_encode(options, input.values, residual, residual, memory, memory, records.data());
               std::vector<float> decoded(n), accumulated = base;
               backend->one_bit_decode(options, expected.data(), decoded, false);
               backend->one_bit_decode(options, expected.data(), accumulated, true);
               const bool same = test::same_bytes(records, expected) && test::same_bits(residual, expected_residual) &&
+                                test::same_bits(memory, expected_memory) &&
                                 test::same_bits(decoded, expected_decoded) &&
                                 test::same_bits(accumulated, expected_accumulated);
               BOOST_TEST_REQUIRE(same, backend->name << " differs: " << input.name << ", n = " << n << ", group = "
                                                      << group << ", mean threshold = "
                                                      << int(options.threshold) << ", min_max = "
-                                                     << int(options.reconstruction) << ", feedback = " << feedback);
+                                                     << int(options.reconstruction)
+                                                     << ", feedback and memory = " << feedback_and_memory);
               ++compared;
             }
           }
@@ -222,10 +236,10 @@ BOOST_AUTO_TEST_CASE(split_residuals_give_the_in_place_frame_and_residual_on_eve
               const bool same = split_matches_in_place(
                   residual0, payload,
                   [&](std::span<float> residual, std::span<std::byte> records) {
-                    backend->one_bit_encode(options, input.values, residual, residual, records.data());
+                    backend->one_bit_encode(options, input.values, residual, residual, {}, {}, records.data());
                   },
                   [&](std::span<const float> residual_in, std::span<float> residual_out, std::span<std::byte> records) {
-                    backend->one_bit_encode(options, input.values, residual_in, residual_out, records.data());
+                    backend->one_bit_encode(options, input.values, residual_in, residual_out, {}, {}, records.data());
                   });
               BOOST_TEST_REQUIRE(same, backend->name << ": " << input.name << ", n = " << n << ", group = " << group
                                                      << ", mean threshold = " << int(options.threshold)
@@ -289,6 +303,77 @@ BOOST_AUTO_TEST_CASE(a_value_at_the_threshold_goes_to_bin_one_and_an_empty_bin_d
   BOOST_TEST(table[0] == 0.0f);  // empty bin 0
   BOOST_TEST(table[1] == -3.0f);
   BOOST_TEST(std::to_integer<unsigned>(frame[24 + 8]) == 0xffu);  // all at the mean: bin 1
+}
+
+// reconstruction_from = previous (the seed's eqs. 13–15): a group goes out with the
+// table its values had at the previous encode; the first encode (memory of NaN) and
+// the encodes without a memory use the current table; the memory then holds this
+// encode's table; the residual is what was fed minus what the sent table decodes to.
+BOOST_AUTO_TEST_CASE(reconstruction_from_the_previous_encode) {
+  for (auto rule : {quantizers::reconstruction::bin_means, quantizers::reconstruction::min_max}) {
+    BOOST_TEST_CONTEXT("min_max = " << int(rule)) {
+      const one_bit q({.group_size = 8, .reconstruction = rule,
+                       .reconstruction_from = quantizers::reconstruction_source::previous});
+      const one_bit now({.group_size = 8, .reconstruction = rule});
+      BOOST_TEST(q.memory_size(12) == 4u);  // two groups (the second partial), two values each
+      BOOST_TEST(now.memory_size(12) == 0u);
+      // The table a group's values give: bin means, or the minimum and maximum.
+      auto table_of = [&](std::span<const float> v) {
+        float s0 = 0, s1 = 0, lo = v[0], hi = v[0];
+        std::size_t n0 = 0, n1 = 0;
+        for (float x : v) {
+          (x >= 0 ? s1 : s0) += x;
+          ++(x >= 0 ? n1 : n0);
+          lo = std::min(lo, x);
+          hi = std::max(hi, x);
+        }
+        if (rule == quantizers::reconstruction::min_max) return std::pair{n0 ? lo : 0.0f, n1 ? hi : 0.0f};
+        return std::pair{n0 ? s0 / float(n0) : 0.0f, n1 ? s1 / float(n1) : 0.0f};
+      };
+      const std::vector<float> first{-1, -3, 2, 4, -2, 6, 0.5f, -0.5f, 1, -1, 3, -3};
+      const std::vector<float> second{-0.25f, 0.75f, -1.75f, 2.5f, 0.5f, -0.5f, 1.5f, -2.5f, 0.25f, -0.75f, 1, -1};
+      std::vector<float> memory(4, std::numeric_limits<float>::quiet_NaN()), residual(12, 0.0f);
+      std::vector<std::byte> frame(q.encoded_size(12));
+      std::vector<float> out(12);
+      q.encode(first, residual, residual, memory, memory, frame);
+      BOOST_TEST(!q.decode(frame, out));
+      std::vector<float> expected_out(12), expected_memory;
+      for (std::size_t k = 0; k < 2; ++k) {
+        const auto group = std::span(first).subspan(8 * k, k == 0 ? 8 : 4);
+        const auto [zero, one] = table_of(group);
+        expected_memory.insert(expected_memory.end(), {zero, one});
+        for (std::size_t i = 0; i < group.size(); ++i) expected_out[8 * k + i] = group[i] >= 0 ? one : zero;
+      }
+      BOOST_TEST(out == expected_out, boost::test_tools::per_element());  // the first encode: its own table
+      BOOST_TEST(memory == expected_memory, boost::test_tools::per_element());
+      std::vector<float> fed(12);
+      for (std::size_t i = 0; i < 12; ++i) fed[i] = second[i] + residual[i];
+      const std::vector<float> kept = memory, residual_before = residual;
+      q.encode(second, residual, residual, memory, memory, frame);
+      BOOST_TEST(!q.decode(frame, out));
+      for (std::size_t i = 0; i < 12; ++i) {
+        const std::size_t k = i / 8;
+        const float sent = fed[i] >= 0 ? kept[2 * k + 1] : kept[2 * k];  // the first encode's table
+        BOOST_TEST(out[i] == sent, "value " << i);
+        BOOST_TEST(residual[i] == fed[i] - sent, "value " << i);
+      }
+      for (std::size_t k = 0; k < 2; ++k) {
+        const auto [zero, one] = table_of(std::span<const float>(fed).subspan(8 * k, k == 0 ? 8 : 4));
+        BOOST_TEST(memory[2 * k] == zero);  // now the second encode's own table
+        BOOST_TEST(memory[2 * k + 1] == one);
+      }
+      // Without a memory: the current table, the frame of reconstruction_from = current.
+      std::vector<float> r1 = residual_before, r2 = residual_before;
+      std::vector<std::byte> a(q.encoded_size(12)), b(now.encoded_size(12));
+      q.encode(second, r1, a);
+      now.encode(second, r2, b);
+      BOOST_TEST(test::same_bytes(a, b));
+      BOOST_TEST(test::same_bits(r1, r2));
+      // Memories of the wrong size are refused.
+      std::vector<float> short_memory(2);
+      BOOST_CHECK_THROW(q.encode(second, residual, residual, short_memory, short_memory, frame), qcoll::error);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(encodes_2048_values_31_times_smaller_than_float32) {

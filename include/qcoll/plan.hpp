@@ -164,10 +164,12 @@ class plan_handle : public detail::call_handle {
   /// call (state_per_value() values per value, interleaved; empty without a rule).
   std::span<const residual_type> owner_state() const noexcept { return state_.owner_state[state_.committed]; }
 
-  /// Forgets every residual (say, after the model was reloaded); the owner's state stays.
+  /// Forgets every residual (say, after the model was reloaded), and the quantizer's
+  /// memory of previous encodes if it keeps one; the owner's update-rule state stays.
   void reset_residuals() {
     require_idle("reset_residuals");
     for (auto& r : state_.residual) std::fill(r.begin(), r.end(), residual_type{});
+    state_.forget_memory();
     can_roll_back_ = false;
   }
 

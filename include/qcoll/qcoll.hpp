@@ -8,6 +8,7 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/partition.hpp>
+#include <qcoll/adaptive_allreduce.hpp>
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/grid_allreduce.hpp>

@@ -258,7 +258,8 @@ class compressed_schedule_builder {
 
   /// Encodes chunk c of stripe j of the input with the worker residual.
   void encode_contribution(std::size_t j, std::size_t c) {
-    for (const auto& p : layout_.pieces(j, c)) s_.encode(p.values, true, p.values.offset, 0, frame_of(contribution(j, c), p));
+    for (const auto& p : layout_.pieces(j, c))
+      s_.encode(p.values, true, p.values.offset, 0, frame_of(contribution(j, c), p));
   }
   /// Decodes the message `chunk` from `from`, chunk c of stripe j, into the output.
   void decode_chunk(frame_slice chunk, rank_t from, std::size_t j, std::size_t c, bool accumulate) {

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -77,6 +78,7 @@ struct schedule_step {
   frame_slice frame{};
   std::size_t residual_offset = 0;  ///< encode: where its part of the residual starts (update: of the owner's state)
   std::size_t sequence = 0;         ///< encode: its index in the call's stochastic-rounding sequence
+  std::size_t memory_offset = 0;    ///< encode: where its part of the quantizer's memory starts (if it keeps one)
   std::size_t request = 0;          ///< post_receive, send, complete_*: the request slot
 };
 
@@ -88,6 +90,7 @@ struct quantized_schedule {
   std::size_t buffer_bytes[3] = {0, 0, 0};  ///< by frame_buffer
   std::size_t residual_values = 0;          ///< values of residual the encodes use
   std::size_t owner_state_values = 0;       ///< values of state the update steps use
+  std::size_t memory_values = 0;            ///< values of quantizer memory the encodes use (remembers_between_encodes)
   std::size_t requests = 0;                 ///< request slots the steps name
   /// Encode i of call c draws its stochastic rounding at sequence c · stride + i.
   std::size_t sequence_stride = 1;
@@ -125,6 +128,18 @@ struct quantized_schedule {
               frame_slice frame) {
     steps.push_back({.verb = step_verb::encode, .from_input = from_input, .values = values, .frame = frame,
                      .residual_offset = residual_offset, .sequence = sequence});
+  }
+
+  /// Gives every encode a part of its own of the quantizer's memory, in step order:
+  /// memory_size(n) values for an encode of n values (encode_memory_size).
+  template <class MemorySize>
+  void give_encodes_memory(MemorySize&& memory_size) {
+    memory_values = 0;
+    for (schedule_step& s : steps)
+      if (s.verb == step_verb::encode) {
+        s.memory_offset = memory_values;
+        memory_values += memory_size(s.values.size);
+      }
   }
   void send(std::size_t request, rank_t to, transports::tag_t tag, frame_slice frame) {
     steps.push_back({.verb = step_verb::send, .tag = tag, .peer = to, .frame = frame, .request = request});
@@ -200,19 +215,28 @@ struct quantized_state {
   // The owner's state is kept the same way, under the same index.
   std::vector<value_type> residual[2];
   std::vector<value_type> owner_state[2];
+  std::vector<value_type> memory[2];  // the quantizer's, if it remembers between encodes
   unsigned committed = 0;
   std::uint64_t calls = 0;  // successful calls: keys stochastic rounding
   std::vector<std::byte> buffers[3];
   call_statistics last_call{};
 
-  /// Sizes the residuals and buffers for `schedule` (residuals start at zero).
+  /// Sizes the residuals, the memory and the buffers for `schedule` (residuals start
+  /// at zero); gives its encodes their memory.
   void install(quantized_schedule compiled) {
     schedule = std::move(compiled);
+    schedule.give_encodes_memory([&](std::size_t n) { return encode_memory_size(quantizer, n); });
     for (auto& r : residual) r.assign(Q::keeps_residual ? schedule.residual_values : 0, value_type{});
     for (auto& o : owner_state) o.assign(schedule.owner_state_values, value_type{});
+    forget_memory();
     for (int b = 0; b < 3; ++b) buffers[b].assign(schedule.buffer_bytes[b], std::byte{});
     committed = 0;
     calls = 0;
+  }
+
+  /// A fresh quantizer memory: NaN, which the quantizer reads as "none yet".
+  void forget_memory() {
+    for (auto& m : memory) m.assign(schedule.memory_values, std::numeric_limits<value_type>::quiet_NaN());
   }
 
   std::span<std::byte> frame(const frame_slice& f) noexcept {
@@ -237,8 +261,9 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q>& state,
     switch (s.verb) {
       case step_verb::post_receive: step.post_recv(requests[s.request], s.peer, s.tag, state.frame(s.frame)); break;
       case step_verb::encode:
-        staged_encode(state.quantizer, s.from_input ? in.of(s.values) : std::span<const T>(out.of(s.values)), state.residual,
-                      state.committed, {s.residual_offset, s.values.size}, state.frame(s.frame),
+        staged_encode(state.quantizer, s.from_input ? in.of(s.values) : std::span<const T>(out.of(s.values)),
+                      state.residual, state.memory, state.committed, {s.residual_offset, s.values.size},
+                      s.memory_offset, state.frame(s.frame),
                       {state.calls * schedule.sequence_stride + s.sequence, s.values.offset});
         break;
       case step_verb::send:

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 namespace qcoll {
@@ -50,7 +51,10 @@ template <std::floating_point T>
 class owner_update {
  public:
   owner_update() = default;
-  template <owner_update_rule<T> Rule>
+  // Not for owner_update itself (checked first: asking whether it is a rule while
+  // deciding how to copy it would recurse).
+  template <class Rule>
+    requires(!std::same_as<std::remove_cvref_t<Rule>, owner_update> && owner_update_rule<Rule, T>)
   owner_update(Rule rule)  // NOLINT: implicit, so a rule can be passed where an owner_update is expected
       : state_per_value_(rule.state_per_value()), rule_(std::move(rule)) {}
 

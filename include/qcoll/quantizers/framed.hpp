@@ -59,6 +59,25 @@ class framed {
   /// or when the residuals partly overlap.
   void encode(std::span<const T> in, std::span<const T> residual_in, std::span<T> residual_out,
               std::span<std::byte> encoded, encode_position position = {}) const {
+    std::byte* records = start_frame(in, residual_in, residual_out, encoded);
+    self().encode_records(in, residual_in, residual_out, position, records);
+  }
+
+  /// out = the decoded frame. On error `out` is untouched.
+  std::error_code decode(std::span<const std::byte> frame, std::span<T> out) const noexcept {
+    return decode_into(frame, out, false);
+  }
+
+  /// out += the decoded frame, the fused step of a reduction. On error `out` is untouched.
+  std::error_code decode_accumulate(std::span<const std::byte> frame, std::span<T> out) const noexcept {
+    return decode_into(frame, out, true);
+  }
+
+ protected:
+  /// Checks an encode's arguments, writes the frame header and returns where the
+  /// records go.
+  std::byte* start_frame(std::span<const T> in, std::span<const T> residual_in, std::span<T> residual_out,
+                         std::span<std::byte> encoded) const {
     if (residual_in.size() != residual_out.size() || (!residual_in.empty() && residual_in.size() != in.size()))
       qcoll::detail::throw_error(errc::invalid_argument,
                                  "{}::encode: the residuals hold {} and {} values for {} inputs", Derived::name,
@@ -73,17 +92,7 @@ class framed {
     wire::frame_header header = self().header();
     header.count = in.size();
     wire::write_header(header, encoded);
-    self().encode_records(in, residual_in, residual_out, position, encoded.data() + wire::header_size);
-  }
-
-  /// out = the decoded frame. On error `out` is untouched.
-  std::error_code decode(std::span<const std::byte> frame, std::span<T> out) const noexcept {
-    return decode_into(frame, out, false);
-  }
-
-  /// out += the decoded frame, the fused step of a reduction. On error `out` is untouched.
-  std::error_code decode_accumulate(std::span<const std::byte> frame, std::span<T> out) const noexcept {
-    return decode_into(frame, out, true);
+    return encoded.data() + wire::header_size;
   }
 
  private:

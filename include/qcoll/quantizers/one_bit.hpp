@@ -8,6 +8,14 @@
 /// in each bin (default; an empty bin gives 0) or the group's min and max. At
 /// G = 2048 a group takes 2048 bits + 64 bits, 31.0× smaller than float32.
 ///
+/// @par Reconstruction from the previous encode
+/// With reconstruction_from = previous (the seed's eqs. 13–15 take the statistics of
+/// "the previous minibatch"), a group is sent with the table its own values had at
+/// the previous encode of the same group, so the encode needs a memory of
+/// memory_size(n) values kept between calls (encode with memory_in, memory_out; a
+/// plan keeps it). Without a memory (the encodes without one), or on the first
+/// encode (memory of NaN), or after a non-finite group, the current table is used.
+///
 /// @par Record of a group of g values
 /// [bin 0 value: f32][bin 1 value: f32][ceil(g/8) bytes, value i at bit i%8 of byte i/8]
 ///
@@ -36,6 +44,31 @@ class one_bit : public detail::framed<one_bit, float> {
   }
 
   constexpr double bits_per_value() const noexcept { return 1.0; }
+
+  /// Values of reconstruction memory an encode of n values keeps between calls: two
+  /// per group with reconstruction_from = previous, else 0. A fresh memory is NaN.
+  std::size_t memory_size(std::size_t n) const noexcept {
+    if (options_.reconstruction_from != reconstruction_source::previous) return 0;
+    return (n + options_.group_size - 1) / options_.group_size * one_bit_memory_per_group;
+  }
+
+  /// The encode with error feedback (as framed::encode) that also reads the groups'
+  /// previous tables from memory_in and writes this encode's to memory_out (both
+  /// memory_size(in.size()) values, or both empty: the current tables; the same range
+  /// or disjoint).
+  /// @par Errors
+  /// qcoll::error (invalid_argument) for wrong sizes, as the encode without memory.
+  void encode(std::span<const float> in, std::span<const float> residual_in, std::span<float> residual_out,
+              std::span<const float> memory_in, std::span<float> memory_out, std::span<std::byte> encoded,
+              encode_position = {}) const {
+    if (memory_in.size() != memory_out.size() || (!memory_in.empty() && memory_in.size() != memory_size(in.size())))
+      qcoll::detail::throw_error(errc::invalid_argument, "one_bit::encode: the memories hold {} and {} values for {}",
+                                 memory_in.size(), memory_out.size(), memory_size(in.size()));
+    std::byte* records = start_frame(in, residual_in, residual_out, encoded);
+    kernels::cpu::active_kernels().one_bit_encode(options_, in, residual_in, residual_out, memory_in, memory_out,
+                                                  records);
+  }
+  using framed::encode;
   std::size_t group_size() const noexcept { return options_.group_size; }
   const one_bit_options& options() const noexcept { return options_; }
 
@@ -54,7 +87,7 @@ class one_bit : public detail::framed<one_bit, float> {
   }
   void encode_records(std::span<const float> in, std::span<const float> residual_in,
                       std::span<float> residual_out, encode_position, std::byte* records) const noexcept {
-    kernels::cpu::active_kernels().one_bit_encode(options_, in, residual_in, residual_out, records);
+    kernels::cpu::active_kernels().one_bit_encode(options_, in, residual_in, residual_out, {}, {}, records);
   }
   /// Any bits and any reconstruction values are a valid group; only the padding
   /// bits after the last value must be zero.

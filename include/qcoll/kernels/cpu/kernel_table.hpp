@@ -23,7 +23,7 @@ struct kernel_table {
 
   void (*one_bit_encode)(const quantizers::one_bit_options&, std::span<const float> in,
                          std::span<const float> residual_in, std::span<float> residual_out,
-                         std::byte* records) noexcept;
+                         std::span<const float> memory_in, std::span<float> memory_out, std::byte* records) noexcept;
   void (*one_bit_decode)(const quantizers::one_bit_options&, const std::byte* records, std::span<float> out,
                          bool accumulate) noexcept;
 

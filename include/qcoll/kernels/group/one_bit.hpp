@@ -164,17 +164,36 @@ inline void decode_values(const std::byte* bits, std::size_t from, std::size_t t
 //   void decode_group(const std::byte* bits, std::size_t g, float zero, float one, float* y, bool accumulate)
 //     decode_values(bits, 0, g, …).
 
+/// The seed's variant (reconstruction_source::previous; a memory of
+/// quantizers::one_bit_memory_per_group values per group, {NaN, NaN} when there is
+/// none yet): the group is sent with the
+/// table its values had at the previous encode (memory_in) when there is one, and
+/// this encode's own table becomes the memory (memory_out). Returns the table sent.
+inline table use_previous(const table& current, const float* memory_in, float* memory_out,
+                          std::byte* record) noexcept {
+  const table previous{memory_in[0], memory_in[1], false};  // read before memory_out may overwrite it
+  memory_out[0] = current.zero;
+  memory_out[1] = current.one;
+  if (current.nonfinite || !is_finite(previous.zero) || !is_finite(previous.one)) return current;
+  store(record, previous.zero);
+  store(record + sizeof(float), previous.one);
+  return previous;
+}
+
 /// Encodes one group of g values into its record; residual_in and residual_out:
-/// both null, the same array, or disjoint.
+/// both null, the same array, or disjoint; memory_in and memory_out: both null
+/// (reconstruction from the current values) or memory_per_group values each, the
+/// same or disjoint.
 template <class Kernels>
 QCOLL_KERNEL_INLINE void encode_group(const quantizers::one_bit_options& options, const float* x,
-                                      const float* residual_in, float* residual_out, std::size_t g,
-                                      std::byte* record) noexcept {
+                                      const float* residual_in, float* residual_out, const float* memory_in,
+                                      float* memory_out, std::size_t g, std::byte* record) noexcept {
   float threshold = 0;
   if (options.threshold == quantizers::threshold::group_mean) {
     const float total = fold_lanes(Kernels::sum(x, residual_in, g));
     if (!is_finite(total) && has_nonfinite(x, residual_in, g)) {
       keep_residual(residual_in, residual_out, g);
+      if (memory_out) use_previous(nonfinite_table, memory_in, memory_out, record);
       return store_nonfinite(record, g);
     }
     threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual_in, g);
@@ -182,22 +201,30 @@ QCOLL_KERNEL_INLINE void encode_group(const quantizers::one_bit_options& options
   lane_sums sum0{}, sum1{};
   bin_statistics stats;
   Kernels::classify(options, x, residual_in, g, threshold, record + 2 * sizeof(float), sum0, sum1, stats);
-  const table values = store_table(options, stats, sum0, sum1, threshold, x, residual_in, g, record);
+  table values = store_table(options, stats, sum0, sum1, threshold, x, residual_in, g, record);
+  if (memory_out) values = use_previous(values, memory_in, memory_out, record);
   if (values.nonfinite) return keep_residual(residual_in, residual_out, g);
   if (residual_out) Kernels::update_residual(x, residual_in, residual_out, g, threshold, values);
 }
 
 /// Encodes in.size() values into the records of a frame (header excluded).
 /// The residuals are both empty (no error feedback) or both as long as `in`, and
-/// either the same range or disjoint.
+/// either the same range or disjoint. The memories are both empty (reconstruction
+/// from the current values) or both memory_per_group values per group, the same
+/// range or disjoint.
 template <class Kernels>
 void encode(const quantizers::one_bit_options& options, std::span<const float> in,
-            std::span<const float> residual_in, std::span<float> residual_out, std::byte* records) noexcept {
+            std::span<const float> residual_in, std::span<float> residual_out, std::span<const float> memory_in,
+            std::span<float> memory_out, std::byte* records) noexcept {
   const bool feedback = !residual_out.empty();
+  const bool remembers = !memory_out.empty();
   for_each_group(layout(options.group_size), in.size(), records,
                  [&](std::size_t first, std::size_t g, std::byte* record) {
+                   const std::size_t group = first / options.group_size * quantizers::one_bit_memory_per_group;
                    encode_group<Kernels>(options, in.data() + first, feedback ? residual_in.data() + first : nullptr,
-                                         feedback ? residual_out.data() + first : nullptr, g, record);
+                                         feedback ? residual_out.data() + first : nullptr,
+                                         remembers ? memory_in.data() + group : nullptr,
+                                         remembers ? memory_out.data() + group : nullptr, g, record);
                  });
 }
 

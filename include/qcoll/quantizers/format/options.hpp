@@ -22,11 +22,25 @@ enum class reconstruction : std::uint8_t {
   min_max = 1,    ///< the group's minimum for bin 0, its maximum for bin 1
 };
 
+/// one_bit: whose statistics the reconstruction values are taken from.
+enum class reconstruction_source : std::uint8_t {
+  current = 0,   ///< the values being encoded (qcoll's default: least error for these bits)
+  previous = 1,  ///< the same group's values at the previous encode (the seed's "previous minibatch")
+};
+
+/// one_bit with reconstruction_source::previous: values of memory per group (its
+/// table at the last encode).
+inline constexpr std::size_t one_bit_memory_per_group = 2;
+
 struct one_bit_options {
   /// Values per group ("column"); a multiple of 8 (whole bytes of bits), at most 2^24.
   std::size_t group_size = 2048;
   quantizers::threshold threshold = threshold::zero;
   quantizers::reconstruction reconstruction = reconstruction::bin_means;
+  /// `previous` needs a memory of two values per group kept between encodes (a plan
+  /// keeps it with the residuals); the first encode, and one after a non-finite
+  /// group, use the current values. Frames do not record it: decoding is the same.
+  quantizers::reconstruction_source reconstruction_from = reconstruction_source::current;
 };
 
 enum class rounding : std::uint8_t {
