@@ -7,12 +7,15 @@
 //   benchmarks/netlab -n 4 --rate 1gbit -- build/examples/compression_choice   # 1 Gbit/s
 //
 // Options: --sizes LIST (bucket sizes in bytes, K/M suffixes; default 4K,64K,1M,16M),
-// --calls N (calls per bucket, default 8: the first 4 are the probes).
+// --calls N (calls per bucket, default 8: the first 4 are the probes), --quantizer
+// one_bit|k_level4|bfp8 (default one_bit).
 // QCOLL_COMPRESSION=exact|compressed overrides the choice; QCOLL_DEBUG=INFO has every
 // rank write it. Exit status: 0, or 2 on errors.
 
 #include <qcoll/adaptive_allreduce.hpp>
 #include <qcoll/communicator.hpp>
+#include <qcoll/quantizers/bfp.hpp>
+#include <qcoll/quantizers/k_level.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 
 #include <fmt/format.h>
@@ -33,6 +36,7 @@ namespace {
 struct settings {
   std::vector<std::size_t> sizes{4 << 10, 64 << 10, 1 << 20, 16 << 20};
   std::size_t calls = 8;
+  std::string quantizer = "one_bit";
 };
 
 std::size_t parse_bytes(std::string_view text) {
@@ -62,6 +66,10 @@ settings parse(int argc, char** argv) {
         s.sizes.push_back(parse_bytes(value.substr(begin, comma - begin)));
         begin = comma + 1;
       }
+    } else if (flag == "--quantizer") {
+      s.quantizer = value;
+      if (s.quantizer != "one_bit" && s.quantizer != "k_level4" && s.quantizer != "bfp8")
+        throw std::invalid_argument(fmt::format("--quantizer is one_bit, k_level4 or bfp8, not '{}'", value));
     } else if (flag == "--calls") {
       char* end = nullptr;
       const std::string text(value);
@@ -75,14 +83,12 @@ settings parse(int argc, char** argv) {
   return s;
 }
 
-template <class Communicator>
-int run(Communicator& comm, const settings& s, std::string_view transport) {
-  if (comm.rank() == 0)
-    fmt::print("{} ranks over {}: per bucket, {} calls of an adaptive allreduce (exact or 1-bit compressed)\n",
-               comm.size(), transport, s.calls);
+/// Every bucket size through an adaptive_allreduce over `quantizer`.
+template <class Communicator, class Quantizer>
+void run_buckets(Communicator& comm, const settings& s, const Quantizer& quantizer) {
   for (const std::size_t bytes : s.sizes) {
     const std::size_t count = bytes / sizeof(float);
-    qcoll::adaptive_allreduce bucket(comm, count, qcoll::quantizers::one_bit{});
+    qcoll::adaptive_allreduce bucket(comm, count, quantizer);
     std::vector<float> gradient(count);
     for (std::size_t call = 0; call < s.calls; ++call) {
       for (std::size_t i = 0; i < count; ++i)  // a gradient-like signal that changes from step to step
@@ -95,6 +101,19 @@ int run(Communicator& comm, const settings& s, std::string_view transport) {
       std::fflush(stdout);
     }
   }
+}
+
+template <class Communicator>
+int run(Communicator& comm, const settings& s, std::string_view transport) {
+  if (comm.rank() == 0)
+    fmt::print("{} ranks over {}: per bucket, {} calls of an adaptive allreduce (exact or compressed by {})\n",
+               comm.size(), transport, s.calls, s.quantizer);
+  if (s.quantizer == "k_level4")
+    run_buckets(comm, s, qcoll::quantizers::k_level(qcoll::quantizers::k_level_options::with_bits(4)));
+  else if (s.quantizer == "bfp8")
+    run_buckets(comm, s, qcoll::quantizers::bfp{});
+  else
+    run_buckets(comm, s, qcoll::quantizers::one_bit{});
   comm.barrier();
   return 0;
 }
