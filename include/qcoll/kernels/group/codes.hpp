@@ -59,12 +59,47 @@ std::size_t unpack_whole_bytes(const std::byte* in, std::span<std::uint32_t> cod
   return bytes * per_byte;
 }
 
+/// Packs codes of Bits < 8 bits eight at a time: eight codes fill exactly Bits bytes,
+/// built in one 64-bit word (the bit string's layout, LSB first) and stored byte by
+/// byte. Returns how many codes it packed (a multiple of 8).
+template <unsigned Bits>
+std::size_t pack_eights(std::span<const std::uint32_t> codes, std::byte* out) noexcept {
+  static_assert(Bits < 8, "eight codes of Bits bits must fit a 64-bit word");
+  constexpr std::uint64_t mask = (std::uint64_t{1} << Bits) - 1;
+  const std::size_t eights = codes.size() / 8;
+  for (std::size_t e = 0; e < eights; ++e) {
+    std::uint64_t word = 0;
+    for (unsigned k = 0; k < 8; ++k) word |= (codes[e * 8 + k] & mask) << (k * Bits);
+    for (unsigned byte = 0; byte < Bits; ++byte) out[e * Bits + byte] = static_cast<std::byte>(word >> (8 * byte));
+  }
+  return eights * 8;
+}
+
+/// The inverse of pack_eights.
+template <unsigned Bits>
+std::size_t unpack_eights(const std::byte* in, std::span<std::uint32_t> codes) noexcept {
+  static_assert(Bits < 8, "eight codes of Bits bits must fit a 64-bit word");
+  constexpr std::uint64_t mask = (std::uint64_t{1} << Bits) - 1;
+  const std::size_t eights = codes.size() / 8;
+  for (std::size_t e = 0; e < eights; ++e) {
+    std::uint64_t word = 0;
+    for (unsigned byte = 0; byte < Bits; ++byte)
+      word |= static_cast<std::uint64_t>(std::to_integer<std::uint8_t>(in[e * Bits + byte])) << (8 * byte);
+    for (unsigned k = 0; k < 8; ++k) codes[e * 8 + k] = static_cast<std::uint32_t>((word >> (k * Bits)) & mask);
+  }
+  return eights * 8;
+}
+
 inline void pack_codes(std::span<const std::uint32_t> codes, unsigned bits, std::byte* out) noexcept {
   std::size_t done = 0;
   switch (bits) {
     case 1: done = pack_whole_bytes<1>(codes, out); break;
     case 2: done = pack_whole_bytes<2>(codes, out); break;
+    case 3: done = pack_eights<3>(codes, out); break;
     case 4: done = pack_whole_bytes<4>(codes, out); break;
+    case 5: done = pack_eights<5>(codes, out); break;
+    case 6: done = pack_eights<6>(codes, out); break;
+    case 7: done = pack_eights<7>(codes, out); break;
     default: break;
   }
   if (done != 0) {  // the rest fills one last byte from its first bit
@@ -105,7 +140,11 @@ inline void unpack_codes(const std::byte* in, unsigned bits, std::span<std::uint
   switch (bits) {
     case 1: done = unpack_whole_bytes<1>(in, codes); break;
     case 2: done = unpack_whole_bytes<2>(in, codes); break;
+    case 3: done = unpack_eights<3>(in, codes); break;
     case 4: done = unpack_whole_bytes<4>(in, codes); break;
+    case 5: done = unpack_eights<5>(in, codes); break;
+    case 6: done = unpack_eights<6>(in, codes); break;
+    case 7: done = unpack_eights<7>(in, codes); break;
     default: break;
   }
   if (done != 0) {
