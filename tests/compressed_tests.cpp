@@ -1150,6 +1150,72 @@ BOOST_AUTO_TEST_CASE(automatic_probes_then_every_rank_keeps_the_same_choice) {
   }
 }
 
+// Started calls (start_allreduce + wait) give the blocking calls' bits, whichever way
+// the choice went, the probes' carried mass included.
+BOOST_AUTO_TEST_CASE(started_calls_give_the_blocking_results) {
+  const std::size_t n = 3, count = 4000, calls = 7;
+  const auto inputs = random_calls<float>(calls, n, count, 21);
+  const std::vector<adaptive_allreduce_options> settings = {
+      {.choice = compression_choice::exact},
+      {.choice = compression_choice::compressed},
+      {.probe_rounds = 1, .required_speedup = 1e-9},  // decides compressed after 2 probes
+      {.probe_rounds = 1, .required_speedup = 1e9}};  // decides exact, carrying the probe's mass
+  for (const adaptive_allreduce_options& options : settings) {
+    BOOST_TEST_CONTEXT("choice " << int(options.choice) << ", speedup " << options.required_speedup) {
+      std::vector<std::vector<std::vector<float>>> blocking(n), started(n);
+      auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+        communicator comm(std::move(endpoint));
+        const rank_t r = comm.rank();
+        adaptive_allreduce a(comm, count, quantizers::one_bit({.group_size = 64}), options);
+        adaptive_allreduce b(comm, count, quantizers::one_bit({.group_size = 64}), options);
+        for (std::size_t c = 0; c < calls; ++c) {
+          std::vector<float> x = inputs[c][r], y = inputs[c][r];
+          a.allreduce(std::span(x), reduce_op::avg);
+          b.start_allreduce(std::span(y), reduce_op::avg);
+          b.wait();
+          blocking[r].push_back(x);
+          started[r].push_back(y);
+        }
+      });
+      for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+      for (rank_t r = 0; r < n; ++r)
+        for (std::size_t c = 0; c < calls; ++c) BOOST_TEST(bitwise_equal(started[r][c], blocking[r][c]), "call " << c);
+    }
+  }
+}
+
+// A call in flight refuses a second one (started or blocking) at once: rank 0 starts,
+// and its peers start only after rank 0 has been refused, so its call cannot finish.
+BOOST_AUTO_TEST_CASE(a_call_in_flight_refuses_another) {
+  for (compression_choice choice : {compression_choice::exact, compression_choice::compressed}) {
+    std::atomic<bool> tried{false};
+    std::vector<int> refusals(2);
+    auto errors = transports::inproc::run_ranks(2, [&](transports::inproc::transport endpoint) {
+      communicator comm(std::move(endpoint));
+      const rank_t r = comm.rank();
+      adaptive_allreduce bucket(comm, 1000, quantizers::one_bit{}, {.choice = choice});
+      std::vector<float> data(1000, 1.0f), other(1000, 1.0f);
+      if (r == 1)
+        while (!tried.load()) std::this_thread::yield();
+      bucket.start_allreduce(std::span(data), reduce_op::sum);
+      if (r == 0) {
+        for (auto attempt : {0, 1}) try {
+            if (attempt == 0) bucket.start_allreduce(std::span(other), reduce_op::sum);
+            else bucket.allreduce(std::span(other), reduce_op::sum);
+          } catch (const qcoll::error& e) {
+            refusals[0] += e.code() == errc::invalid_argument;
+          }
+        tried = true;
+      }
+      bucket.wait();
+    });
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    BOOST_TEST(refusals[0] == 2, "choice " << int(choice));
+  }
+}
+
 // Forced, by the options or by QCOLL_COMPRESSION (which wins): decided from the first
 // call, and the results are the exact allreduce's or the compressed plan's bits.
 BOOST_AUTO_TEST_CASE(the_choice_can_be_forced) {

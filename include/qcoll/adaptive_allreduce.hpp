@@ -27,6 +27,7 @@
 /// options). QCOLL_DEBUG=INFO writes the explanation once, when the choice is made.
 /// docs/compressed-allreduce.md, "Exact or compressed".
 
+#include <qcoll/collective_handle.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
@@ -81,7 +82,8 @@ inline std::optional<compression_choice> compression_choice_from_environment() {
 /// An allreduce of `count` values of Q's type on one rank of `comm` that is exact or
 /// compressed (through Q), whichever measured faster. Every rank must make the same
 /// calls in the same order (as with any collective); the choice is the same on every
-/// rank. Blocking calls only. The communicator must outlive it.
+/// rank. Calls may be started without waiting once the choice is made (the probes
+/// themselves block: they are timed). The communicator must outlive it.
 template <class Communicator, quantizer Q>
 class adaptive_allreduce {
  public:
@@ -150,6 +152,7 @@ class adaptive_allreduce {
     if (in.size() != count_ || out.size() != count_)
       detail::throw_error(errc::invalid_argument, "adaptive_allreduce: {} and {} values for a bucket of {}", in.size(),
                           out.size(), count_);
+    if (in_flight()) detail::throw_error(errc::invalid_argument, "adaptive_allreduce::allreduce: a call is in flight");
     if (!chosen_) return probe(in, out, op);
     if (!carry_.empty()) {  // the probes' leftover residual mass joins this contribution, once
       if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
@@ -162,6 +165,50 @@ class adaptive_allreduce {
   }
   void allreduce(std::span<value_type> data, reduce_op op) {
     allreduce(std::span<const value_type>(data), data, op);
+  }
+
+  /// The same call started on the communicator's progress thread: after the choice,
+  /// it returns at once and wait() finishes it (`in` and `out` untouched until then);
+  /// while probing, it runs the probe to completion before returning (a probe is
+  /// timed), and wait() returns at once.
+  /// @par Errors
+  /// invalid_argument at once for a call still in flight; the call's own errors from
+  /// wait() (a probe's from here).
+  void start_allreduce(std::span<const value_type> in, std::span<value_type> out, reduce_op op) {
+    if (in_flight())
+      detail::throw_error(errc::invalid_argument, "adaptive_allreduce::start_allreduce: a call is in flight");
+    if (!chosen_ || (!carry_.empty() && in.data() != out.data() && in.size() == count_ && out.size() == count_))
+      return allreduce(in, out, op);  // probes block; a first call with a carry and two buffers too
+    if (in.size() != count_ || out.size() != count_)
+      detail::throw_error(errc::invalid_argument, "adaptive_allreduce: {} and {} values for a bucket of {}", in.size(),
+                          out.size(), count_);
+    if (!carry_.empty()) {
+      for (std::size_t i = 0; i < count_; ++i) out[i] += carry_[i];  // in place: in is out
+      carry_.clear();
+      carry_.shrink_to_fit();
+    }
+    if (*chosen_ == exact_candidate)
+      comm_.start_allreduce(in, out, op, exact_call_);
+    else
+      comm_.start_allreduce(plans_[*chosen_], in, out, op);
+    started_ = true;
+  }
+  void start_allreduce(std::span<value_type> data, reduce_op op) {
+    start_allreduce(std::span<const value_type>(data), data, op);
+  }
+  /// Whether a started call is still running.
+  bool in_flight() const noexcept {
+    return exact_call_.in_flight() || (compressed() && plans_[*chosen_].in_flight());
+  }
+  /// Finishes the started call (returns at once when none was started since the
+  /// last wait). @throws what the call failed with.
+  void wait() {
+    if (!started_) return;
+    started_ = false;
+    if (compressed())
+      plans_[*chosen_].wait();
+    else
+      exact_call_.wait();
   }
 
  private:
@@ -253,6 +300,8 @@ class adaptive_allreduce {
   reduce_op last_op_ = reduce_op::sum;
   std::vector<value_type> carry_;  // residual mass of the plans not chosen, for the next call
   std::string explanation_;
+  collective_handle exact_call_;  // a started exact call
+  bool started_ = false;          // a call was started and not waited for
 };
 
 template <class Communicator, class Q, class... Rest>
