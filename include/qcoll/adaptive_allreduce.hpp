@@ -234,7 +234,10 @@ class adaptive_allreduce {
     run(candidate(index), in, out, op);
     seconds_[index * rounds_ + round] = std::chrono::duration<double>(clock::now() - start).count();
     last_op_ = op;
-    if (++probes_ == candidates() * rounds_) decide();
+    // Counted only once the choice is made: if deciding fails (the communicator did),
+    // the next call repeats the last probe and decides again.
+    if (probes_ + 1 == candidates() * rounds_) decide();
+    ++probes_;
   }
 
   void decide() {
