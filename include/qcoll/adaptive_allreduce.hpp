@@ -149,19 +149,9 @@ class adaptive_allreduce {
   /// @par Errors
   /// As communicator::allreduce and the compressed plan's allreduce.
   void allreduce(std::span<const value_type> in, std::span<value_type> out, reduce_op op) {
-    if (in.size() != count_ || out.size() != count_)
-      detail::throw_error(errc::invalid_argument, "adaptive_allreduce: {} and {} values for a bucket of {}", in.size(),
-                          out.size(), count_);
-    if (in_flight()) detail::throw_error(errc::invalid_argument, "adaptive_allreduce::allreduce: a call is in flight");
+    check_call("allreduce", in, out);
     if (!chosen_) return probe(in, out, op);
-    if (!carry_.empty()) {  // the probes' leftover residual mass joins this contribution, once
-      if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
-      for (std::size_t i = 0; i < count_; ++i) out[i] += carry_[i];
-      carry_.clear();
-      carry_.shrink_to_fit();
-      return run(*chosen_, out, out, op);
-    }
-    run(*chosen_, in, out, op);
+    run(*chosen_, with_carry(in, out), out, op);
   }
   void allreduce(std::span<value_type> data, reduce_op op) {
     allreduce(std::span<const value_type>(data), data, op);
@@ -175,22 +165,13 @@ class adaptive_allreduce {
   /// invalid_argument at once for a call still in flight; the call's own errors from
   /// wait() (a probe's from here).
   void start_allreduce(std::span<const value_type> in, std::span<value_type> out, reduce_op op) {
-    if (in_flight())
-      detail::throw_error(errc::invalid_argument, "adaptive_allreduce::start_allreduce: a call is in flight");
-    if (!chosen_ || (!carry_.empty() && in.data() != out.data() && in.size() == count_ && out.size() == count_))
-      return allreduce(in, out, op);  // probes block; a first call with a carry and two buffers too
-    if (in.size() != count_ || out.size() != count_)
-      detail::throw_error(errc::invalid_argument, "adaptive_allreduce: {} and {} values for a bucket of {}", in.size(),
-                          out.size(), count_);
-    if (!carry_.empty()) {
-      for (std::size_t i = 0; i < count_; ++i) out[i] += carry_[i];  // in place: in is out
-      carry_.clear();
-      carry_.shrink_to_fit();
-    }
+    check_call("start_allreduce", in, out);
+    if (!chosen_) return probe(in, out, op);  // timed, so run to the end
+    const std::span<const value_type> contribution = with_carry(in, out);
     if (*chosen_ == exact_candidate)
-      comm_.start_allreduce(in, out, op, exact_call_);
+      comm_.start_allreduce(contribution, out, op, exact_call_);
     else
-      comm_.start_allreduce(plans_[*chosen_], in, out, op);
+      comm_.start_allreduce(plans_[*chosen_], contribution, out, op);
     started_ = true;
   }
   void start_allreduce(std::span<value_type> data, reduce_op op) {
@@ -213,6 +194,25 @@ class adaptive_allreduce {
 
  private:
   static constexpr std::size_t exact_candidate = std::numeric_limits<std::size_t>::max();
+
+  /// The checks every call makes: sizes, and no call in flight.
+  void check_call(const char* what, std::span<const value_type> in, std::span<value_type> out) const {
+    if (in.size() != count_ || out.size() != count_)
+      detail::throw_error(errc::invalid_argument, "adaptive_allreduce::{}: {} and {} values for a bucket of {}", what,
+                          in.size(), out.size(), count_);
+    if (in_flight()) detail::throw_error(errc::invalid_argument, "adaptive_allreduce::{}: a call is in flight", what);
+  }
+
+  /// This call's contribution: `in`, or, once after the choice, `in` plus the probes'
+  /// leftover residual mass, written into `out` (the call then runs in place on it).
+  std::span<const value_type> with_carry(std::span<const value_type> in, std::span<value_type> out) {
+    if (carry_.empty()) return in;
+    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+    for (std::size_t i = 0; i < count_; ++i) out[i] += carry_[i];
+    carry_.clear();
+    carry_.shrink_to_fit();
+    return out;
+  }
 
   /// Candidates: the compressed plans 0 … k − 1, then exact.
   std::size_t candidates() const noexcept { return plans_.size() + 1; }
