@@ -110,6 +110,7 @@ struct collective_options {
   int warmup = -1;                               // -w: -1 = clamp(iters / 5, 2, 10)
   double time_cap_s = 2.0;                       // -T: seconds of timed iterations per size
   bool check = true;                             // -c 0|1
+  bool allocated = false;                        // -R 0|1: buffers from communicator::allocate
   std::string label;                             // -l: free text for the header
   int link_column = -1;                          // -L 0|1: link% column; -1 = when QCOLL_NETLAB_RATE is set
 
@@ -139,6 +140,9 @@ inline constexpr std::string_view collective_usage =
     "  -T SECONDS               cap the timed iterations of a size at about this long (default 2)\n"
     "  -w N                     warm-up iterations (default clamp(iterations / 5, 2, 10))\n"
     "  -c 0|1                   check every result (default 1)\n"
+    "  -R 0|1                   1: the data buffers come from communicator::allocate (over shm: shared\n"
+    "                           buffers the peers map; nccl-tests' buffer registration); the table's title\n"
+    "                           says \"allocated\" (default 0: ordinary memory, as the peers)\n"
     "  -l LABEL                 free text for the header\n"
     "  -L 0|1                   link% column (default: when QCOLL_NETLAB_RATE is set)\n"
     "  BENCH_DUMP_TIMES=1 in the environment prints every timed iteration's time (us) to stderr\n"
@@ -194,6 +198,7 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     else if (flag == "-w") o.warmup = static_cast<int>(integer());
     else if (flag == "-T") o.time_cap_s = std::strtod(value.c_str(), nullptr);
     else if (flag == "-c") o.check = integer() != 0;
+    else if (flag == "-R") o.allocated = integer() != 0;
     else if (flag == "-l") o.label = value;
     else if (flag == "-L") o.link_column = integer() != 0 ? 1 : 0;
     else if (flag == "--spin-us") o.spin_us = integer();
@@ -230,6 +235,7 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     throw std::invalid_argument("-d " + o.dtype_name + " runs the exact table only (no --compressed)");
   if (!o.compressed.empty() && o.op != operation::allreduce)
     throw std::invalid_argument("--compressed needs -o allreduce");
+  if (o.allocated && !o.compressed.empty()) throw std::invalid_argument("-R 1 runs the exact table only (no --compressed)");
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");
   if (o.layers != 0 && o.compressed.empty()) throw std::invalid_argument("--layers needs --compressed");

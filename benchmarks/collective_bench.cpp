@@ -15,6 +15,7 @@
 // after the loop (not timed); time = median of those, tmin = their minimum. Warm-up
 // times cap the iteration count at about -T seconds per size. Rank r holds
 // (r + 1)·((i mod 1021) + 1), so every sum is an exact small integer checked with ==.
+// -R 1 takes the data buffer from communicator::allocate (shared buffers over shm).
 // -d half|bfloat16 runs the exact table over 16-bit elements: rank r holds
 // (r + 1)·((i mod 8) + 1) and the check is the exact sum rounded once to the type.
 //
@@ -462,15 +463,18 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
   if (me == 0) {
     print_preamble(o, n, ctx, link_column);
     const std::string type = o.dtype_name == "float" ? "" : " " + o.dtype_name;
-    table = std::make_unique<bench::table>(fmt::format("qcoll {}{} {}", o.op_name, type, ctx.transport), n, o.op,
+    table = std::make_unique<bench::table>(fmt::format("qcoll {}{} {}{}", o.op_name, type, ctx.transport,
+                                                       o.allocated ? " allocated" : ""),
+                                           n, o.op,
                                            link_column ? ctx.link.bits_per_s / 8.0 : 0.0, o.dtype_name, sizeof(T));
   }
   bool all_right = true;
   for (const std::size_t bytes : bench::sweep_sizes(o)) {
     const std::size_t count = bytes / sizeof(T);
     const qcoll::block_range mine = qcoll::block_of(count, n, me);
-    aligned_buffer<T> buffer(count), pristine_buffer(count);
-    const std::span<T> data = buffer.span(), pristine = pristine_buffer.span();
+    aligned_buffer<T> buffer(o.allocated ? 0 : count), pristine_buffer(count);
+    const qcoll::buffer<T> allocated = o.allocated ? comm.template allocate<T>(count) : qcoll::buffer<T>();
+    const std::span<T> data = o.allocated ? allocated.span() : buffer.span(), pristine = pristine_buffer.span();
     // all_gather starts with only this rank's block filled, so the check sees what arrived.
     for (std::size_t i = 0; i < count; ++i)
       pristine[i] = as_element<T>(

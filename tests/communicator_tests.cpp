@@ -424,6 +424,39 @@ BOOST_AUTO_TEST_CASE(a_handle_in_flight_is_refused_without_aborting) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(allocate)
+
+BOOST_AUTO_TEST_CASE(ordinary_memory_where_the_transport_shares_none) {
+  // The in-process transport maps no peer memory: allocate gives zero-filled, aligned
+  // ordinary memory that collectives take like any span.
+  std::vector<std::string> seen(3);
+  const auto outcome = run_ranks(3, [&](auto& comm) {
+    buffer<double> empty = comm.template allocate<double>(0);
+    buffer<double> data = comm.template allocate<double>(1001);
+    std::string& verdict = seen[comm.rank()];
+    if (!empty.empty() || data.size() != 1001 || reinterpret_cast<std::uintptr_t>(data.data()) % 64 != 0 ||
+        !std::all_of(data.begin(), data.end(), [](double x) { return x == 0.0; }))
+      verdict = "misshapen";
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = double(comm.rank() + i);
+    buffer<double> moved = std::move(data);
+    comm.allreduce(std::span<double>(moved), reduce_op::sum);
+    for (std::size_t i = 0; i < moved.size(); ++i)
+      if (moved[i] != double(3 + 3 * i)) verdict = "wrong at " + std::to_string(i);
+    if (verdict.empty()) verdict = data.empty() ? "ok" : "the moved-from buffer kept its elements";
+  });
+  BOOST_TEST_REQUIRE(outcome.all_succeeded());
+  for (rank_t r = 0; r < 3; ++r) BOOST_TEST(seen[r] == "ok", "rank " << r);
+}
+
+BOOST_AUTO_TEST_CASE(a_size_that_overflows_is_refused) {
+  const auto outcome = run_ranks(1, [](auto& comm) { (void)comm.template allocate<double>(SIZE_MAX / 4); });
+  const auto [code, message] = outcome.failure(0);
+  BOOST_TEST((code == errc::invalid_argument), message);
+  BOOST_TEST(message.find("overflows") != std::string::npos, message);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(point_to_point)
 
 BOOST_AUTO_TEST_CASE(send_recv_around_a_ring_delivers_each_neighbours_data) {

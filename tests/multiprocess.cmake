@@ -69,6 +69,10 @@ foreach(transport shm tcp)
     LINES "4:all collectives correct")
   qcoll_job_test(collectives_3_ranks RANKS 3 TRANSPORT ${transport} ARGS collectives 1048576
     LINES "3:all collectives correct")
+  # The same on communicator::allocate's memory (shm: shared buffers, read in place by
+  # the peers), on the world and on a sub-communicator; freed buffers are let go.
+  qcoll_job_test(collectives_on_allocated_memory RANKS 3 TRANSPORT ${transport} ARGS allocated 16777216
+    LINES "3:all collectives correct on allocated memory")
   qcoll_job_test(many_small_collectives RANKS 4 TRANSPORT ${transport} ARGS many_small
     LINES "4:1000 small allreduces correct")
   # Sub-communicators (halves by parity) next to the world, blocking and started calls.
@@ -115,10 +119,15 @@ foreach(transport shm tcp)
       LINES "${verdicts}|1:rank 3 was killed by signal SIGKILL")
   endforeach()
 endforeach()
+# A rank killed while the survivors reduce straight out of its shared buffer: they fail
+# naming it, and read nothing freed (their mapping keeps the pages).
+qcoll_job_test(kill_a_rank_mid_allreduce_on_shared_buffers RANKS 4 TRANSPORT shm ARGS kill_allocated EXIT 137
+  LAUNCHER_OPTIONS --keep-going
+  LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
 # Single copy refused between two ranks (one is non-dumpable, none may ptrace): every rank
 # takes the pipes, rank 0 says why once, and every collective is still correct.
 qcoll_job_test(single_copy_refused_falls_back RANKS 3 TRANSPORT shm ARGS refuse_single_copy 4194304
-  LINES "3:single copy off|1:single copy is off for this job: rank 0 may not read rank 1's memory|3:all collectives correct")
+  LINES "3:single copy off|1:single copy is off for this job: rank 0 may not read rank 1's memory|3:all collectives correct \\(|3:all collectives correct on allocated memory .*, 0 peer regions mapped")
 qcoll_job_test(intruders_are_refused RANKS 2 TRANSPORT tcp ARGS intruders
   LINES "1:impostor refused as expected|2:tcp transport refused a connection|2:all collectives correct")
 # A crashed job left a segment under this job's name: the new job must not inherit it, and

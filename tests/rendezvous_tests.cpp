@@ -7,6 +7,7 @@
 #define BOOST_TEST_MODULE qcoll transports
 #include <boost/test/unit_test.hpp>
 
+#include <qcoll/communicator.hpp>
 #include <qcoll/detail/log.hpp>
 #include <qcoll/launch/elastic.hpp>
 #include <qcoll/launch/join.hpp>
@@ -1299,16 +1300,21 @@ std::uint16_t free_port() {
   return probe.local_endpoint().port();
 }
 
-/// launch::join on one thread per rank; `configure` adjusts rank r's job. Returns each
-/// rank's outcome, its transport's name ("shm"/"tcp") when it joined, and when it returned.
+/// launch::join on one thread per rank; `configure` adjusts rank r's job, `body` runs
+/// on the joined transport. Returns each rank's outcome, what its body returned (by
+/// default its transport's name, "shm"/"tcp"), and when it returned.
 struct join_outcome {
   std::vector<outcome> errors;
   std::vector<std::string> joined;
   std::vector<long long> ms;
 };
 
-template <class Configure>
-join_outcome join_threads(rank_t n, std::string_view job_id, Configure configure) {
+inline constexpr auto transport_name = [](auto transport) {
+  return std::string(std::is_same_v<decltype(transport), transports::shm::transport> ? "shm" : "tcp");
+};
+
+template <class Configure, class Body = decltype(transport_name)>
+join_outcome join_threads(rank_t n, std::string_view job_id, Configure configure, Body body = transport_name) {
   const std::uint16_t port = free_port();
   const std::string id = fmt::format("{}-{}", job_id, ::getpid());  // no clash with a concurrent run
   join_outcome result{std::vector<outcome>(n), std::vector<std::string>(n), std::vector<long long>(n)};
@@ -1319,11 +1325,7 @@ join_outcome join_threads(rank_t n, std::string_view job_id, Configure configure
       job j = test_job(r, n, "s3cret", id, port);
       j.local_size = n;
       configure(j);
-      result.errors[r] = capture([&] {
-        result.joined[r] = launch::join(j, [](auto transport) {
-          return std::string(std::is_same_v<decltype(transport), transports::shm::transport> ? "shm" : "tcp");
-        });
-      });
+      result.errors[r] = capture([&] { result.joined[r] = launch::join(j, body); });
       result.ms[r] = ms_since(start);
     });
   for (auto& rank : ranks) rank.join();
@@ -1361,6 +1363,45 @@ BOOST_AUTO_TEST_CASE(ranks_told_different_transports_all_fail_at_once_naming_bot
                    fmt::format("{} on rank 1", to_string(odd)), "QCOLL_TRANSPORT"});
       BOOST_TEST(o.ms[r] < 15000);
     }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(shared_buffers_are_reduced_in_place_and_let_go_when_freed) {
+  // Ranks as threads of one process over the shm transport: each allreduce reads the
+  // peer's communicator::allocate memory through a mapping of its own (the same path as
+  // between processes; here it runs under the sanitizers). Every rank reports what it
+  // saw; the checks run on this thread (Boost.Test is not thread-safe).
+  const rank_t n = 3;
+  const std::size_t count = std::size_t{1} << 20;  // 4 MiB: ring steps of single copy's size
+  const auto o = join_threads(
+      n, "shared-buffers", [](job& j) { j.transport = transport_kind::shm; },
+      [&](auto transport) -> std::string {
+        if constexpr (!std::is_same_v<decltype(transport), transports::shm::transport>) {
+          return "not shm";
+        } else {
+          const bool single_copy = transport.single_copy();
+          communicator comm(std::move(transport));
+          const auto expected = [&](std::size_t i, int round) { return float((n * (n + 1) / 2) * (i % 97 + round)); };
+          std::string seen;
+          for (int round = 0; round < 3; ++round) {
+            buffer<float> data = comm.template allocate<float>(count);  // a new region each round; the last one freed
+            if (data.size() != count || reinterpret_cast<std::uintptr_t>(data.data()) % 4096 != 0)
+              return "a misshapen buffer";
+            for (std::size_t i = 0; i < count; ++i) data[i] = float((comm.rank() + 1) * (i % 97 + round));
+            comm.allreduce(std::span<float>(data), reduce_op::sum);
+            for (std::size_t i = 0; i < count; ++i)
+              if (data[i] != expected(i, round)) return fmt::format("round {}: element {} is {}", round, i, data[i]);
+            seen += fmt::format("{}{}", round ? " " : "", comm.transport().mapped_peer_regions());
+          }
+          return fmt::format("single copy {}; mapped {}", single_copy ? "on" : "off", seen);
+        }
+      });
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST_INFO("rank " << r);
+    BOOST_TEST(!o.errors[r].threw, o.errors[r].message);
+    // One peer region mapped after each round: the ring reads from one neighbour, and
+    // the previous round's region, freed, is dropped at the next step.
+    BOOST_TEST(o.joined[r] == "single copy on; mapped 1 1 1");
   }
 }
 

@@ -33,6 +33,7 @@
 #include <qcoll/algorithms/recursive_doubling.hpp>
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/collective_handle.hpp>
+#include <qcoll/core/buffer.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/partition.hpp>
@@ -121,6 +122,29 @@ class communicator {
   void set_tuning(const qcoll::tuning& values) {
     quiesce();
     tuning_ = values;
+  }
+
+  /// `count` zero-filled elements for a collective's data. Where the transport lets
+  /// peers map memory (shm, with single copy on) they map this, and large ring steps
+  /// read it in place instead of copying it through the kernel — the fastest memory
+  /// for big buckets; elsewhere it is ordinary memory. Any rank may pass it or any
+  /// other span: ranks need not agree. Not collective; any thread; the buffer may
+  /// outlive the communicator. docs/transports.md, "Shared buffers".
+  /// @par Errors
+  /// qcoll::error invalid_argument when the size overflows or the system refuses the
+  /// memory (named); std::bad_alloc for ordinary memory.
+  template <element T>
+  buffer<T> allocate(std::size_t count) {
+    const std::size_t bytes = buffer<T>::checked_bytes(count);
+    if constexpr (shared_memory_transport<Transport>) {
+      auto memory = std::make_shared<decltype(shared_->transport.allocate_shared(bytes))>(
+          shared_->transport.allocate_shared(bytes));
+      const std::span<std::byte> region = memory->bytes();
+      return buffer<T>({reinterpret_cast<T*>(region.data()), count}, std::move(memory));
+    } else {
+      (void)bytes;
+      return buffer<T>::on_heap(count);
+    }
   }
 
   /// True once any rank aborted; every later collective fails at once. A

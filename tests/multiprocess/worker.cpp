@@ -67,38 +67,65 @@ std::vector<float> contribution(rank_t r, std::size_t count) {
   return v;
 }
 
-/// Runs and checks every exact collective at sizes up to max_bytes; returns the checks made.
+/// Fills `values` with rank r's contribution.
+template <class Floats>
+Floats& filled(Floats&& values, rank_t r) {
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = value_of(r, i);
+  return values;
+}
+
+/// Ordinary memory for checked_collectives.
+struct vectors {
+  std::vector<float> operator()(std::size_t count, float value = 0.0f) const { return std::vector<float>(count, value); }
+};
+
+/// The communicator's own memory (communicator::allocate: shared buffers over shm).
 template <class Comm>
-std::size_t checked_collectives(Comm& comm, std::size_t max_bytes) {
+struct allocated_by {
+  Comm& comm;
+  buffer<float> operator()(std::size_t count, float value = 0.0f) const {
+    buffer<float> b = comm.template allocate<float>(count);
+    std::fill(b.begin(), b.end(), value);
+    return b;
+  }
+};
+
+/// Runs and checks every exact collective at sizes up to max_bytes, on buffers from
+/// `fresh(count, value)`; returns the checks made.
+template <class Comm, class Fresh = vectors>
+std::size_t checked_collectives(Comm& comm, std::size_t max_bytes, Fresh fresh = {}) {
   const rank_t n = comm.size(), me = comm.rank();
   std::size_t checks = 0;
   // 0, 4, 64, … bytes (×16), and max_bytes itself.
   for (std::size_t bytes = 0; bytes <= max_bytes;
        bytes = bytes == max_bytes ? max_bytes + 1 : std::min(max_bytes, bytes == 0 ? 4 : bytes * 16)) {
     const std::size_t count = bytes / sizeof(float);
-    std::vector<float> data = contribution(me, count);
+    auto data = fresh(count);
+    filled(data, me);
     comm.allreduce(std::span<float>(data), reduce_op::sum);
     for (std::size_t i = 0; i < count; ++i)
       if (data[i] != sum_of(n, i)) fail(fmt::format("allreduce of {} bytes: element {} is {}", bytes, i, data[i]));
     ++checks;
     if (bytes > (16u << 20)) continue;  // the others stop at 16 MiB to keep the test short
 
-    const std::vector<float> in = contribution(me, count);
+    auto in = fresh(count);
+    filled(in, me);
     const block_range mine = block_of(count, n, me);
-    std::vector<float> block(mine.size);
+    auto block = fresh(mine.size);
     comm.reduce_scatter(std::span<const float>(in), std::span<float>(block), reduce_op::sum);
     for (std::size_t i = 0; i < mine.size; ++i)
       if (block[i] != sum_of(n, mine.offset + i)) fail(fmt::format("reduce_scatter of {} bytes: wrong at {}", bytes, i));
 
-    std::vector<float> gathered(count, -1.0f);
-    std::vector<float> own(mine.size);
+    auto gathered = fresh(count, -1.0f);
+    auto own = fresh(mine.size);
     for (std::size_t i = 0; i < mine.size; ++i) own[i] = static_cast<float>(mine.offset + i);
     comm.all_gather(std::span<const float>(own), std::span<float>(gathered));
     for (std::size_t i = 0; i < count; ++i)
       if (gathered[i] != static_cast<float>(i)) fail(fmt::format("all_gather of {} bytes: wrong at {}", bytes, i));
 
     const rank_t root = n - 1;
-    std::vector<float> broadcast = me == root ? contribution(7, count) : std::vector<float>(count, 0.0f);
+    auto broadcast = fresh(count);
+    if (me == root) filled(broadcast, 7);
     comm.broadcast(std::span<float>(broadcast), root);
     for (std::size_t i = 0; i < count; ++i)
       if (broadcast[i] != value_of(7, i)) fail(fmt::format("broadcast of {} bytes: wrong at {}", bytes, i));
@@ -112,6 +139,35 @@ template <class Comm>
 void check_all_collectives(Comm& comm, std::size_t max_bytes) {
   const std::size_t checks = checked_collectives(comm, max_bytes);
   fmt::print("rank {}: all collectives correct ({} checks, up to {} bytes)\n", comm.rank(), checks, max_bytes);
+}
+
+/// The same on the communicator's own memory, with each buffer used in turn by the
+/// world and by a sub-communicator (halves by parity) — shared buffers over shm, mapped
+/// by the peers. Then every rank says how many peer regions it maps: buffers freed
+/// since must have been let go (at most the live ones stay mapped).
+template <class Comm>
+void check_collectives_on_allocated_memory(Comm& comm, std::size_t max_bytes) {
+  std::size_t checks = checked_collectives(comm, max_bytes, allocated_by<Comm>{comm});
+  auto half = comm.split(static_cast<std::int64_t>(comm.rank() % 2), 0);
+  if (!half) fail("split gave no communicator");
+  checks += checked_collectives(*half, max_bytes, allocated_by<Comm>{*half});
+  std::string mapped = "ordinary memory";
+  if constexpr (requires { comm.transport().mapped_peer_regions(); }) {
+    // One live region: every earlier buffer was freed, so the next step with each peer drops its mapping.
+    buffer<float> last = comm.template allocate<float>(std::size_t{1} << 20);
+    filled(last, comm.rank());
+    comm.allreduce(std::span<float>(last), reduce_op::sum);
+    for (std::size_t i = 0; i < last.size(); ++i)
+      if (last[i] != sum_of(comm.size(), i)) fail(fmt::format("the last allreduce: wrong at {}", i));
+    const std::size_t regions = comm.transport().mapped_peer_regions();
+    const bool single_copy = comm.transport().single_copy();
+    if (single_copy && (regions == 0 || regions > comm.size() - 1))
+      fail(fmt::format("{} peer regions mapped after the last allreduce (expected 1 to {})", regions, comm.size() - 1));
+    if (!single_copy && regions != 0) fail(fmt::format("{} peer regions mapped without single copy", regions));
+    mapped = fmt::format("{} peer regions mapped", regions);
+  }
+  fmt::print("rank {}: all collectives correct on allocated memory ({} checks, up to {} bytes, {})\n", comm.rank(),
+             checks, max_bytes, mapped);
 }
 
 /// Sub-communicators between processes: halves by parity, ranked in reverse; every
@@ -212,7 +268,7 @@ void mismatched_sizes(Comm& comm) {
 
 /// The last rank kills itself in the middle of a 64 MiB allreduce.
 template <class Comm>
-void kill_a_rank(Comm& comm) {
+void kill_a_rank(Comm& comm, bool allocated) {
   const rank_t victim = comm.size() - 1;
   std::atomic<bool> inside{false};
   std::jthread killer;
@@ -222,7 +278,10 @@ void kill_a_rank(Comm& comm) {
       std::this_thread::sleep_for(30ms);
       std::raise(SIGKILL);
     });
-  std::vector<float> data = contribution(comm.rank(), std::size_t{16} << 20);
+  // allocated: the communicator's memory, which over shm the survivors read in place.
+  const std::size_t count = std::size_t{16} << 20;
+  auto data = allocated ? allocated_by<Comm>{comm}(count) : buffer<float>::on_heap(count);
+  filled(data, comm.rank());
   const auto started = std::chrono::steady_clock::now();
   try {
     for (int round = 0; round < 50; ++round) {
@@ -770,10 +829,15 @@ template <class Transport>
 int run(std::string_view scenario, Transport transport, std::chrono::milliseconds timeout, std::size_t amount) {
   communicator comm(std::move(transport), communicator_options{timeout});
   if (scenario == "collectives") check_all_collectives(comm, amount);
+  else if (scenario == "allocated") check_collectives_on_allocated_memory(comm, amount);
+  else if (scenario == "collectives_and_allocated") {
+    check_all_collectives(comm, amount);
+    check_collectives_on_allocated_memory(comm, amount);
+  }
   else if (scenario == "many_small") many_small(comm);
   else if (scenario == "split") split_collectives(comm, amount);
   else if (scenario == "mismatch") mismatched_sizes(comm);
-  else if (scenario == "kill") kill_a_rank(comm);
+  else if (scenario == "kill" || scenario == "kill_allocated") kill_a_rank(comm, scenario == "kill_allocated");
   else if (scenario == "kill_survivors_give_up") kill_a_rank_survivors_give_up(comm);
   else if (scenario == "freeze") freeze_a_rank(comm);
   else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);
@@ -894,7 +958,8 @@ int main(int argc, char** argv) try {
     return launch::join(job, [&](auto transport) {
       if constexpr (requires { transport.single_copy(); })
         fmt::print("rank {}: single copy {}\n", job.rank, transport.single_copy() ? "on" : "off");
-      return run("collectives", std::move(transport), job.timeout, max_bytes);
+      // Shared buffers need single copy's permission too: without it they are ordinary memory.
+      return run("collectives_and_allocated", std::move(transport), job.timeout, max_bytes);
     });
   }
   if (scenario == "intruders") {

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstring>
 #include <deque>
 #include <span>
 #include <string>
@@ -60,9 +61,14 @@ class primitives {
   void send_recv(rank_t to, std::span<const T> outgoing, rank_t from, std::span<T> incoming) {
     if constexpr (single_copy_transport<Transport>) {
       if (read_directly_)
-        return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(), [&](std::uint64_t address) {
-          return transport_.read_peer(from, address, std::as_writable_bytes(incoming));
-        });
+        return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(),
+                                 [&](std::uint64_t address, const transports::shared_region& region) {
+                                   const std::span<std::byte> into = std::as_writable_bytes(incoming);
+                                   const std::span<const std::byte> mapped = map_peer(from, region, address, into.size());
+                                   if (mapped.empty()) return transport_.read_peer(from, address, into);
+                                   std::memcpy(into.data(), mapped.data(), into.size());
+                                   return std::error_code();
+                                 });
     }
     request recv_request;
     request send_request;
@@ -83,7 +89,14 @@ class primitives {
         // Slices of the peer's partial land in the bounce buffer (in cache) and are reduced from there.
         const std::size_t slice = bounce_.size() / sizeof(T);
         const std::span<T> landing(reinterpret_cast<T*>(bounce_.data()), slice);
-        return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(), [&](std::uint64_t address) {
+        return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(),
+                                 [&](std::uint64_t address, const transports::shared_region& region) {
+          // In memory both map: reduced straight from the peer's block, no copy at all.
+          if (const std::span<const std::byte> mapped = map_peer(from, region, address, incoming.size_bytes());
+              !mapped.empty()) {
+            reduce_into(op, std::span<const T>(reinterpret_cast<const T*>(mapped.data()), incoming.size()), own, result);
+            return std::error_code();
+          }
           for (std::size_t at = 0; at < incoming.size(); at += slice) {
             const std::size_t n = std::min(slice, incoming.size() - at);
             if (const std::error_code code =
@@ -330,16 +343,30 @@ class primitives {
 
   static constexpr std::size_t max_slices_in_flight = 8;
 
-  /// A single-copy step: tell `to` where `outgoing` is (address, bytes), learn from
-  /// `from` where its data is, `consume` it from there (the first failed read's code,
-  /// or none), tell `from` this rank is done with it, and wait until `to` is done with
-  /// `outgoing` (which stays untouched until then). Receives are posted before the
-  /// send, as in every step.
+  /// `bytes` at `address` of the shared region `peer` described, mapped here; empty
+  /// where the transport maps no peer memory or cannot map this region.
+  std::span<const std::byte> map_peer(rank_t peer, const transports::shared_region& region, std::uint64_t address,
+                                      std::size_t bytes) {
+    if constexpr (shared_memory_transport<Transport>) {
+      if (region.serial != 0) return transport_.map_peer(peer, region, address, bytes);
+    }
+    (void)peer, (void)region, (void)address, (void)bytes;
+    return {};
+  }
+
+  /// A single-copy step: tell `to` where `outgoing` is (address, bytes, and the shared
+  /// region holding it, if any), learn from `from` where its data is, `consume` it from
+  /// there (the first failed read's code, or none), tell `from` this rank is done with
+  /// it, and wait until `to` is done with `outgoing` (which stays untouched until then).
+  /// Receives are posted before the send, as in every step.
   template <class Consume>
   void exchange_directly(rank_t to, std::span<const std::byte> outgoing, rank_t from, std::size_t expected_bytes,
                          Consume&& consume) {
-    const std::array<std::uint64_t, 2> mine{reinterpret_cast<std::uintptr_t>(outgoing.data()), outgoing.size()};
-    std::array<std::uint64_t, 2> theirs{};
+    transports::shared_region region;
+    if constexpr (shared_memory_transport<Transport>) region = transport_.region_of(outgoing);
+    const std::array<std::uint64_t, 6> mine{reinterpret_cast<std::uintptr_t>(outgoing.data()), outgoing.size(),
+                                            region.serial, region.handle, region.base, region.bytes};
+    std::array<std::uint64_t, 6> theirs{};
     std::array<request, 4> requests;  // where from `from`, done from `to`, where to `to`, done to `from`
     try {
       post_recv(requests[0], from, tag_, std::span<std::uint64_t>(theirs));
@@ -348,7 +375,8 @@ class primitives {
       finish_recv(requests[0], from, sizeof theirs);
       if (theirs[1] != expected_bytes)
         fail(errc::protocol_error, "peer {} offers {} bytes where this rank reads {}", from, theirs[1], expected_bytes);
-      if (const std::error_code code = expected_bytes > 0 ? consume(theirs[0]) : std::error_code()) {
+      const transports::shared_region where{theirs[2], theirs[3], theirs[4], theirs[5]};
+      if (const std::error_code code = expected_bytes > 0 ? consume(theirs[0], where) : std::error_code()) {
         // The peer left the call: most likely it aborted, and its reason waits in the
         // transport (it is sent before the peer can exit or free the buffer). Take it
         // in, so the failure passes that reason on instead of blaming the peer.

@@ -85,6 +85,23 @@ concept single_copy_transport =
       { t.read_peer(peer, address, into) } -> std::same_as<std::error_code>;
     };
 
+/// A single-copy transport whose ranks can also map memory their peers allocated
+/// through it (shm: communicator::allocate), so a step reads a peer's block in place
+/// instead of copying it through the kernel. allocate_shared(bytes) makes such memory
+/// (its bytes() a std::span<std::byte>); region_of(data) says which of this rank's
+/// regions holds all of `data` (serial 0: none); map_peer gives a read-only view of
+/// `bytes` at `address` of the region a peer described, empty when it cannot (the step
+/// then calls read_peer).
+template <class T>
+concept shared_memory_transport =
+    single_copy_transport<T> && requires(T& t, const T& ct, rank_t peer, std::span<const std::byte> data,
+                                         const transports::shared_region& region, std::uint64_t address,
+                                         std::size_t bytes) {
+      { t.allocate_shared(bytes).bytes() } -> std::same_as<std::span<std::byte>>;
+      { ct.region_of(data) } -> std::same_as<transports::shared_region>;
+      { t.map_peer(peer, region, address, bytes) } -> std::same_as<std::span<const std::byte>>;
+    };
+
 /// Who talks to whom. Compile-time facts (the fan-out bound) are static members;
 /// runtime neighbour tables are plain data built once.
 template <class T>

@@ -69,6 +69,16 @@ class request_base {
   std::error_code result_{};
 };
 
+/// Where a block lies in memory its owner allocated through a transport that lets peers
+/// map it (the shm transport's shared buffers): what a peer needs to map it. Sent in a
+/// single-copy step's "where" message; serial 0: the block is in ordinary memory.
+struct shared_region {
+  std::uint64_t serial = 0;  ///< the region's number at its owner (never reused)
+  std::uint64_t handle = 0;  ///< the transport's handle for it (shm: the owner's file descriptor)
+  std::uint64_t base = 0;    ///< where the region's bytes begin in the owner's address space
+  std::uint64_t bytes = 0;   ///< how many there are
+};
+
 /// Why a transport can no longer deliver: the first abort's code and words.
 /// An empty code means the transport is intact.
 struct failure {

@@ -26,6 +26,9 @@
 /// two-copy path and rank 0 says why in one line on stderr. Under Yama ptrace_scope 1
 /// join declares any process of the user a permitted reader (PR_SET_PTRACER_ANY, as
 /// Open MPI's vader does); options::single_copy = false skips that and the probe.
+/// Memory from allocate_shared (communicator::allocate) goes further: peers map it,
+/// and a step reduces or copies straight out of it, with no kernel copy at all
+/// (shm_shared_memory.hpp).
 ///
 /// Failures: a peer that closes its transport ends its streams after the bytes it
 /// wrote; a peer process that dies is noticed through a pidfd within one sleep slice
@@ -39,6 +42,7 @@
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 #include <qcoll/transports/shm_segment.hpp>
+#include <qcoll/transports/shm_shared_memory.hpp>
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -452,6 +456,26 @@ class transport : public stream::endpoint {
   /// Whether every pair of ranks may read each other's memory (agreed at join).
   bool single_copy() const noexcept { return single_copy_; }
 
+  /// Memory the other ranks can map, for a collective's data (communicator::allocate):
+  /// single-copy steps read it in place instead of through the kernel. Without single
+  /// copy it is ordinary memory to the collectives. Any thread; it may outlive the
+  /// transport.
+  shared_memory allocate_shared(std::size_t bytes) { return shared_memory::make(regions_, bytes); }
+
+  /// Which of this rank's shared regions holds all of `data` (serial 0: none).
+  shared_region region_of(std::span<const std::byte> data) const { return regions_->find(data); }
+
+  /// `bytes` at `address` in the region `peer` described, mapped read-only into this
+  /// process (once; kept until the owner frees it); empty when it cannot be mapped.
+  std::span<const std::byte> map_peer(rank_t peer, const shared_region& region, std::uint64_t address,
+                                      std::size_t bytes) {
+    if (!single_copy_ || peer == rank()) return {};
+    return peer_regions_->view(peer, region, address, bytes);
+  }
+
+  /// How many of the peers' shared regions this rank has mapped now.
+  std::size_t mapped_peer_regions() const { return peer_regions_->mapped_count(); }
+
   /// Copies into.size() bytes from `address` in `peer`'s memory (process_vm_readv).
   /// peer_lost when its process is gone or the memory no longer mapped (it left the call).
   std::error_code read_peer(rank_t peer, std::uint64_t address, std::span<std::byte> into) {
@@ -474,7 +498,8 @@ class transport : public stream::endpoint {
  private:
   transport(std::unique_ptr<stream::engine> core, std::vector<pid_t> pids, bool single_copy,
             std::unique_ptr<std::uint64_t> probe)
-      : stream::endpoint(std::move(core)), pids_(std::move(pids)), single_copy_(single_copy), probe_(std::move(probe)) {}
+      : stream::endpoint(std::move(core)), pids_(std::move(pids)), single_copy_(single_copy), probe_(std::move(probe)),
+        peer_regions_(std::make_unique<detail::peer_regions>(pids_)) {}
 
   /// Each rank reads every peer's probe word; single copy is on only if every rank
   /// read every word. Rank 0 says why not, once for the job.
@@ -513,8 +538,10 @@ class transport : public stream::endpoint {
   std::vector<pid_t> pids_;
   bool single_copy_ = false;
   std::unique_ptr<std::uint64_t> probe_;  // read by the peers' probes at join
+  std::shared_ptr<detail::region_registry> regions_ = std::make_shared<detail::region_registry>();
+  std::unique_ptr<detail::peer_regions> peer_regions_;  // behind a pointer: it holds a mutex, the transport moves
 };
 
-static_assert(qcoll::transport<transport>);
+static_assert(qcoll::shared_memory_transport<transport>);
 
 }  // namespace qcoll::transports::shm

@@ -93,6 +93,23 @@ class subgroup {
   {
     return base_->read_peer(base_peer(peer), address, into);
   }
+  // Shared memory, where the base transport maps peers' regions.
+  auto allocate_shared(std::size_t bytes)
+    requires shared_memory_transport<Base>
+  {
+    return base_->allocate_shared(bytes);
+  }
+  shared_region region_of(std::span<const std::byte> data) const
+    requires shared_memory_transport<Base>
+  {
+    return base_->region_of(data);
+  }
+  std::span<const std::byte> map_peer(rank_t peer, const shared_region& region, std::uint64_t address,
+                                      std::size_t bytes)
+    requires shared_memory_transport<Base>
+  {
+    return base_->map_peer(base_peer(peer), region, address, bytes);
+  }
 
  private:
   rank_t base_peer(rank_t peer) const {
