@@ -12,19 +12,23 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <vector>
 
 int main() try {
   return qcoll::launch::join_from_environment([](auto transport) {
     qcoll::communicator comm(std::move(transport));  // fully connected over this job's ranks (the default)
     const qcoll::rank_t n = comm.size(), r = comm.rank();
 
-    std::vector<float> gradient(1 << 20, float(r + 1));  // rank r contributes r + 1
+    // The communicator's own memory: over shared memory the peers map it and reduce
+    // straight out of it (docs/transports.md, "Shared buffers"); elsewhere it is
+    // ordinary memory. Allocate a bucket once and reuse it; any std::span works too.
+    qcoll::buffer<float> gradient = qcoll::allocate<float>(comm, 1 << 20);
+    std::fill(gradient.begin(), gradient.end(), float(r + 1));  // rank r contributes r + 1
     comm.allreduce(std::span<float>(gradient), qcoll::reduce_op::sum);
 
     const float expected = float(n * (n + 1) / 2);
-    const bool correct = gradient.front() == expected && gradient.back() == expected;
+    const bool correct = gradient[0] == expected && gradient[gradient.size() - 1] == expected;
     fmt::print("rank {} of {}: gradient[0] = {} (1 + … + {} = {}): {}\n", r, n, gradient[0], n, expected,
                correct ? "correct" : "WRONG");
     return correct ? 0 : 1;

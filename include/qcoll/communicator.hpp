@@ -33,7 +33,7 @@
 #include <qcoll/algorithms/recursive_doubling.hpp>
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/collective_handle.hpp>
-#include <qcoll/core/buffer.hpp>
+#include <qcoll/buffer.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/partition.hpp>
@@ -903,5 +903,12 @@ class communicator {
   std::vector<std::byte> scratch_[3];  // two blocks, and single-copy's bounce buffer
   std::optional<bool> fully_linked_;  // found by the first plan call
 };
+
+/// comm.allocate<T>(count), spelled so generic code (a lambda over `auto transport`)
+/// needs no `template` keyword.
+template <element T, transport Transport>
+buffer<T> allocate(communicator<Transport>& comm, std::size_t count) {
+  return comm.template allocate<T>(count);
+}
 
 }  // namespace qcoll

@@ -6,7 +6,7 @@
 /// MPI_Alloc_mem and ncclMemAlloc: collectives take any span; this memory makes them
 /// faster where the transport knows how.
 
-#include <qcoll/core/types.hpp>
+#include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
 
 #include <cstddef>
@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <span>
 #include <utility>
 
