@@ -183,13 +183,15 @@ inline std::uint32_t largest_magnitude(const float* x, const float* residual_in,
 }
 
 /// The mantissas of values [begin, end) of a finite block into mantissas[i - begin]
-/// (two's complement bits), their new errors to residual_out[i] (when not null).
+/// (two's complement bits: uint32, or int8 for b = 8), their new errors to
+/// residual_out[i] (when not null).
+template <class Code>
 inline void encode_values(const block_scale& block, unsigned bits, const float* x, const float* residual_in,
-                          float* residual_out, std::size_t begin, std::size_t end, std::uint32_t* mantissas) noexcept {
+                          float* residual_out, std::size_t begin, std::size_t end, Code* mantissas) noexcept {
   for (std::size_t i = begin; i < end; ++i) {
     const float v = fed(x, residual_in, i);
     const std::int32_t q = mantissa(v, block.scale, bits);
-    mantissas[i - begin] = static_cast<std::uint32_t>(q);
+    mantissas[i - begin] = static_cast<Code>(q);
     if (residual_out) residual_out[i] = v - decoded(q, block.unit);
   }
 }
@@ -203,6 +205,16 @@ inline void decode_values(const std::uint32_t* fields, std::size_t count, unsign
   }
 }
 
+/// y[j] = (or +=) the value of the 8-bit mantissa codes[j] in a block of unit 2^e,
+/// j < count: decode_values for b = 8, read from the record's bytes in place.
+inline void decode_byte_values(const std::int8_t* codes, std::size_t count, float unit, float* y,
+                               bool accumulate) noexcept {
+  for (std::size_t j = 0; j < count; ++j) {
+    const float value = decoded(codes[j], unit);
+    y[j] = accumulate ? y[j] + value : value;
+  }
+}
+
 // The driver. `Kernels` is the backend's arithmetic, a type with these static
 // functions (QCOLL_KERNEL_INLINE, each called from one place below):
 //   std::uint32_t max_magnitude(const float* x, const float* residual_in, std::size_t g)
@@ -212,11 +224,17 @@ inline void decode_values(const std::uint32_t* fields, std::size_t count, unsign
 //     the mantissas (two's complement bits) of values [first, first + count) of a finite
 //     block into mantissas[0, count) (64-byte aligned), and their new residuals when
 //     residual_out is not null;
+//   void encode_bytes(const block_scale&, const float* x, const float* residual_in, float* residual_out,
+//                     std::size_t first, std::size_t count, std::int8_t* codes)
+//     the same for b = 8, the mantissas written straight into the record;
 //   void fill_nan(float* y, std::size_t g)
 //     y[0, g) = quiet_nan(), for a non-finite block in both decode modes;
 //   void decode_chunk(const std::uint32_t* fields, std::size_t count, unsigned bits, float unit, float* y,
 //                     bool accumulate)
-//     y[j] = (or +=) decoded(sign_extend(fields[j], bits), unit), j < count (fields 64-byte aligned).
+//     y[j] = (or +=) decoded(sign_extend(fields[j], bits), unit), j < count (fields 64-byte aligned);
+//   void decode_bytes(const std::int8_t* codes, std::size_t count, float unit, float* y, bool accumulate)
+//     the same for b = 8, straight from the record (no unpacking into 32-bit fields: a SIMD
+//     load of fields that narrower stores just wrote stalls on store forwarding).
 
 /// Encodes one block of g values into its record.
 template <class Kernels>
@@ -230,6 +248,8 @@ QCOLL_KERNEL_INLINE void encode_block(unsigned bits, const float* x, const float
     __builtin_memset(codes, 0, layout(g, bits).codes_bytes(g));
     return;
   }
+  if (bits == 8)
+    return Kernels::encode_bytes(block, x, residual_in, residual_out, 0, g, reinterpret_cast<std::int8_t*>(codes));
   alignas(64) std::uint32_t mantissas[chunk];
   for (std::size_t first = 0; first < g; first += chunk) {
     const std::size_t c = g - first < chunk ? g - first : chunk;
@@ -269,6 +289,7 @@ void decode(const quantizers::bfp_options& options, const std::byte* records, st
     // no backend's NaN payload differs.
     if (exponent == nonfinite_exponent) return Kernels::fill_nan(y, g);
     const float unit = pow2(exponent);
+    if (bits == 8) return Kernels::decode_bytes(reinterpret_cast<const std::int8_t*>(codes), g, unit, y, accumulate);
     alignas(64) std::uint32_t fields[chunk];
     for (std::size_t start = 0; start < g; start += chunk) {
       const std::size_t c = g - start < chunk ? g - start : chunk;

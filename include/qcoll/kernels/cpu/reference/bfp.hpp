@@ -27,6 +27,12 @@ struct bfp_kernels {
     bfp_detail::encode_values(block, bits, x, residual_in, residual_out, first, first + count, mantissas);
   }
 
+  QCOLL_KERNEL_INLINE static void encode_bytes(const bfp_detail::block_scale& block, const float* x,
+                                               const float* residual_in, float* residual_out, std::size_t first,
+                                               std::size_t count, std::int8_t* codes) noexcept {
+    bfp_detail::encode_values(block, 8, x, residual_in, residual_out, first, first + count, codes);
+  }
+
   QCOLL_KERNEL_INLINE static void fill_nan(float* y, std::size_t g) noexcept {
     for (std::size_t i = 0; i < g; ++i) y[i] = bfp_detail::quiet_nan();
   }
@@ -34,6 +40,11 @@ struct bfp_kernels {
   QCOLL_KERNEL_INLINE static void decode_chunk(const std::uint32_t* fields, std::size_t count, unsigned bits,
                                                float unit, float* y, bool accumulate) noexcept {
     bfp_detail::decode_values(fields, count, bits, unit, y, accumulate);
+  }
+
+  QCOLL_KERNEL_INLINE static void decode_bytes(const std::int8_t* codes, std::size_t count, float unit, float* y,
+                                               bool accumulate) noexcept {
+    bfp_detail::decode_byte_values(codes, count, unit, y, accumulate);
   }
 };
 

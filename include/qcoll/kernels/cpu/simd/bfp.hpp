@@ -8,6 +8,7 @@
 /// register go through the reference's scalar code, so the results match the
 /// reference bit for bit.
 
+#include <qcoll/kernels/cpu/simd/lane_ops.hpp>
 #include <qcoll/kernels/cpu/simd/xsimd_compat.hpp>
 #include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/kernels/group/bfp.hpp>
@@ -41,19 +42,31 @@ struct bfp_kernels {
     // (An integer max, unlike a float one, is the same in every xsimd version.)
     for (std::size_t i = 0; i < body; i += width)
       largest = xsimd::max(largest, bit_cast<std::int32_t>(fed(x, residual_in, i)) & magnitude_mask);
-    alignas(64) std::int32_t lanes[width];
-    largest.store_aligned(lanes);
-    std::uint32_t result = 0;
-    for (std::size_t j = 0; j < width; ++j) {
-      const auto lane = static_cast<std::uint32_t>(lanes[j]);
-      result = lane > result ? lane : result;
-    }
-    return bfp_detail::largest_magnitude(x, residual_in, body, g, result);
+    // Every lane is ≥ 0, so the signed maximum is the unsigned one.
+    return bfp_detail::largest_magnitude(x, residual_in, body, g, static_cast<std::uint32_t>(max_lane(largest)));
   }
 
   QCOLL_KERNEL_INLINE static void encode_chunk(const bfp_detail::block_scale& block, unsigned bits, const float* x,
                                                const float* residual_in, float* residual_out, std::size_t first,
                                                std::size_t count, std::uint32_t* mantissas) noexcept {
+    // int32 and uint32 may alias: the buffer holds the two's complement bits.
+    encode_lanes(block, bits, x, residual_in, residual_out, first, count, mantissas,
+                 [&](int_batch q, std::size_t j) { q.store_aligned(reinterpret_cast<std::int32_t*>(mantissas) + j); });
+  }
+
+  QCOLL_KERNEL_INLINE static void encode_bytes(const bfp_detail::block_scale& block, const float* x,
+                                               const float* residual_in, float* residual_out, std::size_t first,
+                                               std::size_t count, std::int8_t* codes) noexcept {
+    encode_lanes(block, 8, x, residual_in, residual_out, first, count, codes,
+                 [&](int_batch q, std::size_t j) { store_narrowed(q, codes + j); });
+  }
+
+  /// The mantissas of a chunk, W at a time, handed to store(q, j) for values
+  /// [first + j, first + j + W); the tail through the reference's scalar code into out.
+  template <class Code, class Store>
+  QCOLL_KERNEL_INLINE static void encode_lanes(const bfp_detail::block_scale& block, unsigned bits, const float* x,
+                                               const float* residual_in, float* residual_out, std::size_t first,
+                                               std::size_t count, Code* out, Store&& store) noexcept {
     using namespace bfp_detail;
     const batch scale(block.scale), unit(block.unit), half(0.5f), minus_half(-0.5f), one(1.0f), minus_one(-1.0f),
         zero(0.0f);
@@ -61,8 +74,6 @@ struct bfp_kernels {
     // Saturated mantissas, as float lanes holding the int32 bits (a select moves bits unchanged).
     const batch largest = bit_cast<float>(int_batch(max_mantissa(bits)));
     const batch smallest = bit_cast<float>(int_batch(-max_mantissa(bits)));
-    // int32 and uint32 may alias: the buffer holds the two's complement bits.
-    auto* signed_mantissas = reinterpret_cast<std::int32_t*>(mantissas);
     const std::size_t body = count / width * width;
     for (std::size_t j = 0; j < body; j += width) {
       const std::size_t i = first + j;
@@ -76,10 +87,10 @@ struct bfp_kernels {
       q_bits = xsimd::select(rounded >= limit, largest, q_bits);
       q_bits = xsimd::select(rounded <= minus_limit, smallest, q_bits);
       const int_batch q = bit_cast<std::int32_t>(q_bits);
-      q.store_aligned(signed_mantissas + j);
+      store(q, j);
       if (residual_out) (v - xsimd::batch_cast<float>(q) * unit).store_unaligned(residual_out + i);
     }
-    encode_values(block, bits, x, residual_in, residual_out, first + body, first + count, mantissas + body);
+    encode_values(block, bits, x, residual_in, residual_out, first + body, first + count, out + body);
   }
 
   QCOLL_KERNEL_INLINE static void fill_nan(float* y, std::size_t g) noexcept {
@@ -102,6 +113,18 @@ struct bfp_kernels {
       (accumulate ? batch::load_unaligned(at) + value : value).store_unaligned(at);
     }
     bfp_detail::decode_values(fields + body, count - body, bits, unit, y + body, accumulate);
+  }
+
+  QCOLL_KERNEL_INLINE static void decode_bytes(const std::int8_t* codes, std::size_t count, float unit, float* y,
+                                               bool accumulate) noexcept {
+    const batch unit_lanes(unit);
+    const std::size_t body = count / width * width;
+    for (std::size_t j = 0; j < body; j += width) {
+      const batch value = xsimd::batch_cast<float>(load_widened<Arch>(codes + j)) * unit_lanes;
+      float* at = y + j;
+      (accumulate ? batch::load_unaligned(at) + value : value).store_unaligned(at);
+    }
+    bfp_detail::decode_byte_values(codes + body, count - body, unit, y + body, accumulate);
   }
 };
 
