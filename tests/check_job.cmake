@@ -190,6 +190,47 @@ function(verify_streams)
   forward_failures()
 endfunction()
 
+# compression_choice: every bucket's explanation on rank 0 ("<bytes> bytes: <chosen>: A ms
+# against <other> B ms (… compressed must be R x faster)") names the choice its own
+# measurements imply: compressed exactly when exact ≥ R · compressed. Times have 3
+# decimals and R 2, so the check runs in integers; a tie within their rounding passes.
+# EXPECT_BUCKETS=<n>: how many explanations there must be.
+function(verify_choice_follows_measurements)
+  string(REPLACE ";" "," text "${out}")  # the explanation has ';', which would split a line
+  split_lines("${text}" lines)
+  set(found 0)
+  set(number "([0-9]+)\\.([0-9][0-9][0-9])")
+  foreach(line IN LISTS lines)
+    if(NOT line MATCHES "^\\[0\\] [0-9]+ bytes: (exact|compressed \\([^)]*\\)): ${number} ms against (exact|compressed \\([^)]*\\)) ${number} ms \\(.*compressed must be ([0-9]+)\\.([0-9][0-9])x faster\\)$")
+      continue()
+    endif()
+    math(EXPR found "${found} + 1")
+    set(chosen "${CMAKE_MATCH_1}")
+    math(EXPR chosen_us "${CMAKE_MATCH_2} * 1000 + 1${CMAKE_MATCH_3} - 1000")
+    math(EXPR other_us "${CMAKE_MATCH_5} * 1000 + 1${CMAKE_MATCH_6} - 1000")
+    math(EXPR required "${CMAKE_MATCH_7} * 100 + 1${CMAKE_MATCH_8} - 100")  # R in hundredths
+    if(chosen STREQUAL "exact")
+      set(exact_us ${chosen_us})
+      set(compressed_us ${other_us})
+    else()
+      set(exact_us ${other_us})
+      set(compressed_us ${chosen_us})
+    endif()
+    # margin = 100 · exact − R · compressed: ≥ 0 means compression pays enough.
+    math(EXPR margin "100 * ${exact_us} - ${required} * ${compressed_us}")
+    math(EXPR rounding "50 + ${required} / 2 + 1")
+    if(chosen STREQUAL "exact" AND margin GREATER rounding)
+      fail("chose exact although compressed was fast enough by its own numbers: ${line}")
+    elseif(NOT chosen STREQUAL "exact" AND margin LESS -${rounding})
+      fail("chose compressed although it was not fast enough by its own numbers: ${line}")
+    endif()
+  endforeach()
+  if(NOT found EQUAL EXPECT_BUCKETS)
+    fail("${found} explanation line(s) on rank 0, expected ${EXPECT_BUCKETS}")
+  endif()
+  forward_failures()
+endfunction()
+
 # One rank of rank.sh long_line (200000 'x', no newline): relayed in pieces of at most 64 KiB,
 # each a line with the prefix, none lost.
 function(verify_long_line)

@@ -1,24 +1,24 @@
 # The compression_choice example: adaptive_allreduce picks exact or compressed per bucket
 # from its own measurements.
-# - On loopback (4 ranks over shm, 2 cores) a 16 MiB bucket compressed by bfp8 must stay
-#   exact: measured 12.8-14.6 ms exact against 31.2-33.1 ms compressed (3 runs), and
-#   still 26.9-28.0 against 48.7-50.7 with both cores kept busy by two other processes,
-#   where compressed must be 1.2x faster. Smaller buckets pick exact on a quiet machine
-#   (1 MiB one_bit: 0.54-0.65 against 1.84-1.94 ms), but on a loaded one their times are
-#   the scheduler's (1 MiB: exact 17.1, one_bit 8.3 ms; 4 KiB: 3.999 against 4.002 ms),
-#   and the choice follows the load it measured: no test can insist there.
+# - On loopback (4 ranks over shm, 2 cores) which one wins is the machine's and the
+#   load's to say, not a test's: a 16 MiB bfp8 bucket took 12.8-14.6 ms exact against
+#   31.2-33.1 ms compressed on 2026-11-25, but after the 8-bit bfp kernels got 1.3-2.8x
+#   faster it came out compressed 16.6 ms against exact 25.6 ms while other tests loaded
+#   both cores (2026-11-26); 1 MiB buckets flip under load too (exact 17.1 against one_bit
+#   8.3 ms). So the loopback test checks the rule, with real measurements: every bucket's
+#   choice is the one its own printed times imply (compressed exactly when exact >= 1.2x
+#   compressed). docs/compressed-performance.md has what it picks on a quiet machine.
 # - In the 1 Gbit/s lab a 16 MiB bucket must compress by one_bit: exact takes ~230 ms
 #   there, 1-bit ~25 ms (docs/compressed-performance.md), a margin no load closes.
 if(NOT QCOLL_BUILD_EXAMPLES OR NOT TARGET qcoll-run)
   return()
 endif()
 
-add_test(NAME examples.compression_choice.loopback_compute_bound_bucket_stays_exact
-  COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=60
-          "-DCOUNT_LINES=1:^\\[0\\] 16777216 bytes: exact: [0-9.]+ ms against compressed \\(bfp, chunk 262144\\) [0-9.]+ ms"
+add_test(NAME examples.compression_choice.loopback_choice_follows_its_measurements
+  COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=60 -DVERIFY=choice_follows_measurements -DEXPECT_BUCKETS=3
           -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
-          -- $<TARGET_FILE:qcoll-run> -n 4 -- $<TARGET_FILE:compression_choice> --quantizer bfp8 --sizes 16M)
-set_tests_properties(examples.compression_choice.loopback_compute_bound_bucket_stays_exact PROPERTIES TIMEOUT 90)
+          -- $<TARGET_FILE:qcoll-run> -n 4 -- $<TARGET_FILE:compression_choice> --quantizer bfp8 --sizes 64K,1M,16M)
+set_tests_properties(examples.compression_choice.loopback_choice_follows_its_measurements PROPERTIES TIMEOUT 90)
 
 if(DEFINED netlab_dir)  # tests/netlab.cmake: root, iproute2 and namespaces, or SKIPPED
   set(directory ${netlab_dir}/compression_choice)
