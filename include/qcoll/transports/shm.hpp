@@ -41,6 +41,7 @@
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
+#include <qcoll/transports/shm_handles.hpp>
 #include <qcoll/transports/shm_segment.hpp>
 #include <qcoll/transports/shm_shared_memory.hpp>
 
@@ -134,44 +135,6 @@ inline long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value,
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
-
-/// A mapping of the job's segment; unmapped on destruction.
-class mapping {
- public:
-  mapping() = default;
-  mapping(void* base, std::size_t bytes) : base_(base), bytes_(bytes) {}
-  mapping(mapping&& other) noexcept : base_(std::exchange(other.base_, nullptr)), bytes_(other.bytes_) {}
-  mapping& operator=(mapping&& other) noexcept {
-    std::swap(base_, other.base_);
-    std::swap(bytes_, other.bytes_);
-    return *this;
-  }
-  ~mapping() {
-    if (base_) ::munmap(base_, bytes_);
-  }
-  std::byte* base() const noexcept { return static_cast<std::byte*>(base_); }
-
- private:
-  void* base_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-class file_descriptor {
- public:
-  explicit file_descriptor(int fd = -1) noexcept : fd_(fd) {}
-  file_descriptor(file_descriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  file_descriptor& operator=(file_descriptor&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  ~file_descriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
 
 /// The stream engine's pipes over one segment.
 class shm_channels final : public stream::channels {

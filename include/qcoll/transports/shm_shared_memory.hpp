@@ -20,9 +20,9 @@
 #include <qcoll/core/message.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/transports/shm_handles.hpp>
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -36,6 +36,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <utility>
 #include <vector>
@@ -110,63 +111,49 @@ class region_registry {
 class shared_memory {
  public:
   shared_memory() = default;
-  shared_memory(shared_memory&& other) noexcept
-      : registry_(std::move(other.registry_)), file_(std::exchange(other.file_, nullptr)),
-        file_bytes_(other.file_bytes_), bytes_(other.bytes_), fd_(std::exchange(other.fd_, -1)),
-        serial_(other.serial_) {}
-  shared_memory& operator=(shared_memory other) noexcept {
-    std::swap(registry_, other.registry_);
-    std::swap(file_, other.file_);
-    std::swap(file_bytes_, other.file_bytes_);
-    std::swap(bytes_, other.bytes_);
-    std::swap(fd_, other.fd_);
-    std::swap(serial_, other.serial_);
-    return *this;
-  }
+  shared_memory(shared_memory&&) noexcept = default;  // the moved-from one maps nothing
+  shared_memory& operator=(shared_memory&&) = delete;
   ~shared_memory() {
-    if (!file_) return;
+    if (!file_.base()) return;
     registry_->remove(serial_);
     header().freed.store(1, std::memory_order_release);  // before the unmap: peers read it through their mapping
-    ::munmap(file_, file_bytes_);
-    ::close(fd_);
   }
 
   std::span<std::byte> bytes() const noexcept {
-    return file_ ? std::span<std::byte>(static_cast<std::byte*>(file_) + detail::region_header_bytes, bytes_)
-                 : std::span<std::byte>();
+    return file_.base() ? std::span<std::byte>(file_.base() + detail::region_header_bytes, bytes_)
+                        : std::span<std::byte>();
   }
 
   /// A new region of `bytes` (callers: transport::allocate_shared).
   static shared_memory make(std::shared_ptr<detail::region_registry> registry, std::size_t bytes) {
-    shared_memory memory;
-    memory.registry_ = std::move(registry);
-    memory.bytes_ = bytes;
-    memory.file_bytes_ = detail::region_file_bytes(bytes);
-    memory.fd_ = static_cast<int>(::syscall(SYS_memfd_create, "qcoll-shared-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    if (memory.fd_ < 0) detail::fail_region("memfd_create", bytes);
-    if (::ftruncate(memory.fd_, static_cast<off_t>(memory.file_bytes_)) != 0) detail::fail_region("ftruncate", bytes);
-    if (::fcntl(memory.fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    const std::size_t file_bytes = detail::region_file_bytes(bytes);
+    detail::file_descriptor fd(
+        static_cast<int>(::syscall(SYS_memfd_create, "qcoll-shared-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
+    if (fd.get() < 0) detail::fail_region("memfd_create", bytes);
+    if (::ftruncate(fd.get(), static_cast<off_t>(file_bytes)) != 0) detail::fail_region("ftruncate", bytes);
+    if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
       detail::fail_region("sealing", bytes);
     // Faulted in now, as the peers' benchmarks do: a first touch inside a call costs a
     // page fault per 4 KiB (docs/transports-performance.md).
-    void* file = ::mmap(nullptr, memory.file_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memory.fd_, 0);
+    void* file = ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
     if (file == MAP_FAILED) detail::fail_region("mmap", bytes);
-    memory.file_ = file;
-    const auto begin = reinterpret_cast<std::uintptr_t>(memory.bytes().data());
-    memory.serial_ = memory.registry_->add(begin, bytes, memory.fd_);
-    auto* header = new (file) detail::region_header{detail::region_magic, memory.serial_, bytes, {0}};
-    (void)header;
+    shared_memory memory(std::move(registry), detail::mapping(file, file_bytes), std::move(fd), bytes);
+    new (file) detail::region_header{detail::region_magic, memory.serial_, bytes, {0}};
     return memory;
   }
 
  private:
-  detail::region_header& header() const noexcept { return *static_cast<detail::region_header*>(file_); }
+  shared_memory(std::shared_ptr<detail::region_registry> registry, detail::mapping file, detail::file_descriptor fd,
+                std::size_t bytes)
+      : registry_(std::move(registry)), file_(std::move(file)), fd_(std::move(fd)), bytes_(bytes),
+        serial_(registry_->add(reinterpret_cast<std::uintptr_t>(this->bytes().data()), bytes, fd_.get())) {}
+
+  detail::region_header& header() const noexcept { return *reinterpret_cast<detail::region_header*>(file_.base()); }
 
   std::shared_ptr<detail::region_registry> registry_;
-  void* file_ = nullptr;
-  std::size_t file_bytes_ = 0;
+  detail::mapping file_;       // the header page, then the caller's bytes
+  detail::file_descriptor fd_;  // kept open: peers fetch it (pidfd_getfd) while the region lives
   std::size_t bytes_ = 0;
-  int fd_ = -1;
   std::uint64_t serial_ = 0;
 };
 
@@ -175,18 +162,8 @@ namespace detail {
 /// The peers' regions this rank has mapped, read-only, per owner.
 class peer_regions {
  public:
-  explicit peer_regions(std::vector<pid_t> pids) : pids_(std::move(pids)), by_peer_(pids_.size()) {
-    pidfds_.assign(pids_.size(), -1);
-    refused_.assign(pids_.size(), 0);
-  }
-  peer_regions(const peer_regions&) = delete;
-  peer_regions& operator=(const peer_regions&) = delete;
-  ~peer_regions() {
-    for (auto& regions : by_peer_)
-      for (mapped& m : regions) m.unmap();
-    for (const int fd : pidfds_)
-      if (fd >= 0) ::close(fd);
-  }
+  explicit peer_regions(std::vector<pid_t> pids)
+      : pids_(std::move(pids)), by_peer_(pids_.size()), pidfds_(pids_.size()), refused_(pids_.size(), 0) {}
 
   /// `bytes` at `address` of the region `peer` described, mapped here; empty when the
   /// description does not hold the range or the region cannot be mapped (the caller
@@ -200,26 +177,19 @@ class peer_regions {
     // Drop what any owner has freed since: its pages go back to the system only once
     // every mapping of them is gone. A load per mapping, against a step of ≥ 256 KiB.
     for (std::vector<mapped>& of_peer : by_peer_)
-      std::erase_if(of_peer, [](mapped& m) {
-        if (m.header().freed.load(std::memory_order_acquire) == 0) return false;
-        m.unmap();
-        return true;
-      });
+      std::erase_if(of_peer, [](const mapped& m) { return m.header().freed.load(std::memory_order_acquire) != 0; });
     std::vector<mapped>& regions = by_peer_[peer];
     auto found = std::find_if(regions.begin(), regions.end(), [&](const mapped& m) { return m.serial == region.serial; });
     if (found == regions.end()) {
       if (refused_[peer]) return {};
       mapped fresh = map(peer, region);
-      if (!fresh.file) return {};
-      if (regions.size() >= max_mapped_regions_per_peer) {
-        regions.front().unmap();
-        regions.erase(regions.begin());
-      }
-      regions.push_back(fresh);
+      if (!fresh.file.base()) return {};
+      if (regions.size() >= max_mapped_regions_per_peer) regions.erase(regions.begin());
+      regions.push_back(std::move(fresh));
       found = regions.end() - 1;
     }
     if (found->base != region.base || found->bytes != region.bytes) return {};
-    return {found->file + region_header_bytes + (address - region.base), bytes};
+    return {found->file.base() + region_header_bytes + (address - region.base), bytes};
   }
 
   /// How many peer regions are mapped now (all peers).
@@ -235,44 +205,39 @@ class peer_regions {
     std::uint64_t serial = 0;
     std::uint64_t base = 0;  // where the caller's bytes lie in the owner's address space
     std::size_t bytes = 0;
-    std::byte* file = nullptr;
-    std::size_t file_bytes = 0;
-    const region_header& header() const noexcept { return *reinterpret_cast<const region_header*>(file); }
-    void unmap() noexcept {
-      if (file) ::munmap(file, file_bytes);
-      file = nullptr;
-    }
+    mapping file;            // read-only: the header page, then the bytes
+    const region_header& header() const noexcept { return *reinterpret_cast<const region_header*>(file.base()); }
   };
 
-  /// Fetches the owner's descriptor and maps the region; {} when that fails. A refused
-  /// fetch (no permission, no such call) is not tried again for that peer.
+  /// Fetches the owner's descriptor and maps the region; one that maps nothing when that
+  /// fails. A refused fetch (no permission, no such call) is not tried again for that peer.
   mapped map(rank_t peer, const shared_region& region) {
-    if (pidfds_[peer] < 0) pidfds_[peer] = static_cast<int>(::syscall(SYS_pidfd_open, pids_[peer], 0));
-    if (pidfds_[peer] < 0 || region.handle > static_cast<std::uint64_t>(INT32_MAX)) return {};
-    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfds_[peer], static_cast<int>(region.handle), 0));
-    if (fd < 0) {
+    if (pidfds_[peer].get() < 0) pidfds_[peer] = file_descriptor(static_cast<int>(::syscall(SYS_pidfd_open, pids_[peer], 0)));
+    if (pidfds_[peer].get() < 0 || region.handle > static_cast<std::uint64_t>(INT32_MAX)) return {};
+    const file_descriptor fd(
+        static_cast<int>(::syscall(SYS_pidfd_getfd, pidfds_[peer].get(), static_cast<int>(region.handle), 0)));
+    if (fd.get() < 0) {
       if (errno == EPERM || errno == ENOSYS) refused_[peer] = 1;
       return {};
     }
-    mapped m{region.serial, region.base, region.bytes, nullptr, region_file_bytes(region.bytes)};
-    struct stat info {};
     // The descriptor must be the region described: the right size (sealed, so it stays
     // that) and, once mapped, the right header.
-    if (::fstat(fd, &info) == 0 && static_cast<std::size_t>(info.st_size) == m.file_bytes) {
-      void* file = ::mmap(nullptr, m.file_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-      if (file != MAP_FAILED) m.file = static_cast<std::byte*>(file);
-    }
-    ::close(fd);
-    if (m.file && (m.header().magic != region_magic || m.header().serial != region.serial ||
-                   m.header().bytes != region.bytes || m.header().freed.load(std::memory_order_acquire) != 0))
-      m.unmap();
+    const std::size_t file_bytes = region_file_bytes(region.bytes);
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0 || static_cast<std::size_t>(info.st_size) != file_bytes) return {};
+    void* file = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+    if (file == MAP_FAILED) return {};
+    mapped m{region.serial, region.base, region.bytes, mapping(file, file_bytes)};
+    if (m.header().magic != region_magic || m.header().serial != region.serial || m.header().bytes != region.bytes ||
+        m.header().freed.load(std::memory_order_acquire) != 0)
+      return {};
     return m;
   }
 
   std::mutex mutex_;
   std::vector<pid_t> pids_;
   std::vector<std::vector<mapped>> by_peer_;
-  std::vector<int> pidfds_;  // opened at the first region of each peer
+  std::vector<file_descriptor> pidfds_;  // opened at the first region of each peer
   std::vector<char> refused_;
 };
 
