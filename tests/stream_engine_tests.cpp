@@ -9,8 +9,10 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -275,6 +277,26 @@ BOOST_AUTO_TEST_CASE(destroying_a_posted_request_cancels_it) {
   pair.ranks[1]->post_recv(recv, 0, 0, received);
   BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[1]->test(recv); }));
   BOOST_TEST((received == sent));
+}
+
+BOOST_AUTO_TEST_CASE(waits_poll_without_yielding_when_every_rank_has_a_core) {
+  // The transports' joins resolve the poll times from the ranks on this host.
+  ::unsetenv("QCOLL_SPIN_US");
+  ::unsetenv("QCOLL_PAUSE_US");
+  const auto cores = static_cast<rank_t>(std::max(1u, std::thread::hardware_concurrency()));
+  const stream::engine_options own_core = stream::resolve({}, cores);
+  BOOST_TEST(own_core.spin.value().count() == tuning_table::spin_when_cores_suffice.count());
+  BOOST_TEST(own_core.pause.value().count() == own_core.spin.value().count());  // never a sched_yield
+  const stream::engine_options shared_cores = stream::resolve({}, cores + 1);
+  BOOST_TEST(shared_cores.spin.value().count() == tuning_table::spin_when_oversubscribed.count());
+  BOOST_TEST(shared_cores.pause.value().count() == 0);  // a yield between every two polls
+  // Given values are kept; QCOLL_PAUSE_US overrides the table's.
+  stream::engine_options given;
+  given.pause = std::chrono::microseconds(7);
+  BOOST_TEST(stream::resolve(given, cores).pause.value().count() == 7);
+  ::setenv("QCOLL_PAUSE_US", "30", 1);
+  BOOST_TEST(stream::resolve({}, cores + 1).pause.value().count() == 30);
+  ::unsetenv("QCOLL_PAUSE_US");
 }
 
 BOOST_AUTO_TEST_CASE(bad_posts_are_rejected) {

@@ -68,7 +68,8 @@ class memory_channels final : public transports::stream::channels {
 /// Two engines over memory pipes, driven by one thread.
 struct pair_of_engines {
   explicit pair_of_engines(std::size_t capacity = 64 << 10) : world(std::make_shared<memory_world>(capacity)) {
-    const transports::stream::engine_options no_waiting{std::chrono::microseconds(0), std::chrono::milliseconds(0)};
+    const transports::stream::engine_options no_waiting{std::chrono::microseconds(0), std::chrono::milliseconds(0),
+                                                         std::chrono::microseconds(0)};
     for (rank_t r = 0; r < 2; ++r)
       ranks.push_back(std::make_unique<transports::stream::engine>(r, 2, std::make_unique<memory_channels>(world, r),
                                                                     "test transport", no_waiting));

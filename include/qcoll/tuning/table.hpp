@@ -72,6 +72,18 @@ inline constexpr std::size_t single_copy_bytes = std::size_t{256} << 10;
 /// within this time costs no wakeup. Commit e37e18c (2 ms together with fewer
 /// system calls per message): 2 ranks, 4 KiB allreduce, shm 17 → 3.9 µs, tcp 42 → 25 µs.
 inline constexpr std::chrono::microseconds spin_when_cores_suffice{2000};
+/// For how much of that poll time a wait pauses between polls (x86 `pause`, no system
+/// call) before it yields its core between polls: all of it. A yield is a system call
+/// that delays noticing the reply, and with another program busy on the core it hands
+/// the core over for a whole scheduler tick. 2 ranks, shm, allreduce, yielding from
+/// the start / pausing 20 µs / 200 µs / 2 ms (2026-11-26, 2-vCPU KVM guest, avx512f, two
+/// rounds): 4 KiB 1.61–1.62 / 1.03–1.13 / 1.01–1.19 / 0.97–1.01 µs, 64 KiB 4.8–6.4 /
+/// 3.7–3.8 / 4.6–4.7 / 4.0 µs, 1 MiB 94 / 95–96 / 94–95 / 91–93 µs; with a busy loop
+/// on one core 3990–3998 µs at every size up to 256 KiB when yielding, 1.0–1.1 µs at
+/// 4 KiB for every pause. Ranks that outnumber cores yield at once (0 µs): 4 ranks,
+/// 4 KiB, shm 20 / 30–32 / 126–136 µs yielding / pausing 10 / 50 µs, tcp 55–73 /
+/// 119–121 / 270–300 µs.
+inline constexpr std::chrono::microseconds pause_when_cores_suffice = spin_when_cores_suffice;
 /// ... and when ranks outnumber cores, where polling takes the core a peer needs:
 /// docs/transports-performance.md, finding 4: 4 ranks on 2 cores, 4 KiB allreduce,
 /// 92–135 µs polling 50 µs, 288–463 µs sleeping at once; 1000 µs gave no consistent gain.
@@ -139,13 +151,26 @@ struct tuning {
   }
 };
 
+/// Whether a job with `local_ranks` ranks on this host has fewer cores than ranks.
+inline bool ranks_outnumber_cores(rank_t local_ranks) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores == 0 || local_ranks > cores;
+}
+
+/// How long a wait of a job with `local_ranks` ranks on this host polls before it starts
+/// yielding its core between polls (QCOLL_PAUSE_US overrides it; capped by the poll time).
+inline std::chrono::microseconds automatic_pause(rank_t local_ranks) {
+  if (const char* given = std::getenv("QCOLL_PAUSE_US"); given && *given)
+    return std::chrono::microseconds(std::strtoll(given, nullptr, 10));
+  return ranks_outnumber_cores(local_ranks) ? std::chrono::microseconds(0) : tuning_table::pause_when_cores_suffice;
+}
+
 /// The poll time of a job with `local_ranks` ranks on this host (QCOLL_SPIN_US overrides it).
 inline std::chrono::microseconds automatic_spin(rank_t local_ranks) {
   if (const char* given = std::getenv("QCOLL_SPIN_US"); given && *given)
     return std::chrono::microseconds(std::strtoll(given, nullptr, 10));
-  const unsigned cores = std::thread::hardware_concurrency();
-  return cores != 0 && local_ranks <= cores ? tuning_table::spin_when_cores_suffice
-                                             : tuning_table::spin_when_oversubscribed;
+  return ranks_outnumber_cores(local_ranks) ? tuning_table::spin_when_oversubscribed
+                                            : tuning_table::spin_when_cores_suffice;
 }
 
 }  // namespace qcoll

@@ -19,6 +19,7 @@
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/cpu_relax.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/transports/stream/records.hpp>
@@ -76,6 +77,7 @@ class channels {
 /// without a wakeup, as MPI does by polling; short when ranks outnumber cores, where
 /// polling would take the core a peer needs. QCOLL_SPIN_US overrides it.
 using qcoll::automatic_spin;
+using qcoll::automatic_pause;
 
 class engine;
 
@@ -101,11 +103,18 @@ struct engine_options {
   std::optional<std::chrono::microseconds> spin;
   /// How long an abort tries to deliver its reason to the peers before closing.
   std::chrono::milliseconds abort_flush{200};
+  /// For how much of `spin` a wait polls with only a pause hint between polls; after
+  /// it, it hands its core to any other runnable thread between polls (sched_yield), in
+  /// case the peer it waits for shares the core. A yield is a system call: polling
+  /// through them notices a reply late, which dominates small-message latency. Unset:
+  /// chosen by the transport's join (see automatic_pause).
+  std::optional<std::chrono::microseconds> pause;
 };
 
 /// `options` with the poll time filled in for a job of `local_ranks` ranks on this host.
 inline engine_options resolve(engine_options options, rank_t local_ranks) {
   if (!options.spin) options.spin = automatic_spin(local_ranks);
+  if (!options.pause) options.pause = automatic_pause(local_ranks);
   return options;
 }
 
@@ -162,7 +171,9 @@ class engine {
   /// stream to that peer, since the rest of its bytes can no longer be placed.
   std::error_code wait(request& r, deadline until) {
     if (r.state_ == request::state::idle || r.engine_ != this) return make_error_code(errc::invalid_argument);
-    const deadline spin_until = clock::now() + options_.spin.value_or(std::chrono::microseconds(50));
+    const deadline start = clock::now();
+    const deadline spin_until = start + options_.spin.value_or(std::chrono::microseconds(50));
+    const deadline pause_until = start + options_.pause.value_or(std::chrono::microseconds(0));
     for (;;) {
       const std::uint64_t seen = pipes_->activity();
       progress();
@@ -173,7 +184,8 @@ class engine {
         return r.result_;
       }
       if (now < spin_until) {
-        std::this_thread::yield();  // lets an oversubscribed peer run
+        if (now < pause_until) qcoll::detail::cpu_relax();
+        else std::this_thread::yield();  // lets a peer on this core run
         continue;
       }
       sleep(seen, until);
