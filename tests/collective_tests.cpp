@@ -79,7 +79,9 @@ void check_allreduce(std::size_t n, std::size_t count, reduce_op op, bool in_pla
                           << to_string(dtype_of<T>::value) << " in_place=" << in_place << " algorithm="
                           << to_string(tuned.allreduce) << " slice=" << tuned.ring_slice_bytes) {
     const auto inputs = inputs_for<T>(n, count, n * 131 + count);
-    const auto expected = tuned.allreduce == algorithm::recursive_doubling
+    // Halving-doubling sums every element in recursive doubling's order.
+    const auto expected = tuned.allreduce == algorithm::recursive_doubling ||
+                                  tuned.allreduce == algorithm::halving_doubling
                               ? test::reference_recursive_doubling(inputs, op)
                               : test::reference_reduce(inputs, std::span<const rank_t>(ring), op);
     std::vector<std::vector<T>> results(n);
@@ -144,6 +146,26 @@ BOOST_AUTO_TEST_CASE(recursive_doubling_matches_its_reference_bitwise) {
             n, count, op, count % 2 == 1, [](std::size_t s) { return topologies::fully_connected(s); },
             natural_order(n), tuned);
       }
+}
+
+BOOST_AUTO_TEST_CASE(halving_doubling_matches_recursive_doublings_reference_bitwise) {
+  // small_counts include counts below, at and just above the world size, so some
+  // halvings give one partner nothing; 1001 on 8 ranks splits unevenly at every level.
+  const tuning tuned = test::forcing(algorithm::halving_doubling);
+  for (std::size_t n = 1; n <= 8; ++n) {
+    for (std::size_t count : small_counts)
+      for (reduce_op op : all_ops) {
+        check_allreduce<float, topologies::fully_connected>(
+            n, count, op, count % 2 == 0, [](std::size_t s) { return topologies::fully_connected(s); },
+            natural_order(n), tuned);
+        check_allreduce<double, topologies::fully_connected>(
+            n, count, op, count % 2 == 1, [](std::size_t s) { return topologies::fully_connected(s); },
+            natural_order(n), tuned);
+      }
+    check_allreduce<float, topologies::fully_connected>(
+        n, 1001, reduce_op::sum, false, [](std::size_t s) { return topologies::fully_connected(s); },
+        natural_order(n), tuned);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(pipelined_ring_matches_the_reference_bitwise) {
@@ -214,7 +236,19 @@ BOOST_AUTO_TEST_CASE(the_size_chooses_the_algorithm) {
     BOOST_TEST(!test::bitwise_equal<float>(got, ring_result(inputs)), "the orders must differ for this to tell");
   }
   {
+    // Above it, on 4 ranks, by halving-doubling: recursive doubling's order (which of the
+    // two ran, the QCOLL_DEBUG=INFO test below tells).
     const auto [inputs, got] = run(4, 1001, true);
+    BOOST_TEST(test::bitwise_equal<float>(got, test::reference_recursive_doubling(inputs, reduce_op::sum)));
+  }
+  {
+    const auto [inputs, got] = run(3, 1001, true);  // not a power of two: the ring
+    BOOST_TEST(test::bitwise_equal<float>(got, ring_result(inputs)));
+    BOOST_TEST(!test::bitwise_equal<float>(got, test::reference_recursive_doubling(inputs, reduce_op::sum)));
+  }
+  tuned.allreduce_halving_bytes = 8000;
+  {
+    const auto [inputs, got] = run(4, 2001, true);  // above allreduce_halving_bytes: the ring
     BOOST_TEST(test::bitwise_equal<float>(got, ring_result(inputs)));
   }
   {
@@ -443,7 +477,7 @@ std::vector<std::uint16_t> rounded_once(const std::vector<std::vector<Half>>& in
   for (const auto& values : inputs) wide.push_back(widened(values));
   const std::vector<rank_t> ring = natural_order(inputs.size());
   std::vector<std::uint16_t> out;
-  const std::vector<float> reduced = way == algorithm::recursive_doubling
+  const std::vector<float> reduced = way == algorithm::recursive_doubling || way == algorithm::halving_doubling
                                          ? test::reference_recursive_doubling(wide, op)
                                          : test::reference_reduce(wide, std::span<const rank_t>(ring), op);
   for (float v : reduced) out.push_back(Half(v).bits);
@@ -504,6 +538,7 @@ BOOST_AUTO_TEST_CASE(bfloat16_equals_the_float_reduction_rounded_once) {
   check_allreduce_and_reduce_scatter<bfloat16>(algorithm::ring_single_copy);
   check_allreduce_and_reduce_scatter<bfloat16>(algorithm::ring, pipelined_everywhere());
   check_allreduce_and_reduce_scatter<bfloat16>(algorithm::recursive_doubling);
+  check_allreduce_and_reduce_scatter<bfloat16>(algorithm::halving_doubling);
 }
 
 BOOST_AUTO_TEST_CASE(float16_equals_the_float_reduction_rounded_once) {
@@ -511,6 +546,7 @@ BOOST_AUTO_TEST_CASE(float16_equals_the_float_reduction_rounded_once) {
   check_allreduce_and_reduce_scatter<float16>(algorithm::ring_single_copy);
   check_allreduce_and_reduce_scatter<float16>(algorithm::ring, pipelined_everywhere());
   check_allreduce_and_reduce_scatter<float16>(algorithm::recursive_doubling);
+  check_allreduce_and_reduce_scatter<float16>(algorithm::halving_doubling);
 }
 
 // 1 + 2^-8 + 2^-8 is 1 + 2^-7 in float and in bfloat16. Rounding after each hop
@@ -559,12 +595,14 @@ BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
   ::setenv("QCOLL_RING_SLICE_BYTES", "64K", 1);
   ::setenv("QCOLL_SINGLE_COPY_BYTES", "off", 1);
   ::setenv("QCOLL_BROADCAST_SMALL_BYTES", "1000", 1);
+  ::setenv("QCOLL_ALLREDUCE_HALVING_BYTES", "2M", 1);
   const tuning t = tuning::from_environment();
   BOOST_TEST((t.allreduce == algorithm::recursive_doubling));
   BOOST_TEST((t.barrier == algorithm::unspecified));
   BOOST_TEST(t.ring_slice_bytes == 65536u);
   BOOST_TEST(t.single_copy_bytes == tuning::never);
   BOOST_TEST(t.broadcast_small_bytes == 1000u);
+  BOOST_TEST(t.allreduce_halving_bytes == std::size_t{2} << 20);
   BOOST_TEST(t.allreduce_small_bytes == tuning_table::allreduce_small_bytes);
   // A communicator reads them when it is made.
   const auto outcome = test::run_ranks(2, [](auto& comm) {
@@ -583,12 +621,12 @@ BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
     }
     ::unsetenv(name);
   };
-  refused("QCOLL_ALLREDUCE_ALGO", "binomial_tree", "QCOLL_ALLREDUCE_ALGO=binomial_tree is not one of ring, recursive_doubling, auto");
+  refused("QCOLL_ALLREDUCE_ALGO", "binomial_tree", "QCOLL_ALLREDUCE_ALGO=binomial_tree is not one of ring, recursive_doubling, halving_doubling, auto");
   refused("QCOLL_RING_SLICE_BYTES", "12Q", "QCOLL_RING_SLICE_BYTES=12Q is not a byte count");
   refused("QCOLL_ALLREDUCE_SMALL_BYTES", "-1", "QCOLL_ALLREDUCE_SMALL_BYTES=-1");
   refused("QCOLL_SINGLE_COPY_BYTES", "99999999999999999999M", "QCOLL_SINGLE_COPY_BYTES");
   for (const char* name : {"QCOLL_ALLREDUCE_ALGO", "QCOLL_BARRIER_ALGO", "QCOLL_RING_SLICE_BYTES", "QCOLL_SINGLE_COPY_BYTES",
-                           "QCOLL_BROADCAST_SMALL_BYTES"})
+                           "QCOLL_BROADCAST_SMALL_BYTES", "QCOLL_ALLREDUCE_HALVING_BYTES"})
     ::unsetenv(name);
 }
 
@@ -600,8 +638,10 @@ BOOST_AUTO_TEST_CASE(qcoll_debug_info_names_the_algorithm_of_each_call) {
   const int saved = ::dup(STDERR_FILENO);
   ::dup2(::fileno(captured), STDERR_FILENO);
   const auto outcome = test::run_ranks<topologies::fully_connected>(4, [](auto& comm) {
-    std::vector<float> small(16, 1.0f), large(400'000, 1.0f);  // steps of 400 KB: single copy
+    // Steps of 40 KB go through the transport, steps of 400 KB are read from the peer.
+    std::vector<float> small(16, 1.0f), medium(40'000, 1.0f), large(400'000, 1.0f);
     comm.allreduce(std::span<float>(small), reduce_op::sum);
+    comm.allreduce(std::span<float>(medium), reduce_op::sum);
     comm.allreduce(std::span<float>(large), reduce_op::sum);
     comm.broadcast(std::span<float>(small), 1);
     comm.barrier();
@@ -616,9 +656,12 @@ BOOST_AUTO_TEST_CASE(qcoll_debug_info_names_the_algorithm_of_each_call) {
   std::fclose(captured);
   for (const char* line :
        {"qcoll: rank 0 of 4: allreduce(count=16, f32, sum) #0 via recursive_doubling (64 bytes): bytes <= allreduce_small_bytes\n",
-        "qcoll: rank 3 of 4: allreduce(count=400000, f32, sum) #1 via ring_single_copy (1600000 bytes): bytes > allreduce_small_bytes\n",
-        "qcoll: rank 2 of 4: broadcast(count=16, f32, root=1) #2 via binomial_tree (64 bytes): bytes <= broadcast_small_bytes\n",
-        "qcoll: rank 1 of 4: barrier #3 via dissemination (0 bytes): every pair linked\n"})
+        "qcoll: rank 1 of 4: allreduce(count=40000, f32, sum) #1 via halving_doubling (160000 bytes): bytes <= "
+        "allreduce_halving_bytes, 2^k >= 4 ranks, steps through the transport\n",
+        "qcoll: rank 3 of 4: allreduce(count=400000, f32, sum) #2 via ring_single_copy (1600000 bytes): steps of >= "
+        "single_copy_bytes, and the transport reads peers' memory\n",
+        "qcoll: rank 2 of 4: broadcast(count=16, f32, root=1) #3 via binomial_tree (64 bytes): bytes <= broadcast_small_bytes\n",
+        "qcoll: rank 1 of 4: barrier #4 via dissemination (0 bytes): every pair linked\n"})
     BOOST_TEST(log.find(line) != std::string::npos, "missing: " << line << "in:\n" << log);
 }
 

@@ -81,9 +81,13 @@ foreach(transport shm tcp)
   qcoll_job_test(mismatched_sizes RANKS 3 TRANSPORT ${transport} ARGS mismatch
     LINES "3:count mismatch reported")
   # The killed rank makes the job fail (137); every survivor names it, well before the timeout.
-  qcoll_job_test(kill_a_rank_mid_allreduce RANKS 4 TRANSPORT ${transport} ARGS kill EXIT 137
+  qcoll_job_test(kill_a_rank_mid_allreduce RANKS 4 TRANSPORT ${transport} ARGS kill 67108864 EXIT 137
     LAUNCHER_OPTIONS --keep-going
     LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
+  # The same in 512 KiB calls, which 4 ranks make by halving-doubling on either transport.
+  qcoll_job_test(kill_a_rank_mid_halving_doubling RANKS 4 TRANSPORT ${transport} ARGS kill 524288 EXIT 137
+    LAUNCHER_OPTIONS --keep-going
+    LINES "3:survivor saw the loss of peer 3.* via halving_doubling|1:rank 3 was killed by signal SIGKILL")
   # A rank that stops answering without closing anything: timeouts, no hang. qcoll-run's
   # own --timeout then removes the stopped rank (124).
   qcoll_job_test(frozen_rank_times_out RANKS 3 TRANSPORT ${transport} ARGS freeze EXIT 124
@@ -121,7 +125,7 @@ foreach(transport shm tcp)
 endforeach()
 # A rank killed while the survivors reduce straight out of its shared buffer: they fail
 # naming it, and read nothing freed (their mapping keeps the pages).
-qcoll_job_test(kill_a_rank_mid_allreduce_on_shared_buffers RANKS 4 TRANSPORT shm ARGS kill_allocated EXIT 137
+qcoll_job_test(kill_a_rank_mid_allreduce_on_shared_buffers RANKS 4 TRANSPORT shm ARGS kill_allocated 67108864 EXIT 137
   LAUNCHER_OPTIONS --keep-going
   LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
 # Single copy refused between two ranks (one is non-dumpable, none may ptrace): every rank

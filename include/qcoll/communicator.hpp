@@ -30,6 +30,7 @@
 #include <qcoll/algorithms/binomial_tree.hpp>
 #include <qcoll/algorithms/dissemination.hpp>
 #include <qcoll/algorithms/primitives.hpp>
+#include <qcoll/algorithms/halving_doubling.hpp>
 #include <qcoll/algorithms/recursive_doubling.hpp>
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/collective_handle.hpp>
@@ -221,7 +222,10 @@ class communicator {
     if (!detail::same_range(in, out) && detail::overlaps(in, out))
       step.fail(errc::invalid_argument, "input and output overlap without being the same range");
 
-    if (way.algorithm == algorithm::recursive_doubling) return recursive_doubling(step, in, out, op);
+    if (way.algorithm == algorithm::recursive_doubling)
+      return by_exchanges(step, in, out, op, [](auto&&... a) { algorithms::recursive_doubling_allreduce(a...); });
+    if (way.algorithm == algorithm::halving_doubling)
+      return by_exchanges(step, in, out, op, [](auto&&... a) { algorithms::halving_doubling_allreduce(a...); });
     const algorithms::ring_view ring = this->ring();
     if constexpr (half_element<T>) {
       // Reduce in float, round this rank's block once, then gather the rounded blocks.
@@ -652,18 +656,25 @@ class communicator {
     const char* rule = "";
   };
 
-  /// Small buffers by recursive doubling where every pair of ranks is linked; the ring
-  /// otherwise. The same on every rank, given the same tuning: it depends on the
+  /// Where every pair of ranks is linked: small buffers by recursive doubling, medium
+  /// ones on 2^k ≥ 4 ranks by halving-doubling unless the ring's steps would be read
+  /// straight from the peers' memory; the ring otherwise. The same on every rank, given the same tuning: it depends on the
   /// buffer's size, the world and the topology only. Like begin(), the choices first
   /// let started calls finish: they read (and fill in) what those calls use.
   choice choose_allreduce(std::size_t bytes, std::size_t step_bytes) {
     if (!shared_.is_progress_thread()) quiesce();
-    if (tuning_.allreduce == algorithm::recursive_doubling) return {algorithm::recursive_doubling, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
+    if (tuning_.allreduce == algorithm::recursive_doubling || tuning_.allreduce == algorithm::halving_doubling)
+      return {tuning_.allreduce, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
     if (tuning_.allreduce == algorithm::ring) return {ring_for(step_bytes).algorithm, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
     if (size() == 1) return ring_choice();
-    if (bytes > tuning_.allreduce_small_bytes) return {ring_for(step_bytes).algorithm, "bytes > allreduce_small_bytes"};
     if (!group().fully_linked) return {ring_for(step_bytes).algorithm, "the topology does not link every pair"};
-    return {algorithm::recursive_doubling, "bytes <= allreduce_small_bytes"};
+    if (bytes <= tuning_.allreduce_small_bytes) return {algorithm::recursive_doubling, "bytes <= allreduce_small_bytes"};
+    const choice ring = ring_for(step_bytes);
+    if (bytes > tuning_.allreduce_halving_bytes) return {ring.algorithm, "bytes > allreduce_halving_bytes"};
+    if (ring.algorithm == algorithm::ring_single_copy) return ring;
+    if (size() < 4 || !std::has_single_bit(size()))
+      return {ring.algorithm, "bytes > allreduce_small_bytes, and halving-doubling needs 2^k >= 4 ranks"};
+    return {algorithm::halving_doubling, "bytes <= allreduce_halving_bytes, 2^k >= 4 ranks, steps through the transport"};
   }
   choice choose_broadcast(std::size_t bytes) {
     if (!shared_.is_progress_thread()) quiesce();
@@ -710,21 +721,20 @@ class communicator {
     return step;
   }
 
-  /// allreduce by recursive doubling (algorithms/recursive_doubling.hpp); 16-bit
-  /// values are widened into float scratch, reduced there and rounded once.
-  template <element T>
-  void recursive_doubling(algorithms::primitives<channel_type>& step, std::span<const T> in, std::span<T> out,
-                          reduce_op op) {
+  /// allreduce by an algorithm of pairwise exchanges over the whole world (recursive or
+  /// halving-doubling: `run(step, rank, n, data, scratch, op)`); 16-bit values are
+  /// widened into float scratch, reduced there and rounded once.
+  template <element T, class Algorithm>
+  void by_exchanges(algorithms::primitives<channel_type>& step, std::span<const T> in, std::span<T> out, reduce_op op,
+                    Algorithm run) {
     if constexpr (half_element<T>) {
       const std::span<float> values = scratch<float>(0, in.size());
       kernels::cpu::widen(in, values);
-      algorithms::recursive_doubling_allreduce<channel_type, float>(step, rank(), size(), values,
-                                                                    scratch<float>(1, in.size()), op);
+      run(step, rank(), size(), values, scratch<float>(1, in.size()), op);
       kernels::cpu::narrow(std::span<const float>(values), out);
     } else {
       if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
-      algorithms::recursive_doubling_allreduce<channel_type, T>(step, rank(), size(), out, scratch<T>(0, in.size()),
-                                                                op);
+      run(step, rank(), size(), out, scratch<T>(0, in.size()), op);
     }
   }
 

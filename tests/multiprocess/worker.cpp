@@ -268,7 +268,7 @@ void mismatched_sizes(Comm& comm) {
 
 /// The last rank kills itself in the middle of a 64 MiB allreduce.
 template <class Comm>
-void kill_a_rank(Comm& comm, bool allocated) {
+void kill_a_rank(Comm& comm, bool allocated, std::size_t count) {
   const rank_t victim = comm.size() - 1;
   std::atomic<bool> inside{false};
   std::jthread killer;
@@ -279,12 +279,13 @@ void kill_a_rank(Comm& comm, bool allocated) {
       std::raise(SIGKILL);
     });
   // allocated: the communicator's memory, which over shm the survivors read in place.
-  const std::size_t count = std::size_t{16} << 20;
   auto data = allocated ? allocated_by<Comm>{comm}(count) : buffer<float>::on_heap(count);
+  // Enough calls to outlast the victim's 30 ms at any size (64 MiB: 50).
+  const int rounds = static_cast<int>(std::max<std::size_t>(50, (std::size_t{4} << 30) / (count * sizeof(float) + 1)));
   filled(data, comm.rank());
   const auto started = std::chrono::steady_clock::now();
   try {
-    for (int round = 0; round < 50; ++round) {
+    for (int round = 0; round < rounds; ++round) {
       inside = round == 1;
       comm.allreduce(std::span<float>(data), reduce_op::sum);
     }
@@ -299,7 +300,7 @@ void kill_a_rank(Comm& comm, bool allocated) {
                e.code().message(), ms.count(), what);
     return;
   }
-  fail("50 allreduces completed although a rank was killed");
+  fail(fmt::format("{} allreduces completed although a rank was killed", rounds));
 }
 
 /// Status of a survivor that gives up after losing a peer, as a training script would.
@@ -837,7 +838,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "many_small") many_small(comm);
   else if (scenario == "split") split_collectives(comm, amount);
   else if (scenario == "mismatch") mismatched_sizes(comm);
-  else if (scenario == "kill" || scenario == "kill_allocated") kill_a_rank(comm, scenario == "kill_allocated");
+  else if (scenario == "kill" || scenario == "kill_allocated") kill_a_rank(comm, scenario == "kill_allocated", amount / sizeof(float));
   else if (scenario == "kill_survivors_give_up") kill_a_rank_survivors_give_up(comm);
   else if (scenario == "freeze") freeze_a_rank(comm);
   else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);

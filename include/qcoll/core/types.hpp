@@ -71,6 +71,7 @@ enum class algorithm : std::uint8_t {
   recursive_doubling = 3,  ///< allreduce of small buffers in ⌈log₂ n⌉ (+2) exchanges
   binomial_tree = 4,       ///< broadcast of small buffers in ⌈log₂ n⌉ rounds
   dissemination = 5,       ///< barrier in ⌈log₂ n⌉ rounds
+  halving_doubling = 6,    ///< allreduce: reduce-scatter by recursive halving, all-gather by doubling
 };
 
 /// The largest value of each wire enum, for decoders that check what a peer sent
@@ -78,7 +79,7 @@ enum class algorithm : std::uint8_t {
 inline constexpr std::uint8_t max_dtype = static_cast<std::uint8_t>(dtype::f16);
 inline constexpr std::uint8_t max_reduce_op = static_cast<std::uint8_t>(reduce_op::max);
 inline constexpr std::uint8_t max_collective = static_cast<std::uint8_t>(collective::point_to_point);
-inline constexpr std::uint8_t max_algorithm = static_cast<std::uint8_t>(algorithm::dissemination);  // from 0
+inline constexpr std::uint8_t max_algorithm = static_cast<std::uint8_t>(algorithm::halving_doubling);  // from 0
 
 constexpr const char* to_string(dtype type) noexcept {
   switch (type) {
@@ -123,6 +124,7 @@ constexpr const char* to_string(algorithm way) noexcept {
     case algorithm::recursive_doubling: return "recursive_doubling";
     case algorithm::binomial_tree: return "binomial_tree";
     case algorithm::dissemination: return "dissemination";
+    case algorithm::halving_doubling: return "halving_doubling";
   }
   return "algorithm?";
 }

@@ -38,6 +38,20 @@ namespace tuning_table {
 /// µs, tcp 4 ranks 62–79 / 130 µs.
 inline constexpr std::size_t allreduce_small_bytes = std::size_t{32} << 10;
 
+/// allreduce on 2^k ≥ 4 ranks: halving-doubling above allreduce_small_bytes up to this
+/// many bytes per rank, where the ring would step through the transport (tcp, MPI, shm
+/// steps below single_copy_bytes); the ring above, and wherever its steps are read from
+/// the peers' memory (shared buffers reach further that way). Forced, µs per call, 4 ranks
+/// (2026-11-26, avx512f host, two rounds, ring / halving-doubling): tcp 64 KiB 301–443 /
+/// 174–199, 512 KiB 711–737 / 553–673, 2 MiB 3080–3305 / 2363–3153, 4 MiB 6141–7205 /
+/// 5906–6825, 8 MiB 12299–13235 / 13369–13399, 16 MiB 1.10–1.13 / 1.00–1.04 GB/s busbw;
+/// shm 64 KiB 75–90 / 45–73, 512 KiB 274–455 / 250–298. 8 ranks, one round: tcp 64 KiB
+/// 1558 / 922, 512 KiB 2706 / 1824; shm 240 / 156, 1066 / 844. Worlds of other sizes are
+/// mixed (3 ranks, tcp: 64 KiB 201 / 113, 512 KiB 515 / 518, 4 MiB 5142 / 5716; 6 ranks
+/// 908 / 470, 1456 / 1286, 12583 / 12785): they keep the ring. Against recursive doubling
+/// (4 ranks) it loses at 4–8 KiB (tcp 69–76 / 107–170 µs) and is mixed at 16 KiB.
+inline constexpr std::size_t allreduce_halving_bytes = std::size_t{8} << 20;
+
 /// broadcast: binomial tree up to this many bytes, ring scatter + all-gather above.
 /// 1 MiB, 4 ranks: shm 752–832 / 945–1148 µs (ring), tcp 1200–1644 / 1105–1660 µs; at
 /// 256 KiB shm 187–232 / 292–295 µs, tcp 223–274 / 340–497 µs. With 2 ranks the tree
@@ -101,9 +115,10 @@ struct tuning {
   algorithm allreduce = algorithm::unspecified;
   algorithm broadcast = algorithm::unspecified;
   algorithm barrier = algorithm::unspecified;
-  /// QCOLL_ALLREDUCE_SMALL_BYTES, QCOLL_BROADCAST_SMALL_BYTES, QCOLL_RING_SLICE_BYTES
+  /// QCOLL_ALLREDUCE_SMALL_BYTES, QCOLL_ALLREDUCE_HALVING_BYTES, QCOLL_BROADCAST_SMALL_BYTES, QCOLL_RING_SLICE_BYTES
   /// (0: unsliced), QCOLL_SINGLE_COPY_BYTES ("off": never).
   std::size_t allreduce_small_bytes = tuning_table::allreduce_small_bytes;
+  std::size_t allreduce_halving_bytes = tuning_table::allreduce_halving_bytes;
   std::size_t broadcast_small_bytes = tuning_table::broadcast_small_bytes;
   std::size_t ring_slice_bytes = tuning_table::ring_slice_bytes;
   std::size_t single_copy_bytes = tuning_table::single_copy_bytes;
@@ -114,10 +129,11 @@ struct tuning {
   /// @throws qcoll::error invalid_argument naming a variable that is set but malformed.
   static tuning from_environment() {
     tuning t;
-    t.allreduce = algorithm_variable("QCOLL_ALLREDUCE_ALGO", {algorithm::ring, algorithm::recursive_doubling});
+    t.allreduce = algorithm_variable("QCOLL_ALLREDUCE_ALGO", {algorithm::ring, algorithm::recursive_doubling, algorithm::halving_doubling});
     t.broadcast = algorithm_variable("QCOLL_BROADCAST_ALGO", {algorithm::ring, algorithm::binomial_tree});
     t.barrier = algorithm_variable("QCOLL_BARRIER_ALGO", {algorithm::ring, algorithm::dissemination});
     t.allreduce_small_bytes = bytes_variable("QCOLL_ALLREDUCE_SMALL_BYTES", t.allreduce_small_bytes);
+    t.allreduce_halving_bytes = bytes_variable("QCOLL_ALLREDUCE_HALVING_BYTES", t.allreduce_halving_bytes);
     t.broadcast_small_bytes = bytes_variable("QCOLL_BROADCAST_SMALL_BYTES", t.broadcast_small_bytes);
     t.ring_slice_bytes = bytes_variable("QCOLL_RING_SLICE_BYTES", t.ring_slice_bytes);
     t.single_copy_bytes = bytes_variable("QCOLL_SINGLE_COPY_BYTES", t.single_copy_bytes);
