@@ -286,7 +286,7 @@ void kill_a_rank(Comm& comm, bool allocated, std::size_t count) {
   const auto started = std::chrono::steady_clock::now();
   try {
     for (int round = 0; round < rounds; ++round) {
-      inside = round == 1;
+      if (round == 1) inside = true;  // stays set: short calls end before the killer looks
       comm.allreduce(std::span<float>(data), reduce_op::sum);
     }
   } catch (const qcoll::error& e) {

@@ -174,10 +174,12 @@ class engine {
     deadline now = clock::now();
     const deadline spin_until = now + options_.spin.value_or(std::chrono::microseconds(50));
     const deadline pause_until = now + options_.pause.value_or(std::chrono::microseconds(0));
+    bool woken = false;  // after a sleep, whatever woke it is read, from whichever peer
     for (unsigned polls = 1;; ++polls) {
       const std::uint64_t seen = pipes_->activity();
-      progress();
-      if (r.state_ == request::state::done) return r.result_;
+      progress(!woken);
+      woken = false;
+      if (r.state_ == request::state::done) return finish(r);
       // The clock only every 16th poll while pausing: reading it took a third of a
       // polling wait's time (perf, 2 ranks, 4 KiB), and a poll is well under a microsecond.
       if (polls % 16 != 0 && now < pause_until) {
@@ -195,6 +197,7 @@ class engine {
         continue;
       }
       sleep(seen, until);
+      woken = true;
     }
   }
 
@@ -272,6 +275,7 @@ class engine {
     outgoing out;
     incoming in;
   };
+  std::uint32_t progress_calls_ = 0;
 
   void prepare(request& r, rank_t peer, tag_t tag, bool is_send) const {
     if (peer >= size_ || peer == rank_)
@@ -289,6 +293,12 @@ class engine {
     r.result_ = result;
   }
 
+  /// A completed request's result; a failed one first reads what every peer sent.
+  std::error_code finish(const request& r) {
+    if (r.result_ && !failure_.code) progress();
+    return r.result_;
+  }
+
   static bool has_output(const outgoing& out) noexcept {
     if (out.broken) return false;
     return out.staged_done < out.staged_size || out.chunk_left > 0 || out.tail_done < out.tail.size() ||
@@ -304,16 +314,29 @@ class engine {
     pipes_->wait_for_activity(seen, want_read_, want_write_, until);
   }
 
-  void progress() {
+  void progress(bool skip_idle_peers = false) {
+    // A polling wait reads the peers this rank neither expects nor writes to every 16th
+    // time only: on tcp each read is a system call, and they would outnumber the useful
+    // ones (2 of 3 in a 4-rank recursive doubling). What they send (an abort, a message
+    // for a later receive) waits that long; a wait woken from sleep reads every peer, and
+    // a request that fails reads every peer first (finish), so that a peer's abort, which
+    // arrives before its connections break, is what the failure reports.
+    const bool every_peer = !skip_idle_peers || ++progress_calls_ % 16 == 0;
     bool moved = true;
     while (moved) {
       moved = false;
       for (rank_t p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         moved = pump_out(p) || moved;
-        moved = pump_in(p) || moved;
+        if (every_peer || expecting(peers_[p].in) || has_output(peers_[p].out)) moved = pump_in(p) || moved;
       }
     }
+  }
+
+  /// Whether a receive from this peer is posted, or a message from it is under way.
+  static bool expecting(const incoming& in) noexcept {
+    return !in.recvs.empty() || in.target != nullptr || in.message_left != 0 || in.at != phase::record ||
+           in.staged_have != 0 || in.stalled;
   }
 
   // ---- outgoing -------------------------------------------------------------------
