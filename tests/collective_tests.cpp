@@ -134,38 +134,33 @@ BOOST_AUTO_TEST_CASE(runs_on_a_fully_connected_topology) {
           n, 999, op, false, [](std::size_t s) { return topologies::fully_connected(s); }, natural_order(n));
 }
 
-BOOST_AUTO_TEST_CASE(recursive_doubling_matches_its_reference_bitwise) {
-  const tuning tuned = test::forcing(algorithm::recursive_doubling);
-  for (std::size_t n = 1; n <= 8; ++n)
+/// Every world size 1–8, count and op, float and double, on a fully connected
+/// topology, with `way` forced; also 1001 floats, which 8 ranks split unevenly at every
+/// halving.
+static void check_exchange_algorithm(algorithm way) {
+  const tuning tuned = test::forcing(way);
+  const auto fully_connected = [](std::size_t s) { return topologies::fully_connected(s); };
+  for (std::size_t n = 1; n <= 8; ++n) {
     for (std::size_t count : small_counts)
       for (reduce_op op : all_ops) {
-        check_allreduce<float, topologies::fully_connected>(
-            n, count, op, count % 2 == 0, [](std::size_t s) { return topologies::fully_connected(s); },
-            natural_order(n), tuned);
-        check_allreduce<double, topologies::fully_connected>(
-            n, count, op, count % 2 == 1, [](std::size_t s) { return topologies::fully_connected(s); },
-            natural_order(n), tuned);
+        check_allreduce<float, topologies::fully_connected>(n, count, op, count % 2 == 0, fully_connected,
+                                                            natural_order(n), tuned);
+        check_allreduce<double, topologies::fully_connected>(n, count, op, count % 2 == 1, fully_connected,
+                                                             natural_order(n), tuned);
       }
+    check_allreduce<float, topologies::fully_connected>(n, 1001, reduce_op::sum, false, fully_connected,
+                                                        natural_order(n), tuned);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(recursive_doubling_matches_its_reference_bitwise) {
+  check_exchange_algorithm(algorithm::recursive_doubling);
 }
 
 BOOST_AUTO_TEST_CASE(halving_doubling_matches_recursive_doublings_reference_bitwise) {
   // small_counts include counts below, at and just above the world size, so some
-  // halvings give one partner nothing; 1001 on 8 ranks splits unevenly at every level.
-  const tuning tuned = test::forcing(algorithm::halving_doubling);
-  for (std::size_t n = 1; n <= 8; ++n) {
-    for (std::size_t count : small_counts)
-      for (reduce_op op : all_ops) {
-        check_allreduce<float, topologies::fully_connected>(
-            n, count, op, count % 2 == 0, [](std::size_t s) { return topologies::fully_connected(s); },
-            natural_order(n), tuned);
-        check_allreduce<double, topologies::fully_connected>(
-            n, count, op, count % 2 == 1, [](std::size_t s) { return topologies::fully_connected(s); },
-            natural_order(n), tuned);
-      }
-    check_allreduce<float, topologies::fully_connected>(
-        n, 1001, reduce_op::sum, false, [](std::size_t s) { return topologies::fully_connected(s); },
-        natural_order(n), tuned);
-  }
+  // halvings give one partner nothing.
+  check_exchange_algorithm(algorithm::halving_doubling);
 }
 
 BOOST_AUTO_TEST_CASE(pipelined_ring_matches_the_reference_bitwise) {
