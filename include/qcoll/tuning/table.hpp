@@ -97,7 +97,7 @@ inline constexpr std::chrono::microseconds spin_when_cores_suffice{2000};
 /// 4 KiB for every pause. Ranks that outnumber cores yield at once (0 µs): 4 ranks,
 /// 4 KiB, shm 20 / 30–32 / 126–136 µs yielding / pausing 10 / 50 µs, tcp 55–73 /
 /// 119–121 / 270–300 µs.
-/// With the clock read every 16th poll instead of twice per poll (commit after 3c57c72),
+/// With the clock read every 16th poll instead of twice per poll (22c0cf9),
 /// 2 ranks, shm, 4 KiB: 0.69–0.71 µs against 1.24–1.27 before both, and Open MPI's
 /// 0.79 µs in the same run (three rounds).
 inline constexpr std::chrono::microseconds pause_when_cores_suffice = spin_when_cores_suffice;
