@@ -19,6 +19,7 @@
 /// range by n before the all-gather; ranks m … n − 1 get their copy at the end.
 
 #include <qcoll/algorithms/primitives.hpp>
+#include <qcoll/algorithms/recursive_doubling.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
 
@@ -36,17 +37,8 @@ namespace qcoll::algorithms {
 template <transport Transport, arithmetic_element T>
 void halving_doubling_allreduce(primitives<Transport>& step, rank_t rank, std::size_t n, std::span<T> data,
                                 std::span<T> scratch, reduce_op op) {
+  if (!fold_in_extra_ranks(step, rank, n, data, scratch, op)) return;
   const std::size_t m = std::bit_floor(n);
-  const std::size_t extra = n - m;
-  if (rank >= m) {  // folded into rank − m, which returns the result (posting its receive first)
-    step.send_recv(rank - m, std::span<const T>(data), rank - m, scratch.first(data.size()));
-    std::copy(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(data.size()), data.begin());
-    return;
-  }
-  if (rank < extra) {
-    step.recv(rank + m, scratch.first(data.size()));
-    kernels::cpu::reduce<T>(op, data, scratch.first(data.size()), data);
-  }
   struct range {
     std::size_t first, count;
   };
@@ -82,7 +74,7 @@ void halving_doubling_allreduce(primitives<Transport>& step, rank_t rank, std::s
                    data.subspan(partners.first, partners.count));
     mine = whole;
   }
-  if (rank < extra) step.send(rank + m, std::span<const T>(data));
+  return_to_folded_ranks(step, rank, n, data);
 }
 
 }  // namespace qcoll::algorithms

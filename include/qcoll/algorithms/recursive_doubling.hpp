@@ -26,25 +26,43 @@
 
 namespace qcoll::algorithms {
 
+/// The fold both doubling algorithms start with (m the largest power of two ≤ n):
+/// rank m + i hands its buffer to rank i, which folds it in on the right, and later
+/// receives the result (return_to_folded_ranks). False on ranks m … n − 1, which then
+/// hold the result already; `scratch` has data.size() elements when n is not 2^k.
+template <transport Transport, arithmetic_element T>
+bool fold_in_extra_ranks(primitives<Transport>& step, rank_t rank, std::size_t n, std::span<T> data,
+                         std::span<T> scratch, reduce_op op) {
+  const std::size_t m = std::bit_floor(n);
+  const std::span<T> landing = scratch.first(rank >= m || rank < n - m ? data.size() : 0);
+  if (rank >= m) {  // folded into rank − m, which returns the result
+    // The receive is posted before the send, as in every step of qcoll's algorithms: a
+    // peer that called something else then meets a receive, and the headers disagree
+    // (operation_mismatch), instead of two blocked sends timing out.
+    step.send_recv(rank - m, std::span<const T>(data), rank - m, landing);
+    std::copy(landing.begin(), landing.end(), data.begin());
+    return false;
+  }
+  if (rank < n - m) {
+    step.recv(rank + m, landing);
+    kernels::cpu::reduce<T>(op, data, landing, data);
+  }
+  return true;
+}
+
+/// Ranks below n − m send the result to the rank they folded in.
+template <transport Transport, arithmetic_element T>
+void return_to_folded_ranks(primitives<Transport>& step, rank_t rank, std::size_t n, std::span<T> data) {
+  if (rank < n - std::bit_floor(n)) step.send(rank + std::bit_floor(n), std::span<const T>(data));
+}
+
 /// `data` holds this rank's contribution and receives the result; `scratch` has
 /// data.size() elements. Ranks are numbered 0 … n − 1 (the channel's ranks).
 template <transport Transport, arithmetic_element T>
 void recursive_doubling_allreduce(primitives<Transport>& step, rank_t rank, std::size_t n, std::span<T> data,
                                   std::span<T> scratch, reduce_op op) {
+  if (!fold_in_extra_ranks(step, rank, n, data, scratch, op)) return;
   const std::size_t m = std::bit_floor(n);
-  const std::size_t extra = n - m;
-  if (rank >= m) {  // folded into rank − m, which returns the result
-    // The receive is posted before the send, as in every step of qcoll's algorithms: a
-    // peer that called something else then meets a receive, and the headers disagree
-    // (operation_mismatch), instead of two blocked sends timing out.
-    step.send_recv(rank - m, std::span<const T>(data), rank - m, scratch);
-    std::copy(scratch.begin(), scratch.end(), data.begin());
-    return;
-  }
-  if (rank < extra) {
-    step.recv(rank + m, scratch);
-    kernels::cpu::reduce<T>(op, data, scratch, data);
-  }
   for (std::size_t distance = 1; distance < m; distance <<= 1) {
     const rank_t partner = rank ^ distance;
     step.send_recv(partner, std::span<const T>(data), partner, scratch);
@@ -52,7 +70,7 @@ void recursive_doubling_allreduce(primitives<Transport>& step, rank_t rank, std:
     else kernels::cpu::reduce<T>(op, scratch, data, data);
   }
   if (op == reduce_op::avg) kernels::cpu::finish_avg(data, n);
-  if (rank < extra) step.send(rank + m, std::span<const T>(data));
+  return_to_folded_ranks(step, rank, n, data);
 }
 
 }  // namespace qcoll::algorithms
