@@ -112,6 +112,7 @@ struct collective_options {
   bool check = true;                             // -c 0|1
   bool allocated = false;                        // -R 0|1: buffers from communicator::allocate
   std::string label;                             // -l: free text for the header
+  bool post_barrier = false;                     // --post-barrier 0|1: a barrier before each reset (diagnostic)
   int link_column = -1;                          // -L 0|1: link% column; -1 = when QCOLL_NETLAB_RATE is set
 
   // Transport knobs for experiments (job mode; 0 or negative = the library default).
@@ -157,6 +158,9 @@ inline constexpr std::string_view collective_usage =
     "  --layers N               also run each variant over the size cut into N layers of unequal sizes: one fused\n"
     "                           plan over all of them in one call (rows fused:V) against one plan and one\n"
     "                           blocking call per layer (rows layers:V)\n"
+    "  --post-barrier 0|1       diagnostic, as the peers' GLOO_BENCH_POST_BARRIER: a barrier after each timed call,\n"
+    "                           so no rank resets or checks its buffer while a slower one is still in the call\n"
+    "                           (with more ranks than cores that work takes the slower rank's core; default 0)\n"
     "job-mode transport knobs, for experiments:\n"
     "  --spin-us US             how long a wait polls before it sleeps (library default 50)\n"
     "  --shm-pipe BYTES         shm ring bytes per pair (power of two >= 64K; default 2M)\n"
@@ -201,6 +205,7 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     else if (flag == "-R") o.allocated = integer() != 0;
     else if (flag == "-l") o.label = value;
     else if (flag == "-L") o.link_column = integer() != 0 ? 1 : 0;
+    else if (flag == "--post-barrier") o.post_barrier = integer() != 0;
     else if (flag == "--spin-us") o.spin_us = integer();
     else if (flag == "--shm-pipe") o.shm_pipe_bytes = parse_bytes(value);
     else if (flag == "--tcp-buffer") o.tcp_buffer_bytes = parse_bytes(value);

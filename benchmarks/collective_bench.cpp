@@ -10,7 +10,8 @@
 // Both modes run the same per-rank code (run_rank, over any communicator). Per size, as
 // the peers: allocate and fault in the buffers, barrier, warm-up iterations, then timed
 // ones. An iteration resets the buffer from a pristine copy (not timed), enters a
-// barrier, times one in-place call and checks every element (not timed). The slowest
+// barrier, times one in-place call and checks every element (not timed); --post-barrier
+// adds a barrier before the reset (a diagnostic, as the peers' Gloo bench). The slowest
 // rank's time of each iteration comes from an allreduce(max) over the communicator
 // after the loop (not timed); time = median of those, tmin = their minimum. Warm-up
 // times cap the iteration count at about -T seconds per size. Rank r holds
@@ -194,7 +195,8 @@ void print_preamble(const collective_options& o, qcoll::rank_t n, const run_cont
   const std::string type = o.dtype_name == "float" ? "float32" : o.dtype_name == "half" ? "float16" : "bfloat16";
   fmt::print("# nranks: {}  op: sum  type: {}  in-place  transport: {}{}{}\n", n, type, ctx.transport,
              o.label.empty() ? "" : "  label: ", o.label);
-  fmt::print("# time = median over iters of max-over-ranks per-iteration time (barrier before each iteration)\n");
+  fmt::print("# time = median over iters of max-over-ranks per-iteration time (barrier before each iteration{})\n",
+             o.post_barrier ? "; --post-barrier: and before each reset" : "");
   if (!ctx.knobs.empty()) fmt::print("# transport settings: {}\n", ctx.knobs);
   for (const variant_spec& v : ctx.variants) fmt::print("# variant {}: {}\n", v.variant.name, v.description);
   if (!ctx.variants.empty()) {
@@ -210,6 +212,17 @@ void print_preamble(const collective_options& o, qcoll::rank_t n, const run_cont
     fmt::print("# link: {:.0f} bit/s, delay {}{}\n", ctx.link.bits_per_s, ctx.link.delay.empty() ? "?" : ctx.link.delay,
                link_column ? "  (link% = busbw / (rate / 8))" : "");
   std::fflush(stdout);
+}
+
+/// The untimed start of an iteration: reset the buffer from its pristine copy and
+/// enter the barrier that starts the timed call. --post-barrier first waits for every
+/// rank to have left the previous call, so no rank's reset (nor the check before it)
+/// overlaps another rank's call.
+template <class Communicator, class T>
+void reset_and_enter(Communicator& comm, const collective_options& o, std::span<T> data, std::span<const T> pristine) {
+  if (o.post_barrier) comm.barrier();
+  std::memcpy(static_cast<void*>(data.data()), pristine.data(), data.size_bytes());
+  comm.barrier();
 }
 
 struct measured {
@@ -353,8 +366,7 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
     const auto measure = [&](auto&& call, bool lossy) {
       check_tally tally;
       const auto one_iteration = [&]() -> double {
-        std::memcpy(data.data(), pristine.data(), bytes);
-        comm.barrier();
+        reset_and_enter(comm, o, std::span<float>(data), std::span<const float>(pristine));
         const double start = now_us();
         call();
         const double took = now_us() - start;
@@ -489,8 +501,7 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
 
     double wrong = 0;
     const auto one_iteration = [&]() -> double {
-      std::memcpy(static_cast<void*>(data.data()), pristine.data(), count * sizeof(T));
-      comm.barrier();
+      reset_and_enter(comm, o, data, std::span<const T>(pristine));
       const double start = now_us();
       switch (o.op) {
         case operation::allreduce: comm.allreduce(data, qcoll::reduce_op::sum); break;
