@@ -366,7 +366,7 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
     const auto measure = [&](auto&& call, bool lossy) {
       check_tally tally;
       const auto one_iteration = [&]() -> double {
-        reset_and_enter(comm, o, std::span<float>(data), std::span<const float>(pristine));
+        reset_and_enter(comm, o, data, std::span<const float>(pristine));
         const double start = now_us();
         call();
         const double took = now_us() - start;

@@ -658,9 +658,10 @@ class communicator {
 
   /// Where every pair of ranks is linked: small buffers by recursive doubling, medium
   /// ones on 2^k ≥ 4 ranks by halving-doubling unless the ring's steps would be read
-  /// straight from the peers' memory; the ring otherwise. The same on every rank, given the same tuning: it depends on the
-  /// buffer's size, the world and the topology only. Like begin(), the choices first
-  /// let started calls finish: they read (and fill in) what those calls use.
+  /// straight from the peers' memory; the ring otherwise. The same on every rank, given
+  /// the same tuning: it depends on the buffer's size, the world and the topology only.
+  /// Like begin(), the choices first let started calls finish: they read (and fill in)
+  /// what those calls use.
   choice choose_allreduce(std::size_t bytes, std::size_t step_bytes) {
     if (!shared_.is_progress_thread()) quiesce();
     if (tuning_.allreduce == algorithm::recursive_doubling || tuning_.allreduce == algorithm::halving_doubling)
