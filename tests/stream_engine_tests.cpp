@@ -72,6 +72,27 @@ BOOST_AUTO_TEST_CASE(messages_of_every_size_stream_through_a_small_pipe) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(writes_cut_anywhere_in_a_gathered_header_and_chunk_keep_the_stream_intact) {
+  // A record's header goes out in the same write as the chunk it opens; a write that
+  // stops inside the header, at its end or inside the chunk must resume exactly there.
+  // Caps of 1 to 61 bytes cut every header at every offset; larger ones cut chunks.
+  for (const std::size_t largest : {std::size_t{61}, std::size_t{70001}}) {
+    pair_of_engines pair;
+    pair.world->write_cap = [largest](std::size_t call) { return call * 7919 % largest + 1; };
+    for (const std::size_t size : {std::size_t{9000}, stream::max_chunk_bytes + 1, 3 * stream::max_chunk_bytes + 5}) {
+      const auto sent = pattern(size, static_cast<unsigned>(size + largest));
+      std::vector<std::byte> received(size, std::byte{0xee});
+      stream::request send, recv;
+      pair.ranks[1]->post_recv(recv, 0, 3, received);
+      pair.ranks[0]->post_send(send, 1, 3, header_for(size), sent);
+      BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(send) && pair.ranks[1]->test(recv); }));
+      BOOST_TEST(!pair.ranks[1]->wait(recv, clock::now()));
+      BOOST_TEST((received == sent), "payload of " << size << " bytes, writes of at most " << largest << ", differs");
+    }
+    BOOST_TEST(pair.world->gathered_writes > 0);  // the engine did hand header and chunk over together
+  }
+}
+
 BOOST_AUTO_TEST_CASE(both_directions_flow_at_once_and_tags_match_in_order) {
   pair_of_engines pair(4096);
   const auto a = pattern(100000, 1), b = pattern(70000, 2), c = pattern(5000, 3);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <memory>
 
 namespace qcoll::test {
@@ -22,6 +23,11 @@ struct memory_world {
       for (auto& p : row) p.capacity = capacity;
   }
   pipe pipes[2][2];  // [from][to]
+  /// When set, each write moves at most write_cap(call number) bytes, as a socket's
+  /// write may stop anywhere, inside a record header as well as inside its payload.
+  std::function<std::size_t(std::size_t)> write_cap;
+  std::size_t writes = 0;
+  std::size_t gathered_writes = 0;  // writes handed two non-empty parts
 };
 
 class memory_channels final : public transports::stream::channels {
@@ -29,14 +35,28 @@ class memory_channels final : public transports::stream::channels {
   memory_channels(std::shared_ptr<memory_world> world, rank_t rank) : world_(std::move(world)), rank_(rank) {}
 
   std::size_t write_some(rank_t peer, std::span<const std::byte> bytes, std::string& lost) override {
+    return write_some_gathered(peer, bytes, {}, lost);
+  }
+
+  /// Both parts in one write, as TCP's sendmsg gathers them.
+  std::size_t write_some_gathered(rank_t peer, std::span<const std::byte> first, std::span<const std::byte> second,
+                                  std::string& lost) override {
     auto& p = world_->pipes[rank_][peer];
     if (p.reader_closed || p.writer_closed) {
       lost = "closed";
       return 0;
     }
-    const std::size_t n = std::min(bytes.size(), p.capacity - p.bytes.size());
-    p.bytes.insert(p.bytes.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
-    return n;
+    if (!first.empty() && !second.empty()) ++world_->gathered_writes;
+    std::size_t room = p.capacity - p.bytes.size();
+    if (world_->write_cap) room = std::min(room, world_->write_cap(world_->writes++));
+    std::size_t moved = 0;
+    for (const std::span<const std::byte> part : {first, second}) {
+      const std::size_t n = std::min(part.size(), room - moved);
+      p.bytes.insert(p.bytes.end(), part.begin(), part.begin() + static_cast<std::ptrdiff_t>(n));
+      moved += n;
+      if (n < part.size()) break;
+    }
+    return moved;
   }
 
   std::size_t read_some(rank_t peer, std::span<std::byte> into, std::string& lost) override {

@@ -35,6 +35,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -78,12 +79,21 @@ class tcp_channels final : public stream::channels {
   }
 
   std::size_t write_some(rank_t peer, std::span<const std::byte> bytes, std::string& lost) override {
+    return write_some_gathered(peer, bytes, {}, lost);
+  }
+
+  /// One sendmsg for both: with TCP_NODELAY, a record header written alone would leave
+  /// as a packet of its own (and be acknowledged as one) ahead of every chunk.
+  std::size_t write_some_gathered(rank_t peer, std::span<const std::byte> first, std::span<const std::byte> second,
+                                  std::string& lost) override {
     if (!sockets_[peer]) {
       lost = "its connection is closed";
       return 0;
     }
+    const std::array<asio::const_buffer, 2> gathered{asio::buffer(first.data(), first.size()),
+                                                     asio::buffer(second.data(), second.size())};
     boost::system::error_code ec;
-    const std::size_t n = sockets_[peer]->write_some(asio::buffer(bytes.data(), bytes.size()), ec);
+    const std::size_t n = sockets_[peer]->write_some(gathered, ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return 0;
     if (ec) lost = fmt::format("the connection to {} failed: {}", address(peer), ec.message());
     return n;

@@ -55,6 +55,15 @@ class channels {
   /// Copies up to into.size() bytes from `peer`; returns how many (0: none now). Sets
   /// `lost` once the peer closed or died and everything it wrote has been read.
   virtual std::size_t read_some(rank_t peer, std::span<std::byte> into, std::string& lost) = 0;
+  /// write_some of `first` and then `second` as one stream; returns how many bytes of
+  /// the two together moved. A pipe that can gather overrides it (TCP: one sendmsg, so
+  /// a record's header does not leave as a packet of its own ahead of its payload).
+  virtual std::size_t write_some_gathered(rank_t peer, std::span<const std::byte> first,
+                                          std::span<const std::byte> second, std::string& lost) {
+    const std::size_t n = write_some(peer, first, lost);
+    if (n < first.size() || second.empty()) return n;
+    return n + write_some(peer, second, lost);
+  }
   /// Bytes moved to or from `peer` since the last call: wake it if it sleeps. Called
   /// once per pump rather than per copy, so a message costs one wakeup, not one per chunk.
   virtual void notify(rank_t peer) noexcept = 0;
@@ -341,9 +350,11 @@ class engine {
 
   // ---- outgoing -------------------------------------------------------------------
 
-  std::size_t write(rank_t p, std::span<const std::byte> bytes) {
+  std::size_t write(rank_t p, std::span<const std::byte> bytes) { return write(p, bytes, {}); }
+
+  std::size_t write(rank_t p, std::span<const std::byte> first, std::span<const std::byte> second) {
     std::string lost;
-    const std::size_t n = pipes_->write_some(p, bytes, lost);
+    const std::size_t n = pipes_->write_some_gathered(p, first, second, lost);
     if (!lost.empty()) break_out(p, make_error_code(errc::peer_lost), "peer " + std::to_string(p) + ": " + lost);
     return n;
   }
@@ -387,10 +398,21 @@ class engine {
     bool moved = false;
     while (!out.broken) {
       if (out.staged_done < out.staged_size) {
-        const std::size_t n =
-            write(p, std::span(out.staged).subspan(out.staged_done, out.staged_size - out.staged_done));
+        // Record headers, and the chunk they open in the same write.
+        const std::span<const std::byte> staged =
+            std::span<const std::byte>(out.staged).subspan(out.staged_done, out.staged_size - out.staged_done);
+        request* const head = out.chunk_left > 0 ? out.sends.front() : nullptr;
+        const std::span<const std::byte> chunk =
+            head != nullptr ? std::span(head->send_data_ + head->transferred_, out.chunk_left)
+                            : std::span<const std::byte>();
+        const std::size_t n = write(p, staged, chunk);
         if (n == 0) break;
-        out.staged_done += n;
+        const std::size_t of_staged = std::min(n, staged.size());
+        out.staged_done += of_staged;
+        if (head != nullptr) {
+          head->transferred_ += n - of_staged;
+          out.chunk_left -= n - of_staged;
+        }
         moved = true;
         continue;
       }
