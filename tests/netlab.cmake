@@ -1,14 +1,12 @@
-# Recovery on a network that fails like a real one (benchmarks/netlab, netlab.md): four
-# ranks in network namespaces behind a bridge, and rank 2's link cut while they train.
-# Nothing tells the others: its packets are dropped, no RST, no ICMP. They must notice
-# within the communicator's deadline, agree without rank 2 (their probes of it go
-# unanswered) and finish in a world of 3; rank 2, cut off from everyone, must refuse to
-# go on alone. tests/multiprocess/recovery_worker.cpp (scenario "cut") says what each
-# rank does. Needs root, iproute2 and network namespaces; reported as skipped without.
-if(NOT TARGET recovery_worker)
-  return()
-endif()
-
+# Tests that run under benchmarks/netlab (netlab.md), with root, iproute2 and network
+# namespaces (reported as skipped without):
+# - its --wire counters, against a known payload;
+# - recovery on a network that fails like a real one: four ranks in network namespaces
+#   behind a bridge, and rank 2's link cut while they train. Nothing tells the others:
+#   its packets are dropped, no RST, no ICMP. They must notice within the communicator's
+#   deadline, agree without rank 2 (their probes of it go unanswered) and finish in a
+#   world of 3; rank 2, cut off from everyone, must refuse to go on alone.
+#   tests/multiprocess/recovery_worker.cpp (scenario "cut") says what each rank does.
 set(netlab_dir ${CMAKE_CURRENT_BINARY_DIR}/netlab)
 # The wrapper every netlab test runs under: exits 77 (SKIP_RETURN_CODE) when this machine
 # cannot build a lab, else empties the test's directory (a failure_time.* left by an
@@ -37,6 +35,29 @@ ip netns del "$ns"
 mkdir -p "$dir" && find "$dir" -mindepth 1 -delete || exit 1
 exec "$@"
 ]=] @ONLY)
+
+# --wire reports what each rank's link carried (benchmarks/netlab.md): rank 0 sends 8 MB
+# to rank 1, so its link carries those bytes plus 4-6 % of headers (66 bytes a frame
+# with TCP timestamps, 54 without, and a few bytes of handshake), and the payload's
+# ceiling on it is what the headers leave.
+set(directory ${netlab_dir}/wire)
+file(MAKE_DIRECTORY ${directory})
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_FOUND)
+  add_test(NAME benchmarks.netlab.wire_counts_the_payload_and_its_headers
+    COMMAND sh ${netlab_dir}/lab_or_skip.sh ${directory} --
+            ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=60
+            "-DCOUNT_LINES=1:^\\[1\\] received 8000000 bytes$|1:^netlab: wire r0: 8\\.[34] MB in [0-9]+ frames through the rate limiter \\([0-9]+ dropped\\), [0-9]+ TCP segments sent \\([0-9]+ retransmitted\\), headers [56][46] B a frame = [3-5]\\.[0-9][0-9] % of the bytes: payload at most 9[5-6]\\.[0-9][0-9] % of the link$|1:^netlab: wire r1: [0-9.]+ MB in [0-9]+ frames .*: payload at most [0-9.]+ % of the link$"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
+            -- ${PROJECT_SOURCE_DIR}/benchmarks/netlab -n 2 --rate 1gbit --delay 0 --wire
+               -- ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/netlab_stream.py 8000000)
+  set_tests_properties(benchmarks.netlab.wire_counts_the_payload_and_its_headers PROPERTIES
+                       TIMEOUT 90 SKIP_RETURN_CODE 77 RUN_SERIAL ON)
+endif()
+
+if(NOT TARGET recovery_worker)
+  return()
+endif()
 
 # qcoll_netlab_test(<name> RANKS n NETLAB_OPTIONS … ARGS worker-args… EXIT s MAX_SECONDS t
 #                   LINES n:regex|… [ENVIRONMENT var=value…])
