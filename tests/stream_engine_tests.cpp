@@ -162,7 +162,7 @@ BOOST_AUTO_TEST_CASE(malformed_streams_fail_the_receive_with_a_protocol_error) {
   auto bad_enums = message_record(0, 16, header_for(4));
   bad_enums[stream::record_header_bytes + 20] = std::byte{77};
   auto data_first = record(stream::record_type::data, 0, 16);
-  auto oversize_chunk = message_record(0, 1 << 20, header_for(1 << 18));
+  auto oversize_chunk = message_record(0, 4 * stream::max_chunk_bytes, header_for(stream::max_chunk_bytes));
   const auto chunk = record(stream::record_type::data, 0, stream::max_chunk_bytes + 1);
   oversize_chunk.insert(oversize_chunk.end(), chunk.begin(), chunk.end());
   auto chunk_past_end = message_record(0, 16, header_for(4));
@@ -203,14 +203,15 @@ BOOST_AUTO_TEST_CASE(malformed_streams_fail_the_receive_with_a_protocol_error) {
 }
 
 BOOST_AUTO_TEST_CASE(an_abort_mid_message_reaches_the_peer_with_its_code_and_reason) {
-  // The pipe has room for the rest of a chunk and the abort record once rank 1 has read,
-  // as it would while waiting; a peer that does not read learns of the abort from the close.
-  pair_of_engines pair(300 << 10);
-  const auto big = pattern(1 << 20, 6);
+  // The pipe (1⅛ chunks) has room for the rest of a chunk and the abort record once rank
+  // 1 has read, as it would while waiting; a peer that does not read learns of the abort
+  // from the close. Two pipes' worth stops a quarter into the third of four chunks.
+  pair_of_engines pair(stream::max_chunk_bytes * 9 / 8);
+  const auto big = pattern(4 * stream::max_chunk_bytes, 6);
   std::vector<std::byte> received(big.size());
   stream::request send, recv;
   pair.ranks[1]->post_recv(recv, 0, 0, received);
-  pair.ranks[0]->post_send(send, 1, 0, header_for(1 << 18), big);
+  pair.ranks[0]->post_send(send, 1, 0, header_for(stream::max_chunk_bytes), big);
   for (int i = 0; i < 2; ++i) {  // two pipes' worth, then rank 0 gives up
     pair.ranks[0]->test(send);
     pair.ranks[1]->test(recv);

@@ -7,7 +7,7 @@
 /// its peers why even in the middle of a large message.
 ///
 /// Every record starts with a 16-byte header, little-endian, read field by field:
-///   u16 magic 0x5143 · u8 version 1 · u8 type · u32 tag (abort: the error code) · u64 length
+///   u16 magic 0x5143 · u8 version 2 · u8 type · u32 tag (abort: the error code) · u64 length
 /// message: length = total payload bytes; followed by the 24-byte message_header
 ///          (u64 sequence, u64 count, u32 root, u8 kind, u8 type, u8 op, u8 algorithm).
 /// data:    length = chunk bytes, 1 … max_chunk_bytes, never past the message's end.
@@ -30,12 +30,20 @@
 namespace qcoll::transports::stream {
 
 inline constexpr std::uint16_t record_magic = 0x5143;  // "CQ" on the wire
-inline constexpr std::uint8_t record_version = 1;
+/// 2: data records of up to 1 MiB (1: 256 KiB). A peer of the other version fails the
+/// stream with "record version", not with a chunk it would take for malformed.
+inline constexpr std::uint8_t record_version = 2;
 inline constexpr std::size_t record_header_bytes = 16;
 inline constexpr std::size_t message_header_bytes = 24;
-/// Large enough that the 16-byte chunk header costs < 0.01 %, small enough that an
-/// abort record waits for at most this much payload ahead of it.
-inline constexpr std::size_t max_chunk_bytes = std::size_t{256} << 10;
+/// Large enough that a ring slice (tuning_table::ring_slice_bytes) is one record, whose
+/// header then costs one read and no copy through tcp_channels' inbox per slice; small
+/// enough that an abort record waits for at most this much payload ahead of it (8 ms at
+/// 1 Gbit/s). Against 256 KiB, 4 ranks on tcp, busbw at 4 / 16 / 64 MiB, three
+/// alternating rounds (2026-11-26, 2-vCPU AMD EPYC, `collective_bench --job -b 1M -e 64M
+/// -f 4 -c 0 -m 20`): 1.42–1.48 / 1.24–1.30 / 1.35–1.37 against 1.62–1.79 / 1.37–1.43 /
+/// 1.44–1.49; 2 ranks within noise (16 MiB 2.63–2.98 / 2.75–3.13). 4 MiB: the same at 4 and 16 MiB,
+/// 1.51–1.53 at 64 MiB; not taken, for the abort's sake.
+inline constexpr std::size_t max_chunk_bytes = std::size_t{1} << 20;
 inline constexpr std::size_t max_reason_bytes = 4096;
 
 enum class record_type : std::uint8_t { message = 1, data = 2, abort = 3 };
@@ -62,7 +70,8 @@ inline std::optional<record_header> read_record_header(std::span<const std::byte
     return std::nullopt;
   }
   if (std::to_integer<std::uint8_t>(in[2]) != record_version) {
-    problem = "record version " + std::to_string(std::to_integer<unsigned>(in[2])) + ", expected 1";
+    problem = "record version " + std::to_string(std::to_integer<unsigned>(in[2])) + ", expected " +
+                std::to_string(record_version);
     return std::nullopt;
   }
   record_header h;
@@ -73,7 +82,8 @@ inline std::optional<record_header> read_record_header(std::span<const std::byte
     case record_type::message: return h;
     case record_type::data:
       if (h.length == 0 || h.length > max_chunk_bytes) {
-        problem = "data record of " + std::to_string(h.length) + " bytes (1 … 262144 allowed)";
+        problem = "data record of " + std::to_string(h.length) + " bytes (1 … " + std::to_string(max_chunk_bytes) +
+                  " allowed)";
         return std::nullopt;
       }
       return h;
