@@ -166,8 +166,13 @@ class shm_channels final : public stream::channels {
       if (died_lately(peer)) lost = death_notice(peer);
       return 0;
     }
-    copy_ring(ring_of(rank_, peer), head, bytes.first(n));
-    pipe.head.store(head + n, std::memory_order_release);
+    std::byte* const ring_bytes = ring_of(rank_, peer);
+    for (std::size_t done = 0; done < n;) {
+      const std::size_t piece = std::min(n - done, publish_bytes);
+      copy_into_ring(ring_bytes, head + done, bytes.subspan(done, piece));
+      done += piece;
+      pipe.head.store(head + done, std::memory_order_release);
+    }
     return n;
   }
 
@@ -181,12 +186,13 @@ class shm_channels final : public stream::channels {
         lost = pipe.writer_closed.load(std::memory_order_acquire) ? "it closed its transport" : death_notice(peer);
       return 0;
     }
-    const std::byte* ring_bytes = ring_of(peer, rank_);
-    const std::size_t at = static_cast<std::size_t>(tail % shape_.pipe_bytes);
-    const std::size_t first = std::min(n, shape_.pipe_bytes - at);
-    std::memcpy(into.data(), ring_bytes + at, first);
-    std::memcpy(into.data() + first, ring_bytes, n - first);
-    pipe.tail.store(tail + n, std::memory_order_release);
+    const std::byte* const ring_bytes = ring_of(peer, rank_);
+    for (std::size_t done = 0; done < n;) {
+      const std::size_t piece = std::min(n - done, publish_bytes);
+      copy_out_of_ring(ring_bytes, tail + done, into.subspan(done, piece));
+      done += piece;
+      pipe.tail.store(tail + done, std::memory_order_release);
+    }
     return n;
   }
 
@@ -231,11 +237,25 @@ class shm_channels final : public stream::channels {
     return segment_.base() + shape_.pipe_offset(from, to) + shape_.pipe_stride() - shape_.pipe_bytes;
   }
 
-  void copy_ring(std::byte* ring_bytes, std::uint64_t head, std::span<const std::byte> bytes) const noexcept {
-    const std::size_t at = static_cast<std::size_t>(head % shape_.pipe_bytes);
+  /// A copy into or out of a pipe is published in pieces of this many bytes, so the
+  /// other side works on one piece while this side copies the next, whatever the size of
+  /// the engine's writes and reads (its data records are up to 1 MiB; the pipe 2 MiB).
+  /// One publication per 1 MiB made broadcast slower: 4 ranks 64 MiB 2.89–3.06 against
+  /// 3.34–3.54 GB/s with 256 KiB records, 2 ranks 1 MiB 13–32 against 47–51 GB/s.
+  static constexpr std::size_t publish_bytes = std::size_t{256} << 10;
+
+  void copy_into_ring(std::byte* ring_bytes, std::uint64_t at_byte, std::span<const std::byte> bytes) const noexcept {
+    const std::size_t at = static_cast<std::size_t>(at_byte % shape_.pipe_bytes);
     const std::size_t first = std::min(bytes.size(), shape_.pipe_bytes - at);
     std::memcpy(ring_bytes + at, bytes.data(), first);
     std::memcpy(ring_bytes, bytes.data() + first, bytes.size() - first);
+  }
+
+  void copy_out_of_ring(const std::byte* ring_bytes, std::uint64_t at_byte, std::span<std::byte> into) const noexcept {
+    const std::size_t at = static_cast<std::size_t>(at_byte % shape_.pipe_bytes);
+    const std::size_t first = std::min(into.size(), shape_.pipe_bytes - at);
+    std::memcpy(into.data(), ring_bytes + at, first);
+    std::memcpy(into.data() + first, ring_bytes, into.size() - first);
   }
 
   /// Bytes moved to or from `peer`: wake it if it sleeps.
