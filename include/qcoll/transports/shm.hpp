@@ -44,6 +44,7 @@
 #include <qcoll/transports/shm_handles.hpp>
 #include <qcoll/transports/shm_segment.hpp>
 #include <qcoll/transports/shm_shared_memory.hpp>
+#include <qcoll/tuning/table.hpp>
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -168,7 +169,7 @@ class shm_channels final : public stream::channels {
     }
     std::byte* const ring_bytes = ring_of(rank_, peer);
     for (std::size_t done = 0; done < n;) {
-      const std::size_t piece = std::min(n - done, publish_bytes);
+      const std::size_t piece = std::min(n - done, qcoll::tuning_table::pipe_publish_bytes);
       copy_into_ring(ring_bytes, head + done, bytes.subspan(done, piece));
       done += piece;
       pipe.head.store(head + done, std::memory_order_release);
@@ -188,7 +189,7 @@ class shm_channels final : public stream::channels {
     }
     const std::byte* const ring_bytes = ring_of(peer, rank_);
     for (std::size_t done = 0; done < n;) {
-      const std::size_t piece = std::min(n - done, publish_bytes);
+      const std::size_t piece = std::min(n - done, qcoll::tuning_table::pipe_publish_bytes);
       copy_out_of_ring(ring_bytes, tail + done, into.subspan(done, piece));
       done += piece;
       pipe.tail.store(tail + done, std::memory_order_release);
@@ -236,13 +237,6 @@ class shm_channels final : public stream::channels {
   std::byte* ring_of(rank_t from, rank_t to) const noexcept {
     return segment_.base() + shape_.pipe_offset(from, to) + shape_.pipe_stride() - shape_.pipe_bytes;
   }
-
-  /// A copy into or out of a pipe is published in pieces of this many bytes, so the
-  /// other side works on one piece while this side copies the next, whatever the size of
-  /// the engine's writes and reads (its data records are up to 1 MiB; the pipe 2 MiB).
-  /// One publication per 1 MiB made broadcast slower: 4 ranks 64 MiB 2.89–3.06 against
-  /// 3.34–3.54 GB/s with 256 KiB records, 2 ranks 1 MiB 13–32 against 47–51 GB/s.
-  static constexpr std::size_t publish_bytes = std::size_t{256} << 10;
 
   void copy_into_ring(std::byte* ring_bytes, std::uint64_t at_byte, std::span<const std::byte> bytes) const noexcept {
     const std::size_t at = static_cast<std::size_t>(at_byte % shape_.pipe_bytes);

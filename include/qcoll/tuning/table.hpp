@@ -75,6 +75,16 @@ inline constexpr std::size_t ring_slice_bytes = std::size_t{1} << 20;
 /// shm pipe full with 1 MiB slices.
 inline constexpr std::size_t ring_slices_in_flight = 4;
 
+/// The shm pipes publish a copy into or out of them in pieces of this many bytes, so the
+/// other side works on one piece while this side copies the next, whatever the size of
+/// the stream engine's writes and reads (its data records are up to 1 MiB, the pipe 2 MiB;
+/// the record size is part of the wire format, with its measurement in
+/// transports/stream/records.hpp). Publishing once per 1 MiB record made broadcast slower
+/// (2026-11-26, 2-vCPU AMD EPYC, `collective_bench --job -o broadcast -c 0`, two or three
+/// alternating rounds): 4 ranks 64 MiB 2.89–3.06 against 3.34–3.54 GB/s with 256 KiB
+/// records, 2 ranks 1 MiB 13–32 against 47–51; in 256 KiB pieces 3.52–3.60 and 49–52.
+inline constexpr std::size_t pipe_publish_bytes = std::size_t{256} << 10;
+
 /// The shm transport reads a ring step straight from the peer's memory (cross-memory
 /// attach) when the step moves at least this many bytes; smaller steps go through the
 /// shared pipes. shm 2 ranks busbw, pipes / single copy: 256 KiB allreduce (128 KiB
