@@ -156,7 +156,7 @@ BOOST_AUTO_TEST_CASE(malformed_streams_fail_the_receive_with_a_protocol_error) {
   auto bad_magic = record(stream::record_type::message, 0, 16);
   bad_magic[0] = std::byte{0x47};  // "GET /" would start like this
   auto bad_version = record(stream::record_type::message, 0, 16);
-  bad_version[2] = std::byte{9};
+  bad_version[2] = std::byte{stream::record_version - 1};  // a peer of the previous release
   auto bad_type = record(stream::record_type::message, 0, 16);
   bad_type[3] = std::byte{42};
   auto bad_enums = message_record(0, 16, header_for(4));
@@ -198,6 +198,11 @@ BOOST_AUTO_TEST_CASE(malformed_streams_fail_the_receive_with_a_protocol_error) {
       const std::error_code later = pair.ranks[1]->wait(second_recv, clock::now());
       BOOST_TEST((first == errc::protocol_error || later == errc::protocol_error));
       BOOST_TEST(pair.ranks[1]->lost_reason(0).find("malformed") != std::string_view::npos);
+      if (std::string_view(c.what) == "bad version") {  // what a job of two releases reports
+        const std::string names = "record version " + std::to_string(stream::record_version - 1) + ", expected " +
+                                  std::to_string(stream::record_version);
+        BOOST_TEST(pair.ranks[1]->lost_reason(0).find(names) != std::string_view::npos, pair.ranks[1]->lost_reason(0));
+      }
     }
   }
 }

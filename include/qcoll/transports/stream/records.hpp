@@ -38,11 +38,11 @@ inline constexpr std::size_t message_header_bytes = 24;
 /// Large enough that a ring slice (tuning_table::ring_slice_bytes) is one record, whose
 /// header then costs one read and no copy through tcp_channels' inbox per slice; small
 /// enough that an abort record waits for at most this much payload ahead of it (8 ms at
-/// 1 Gbit/s). Against 256 KiB, 4 ranks on tcp, busbw at 4 / 16 / 64 MiB, three
+/// 1 Gbit/s). 256 KiB against 1 MiB, 4 ranks on tcp, busbw at 4 / 16 / 64 MiB, three
 /// alternating rounds (2026-11-26, 2-vCPU AMD EPYC, `collective_bench --job -b 1M -e 64M
 /// -f 4 -c 0 -m 20`): 1.42–1.48 / 1.24–1.30 / 1.35–1.37 against 1.62–1.79 / 1.37–1.43 /
-/// 1.44–1.49; 2 ranks within noise (16 MiB 2.63–2.98 / 2.75–3.13). 4 MiB: the same at 4 and 16 MiB,
-/// 1.51–1.53 at 64 MiB; not taken, for the abort's sake.
+/// 1.44–1.49; 2 ranks within noise (16 MiB 2.63–2.98 against 2.75–3.13). 4 MiB: the
+/// same at 4 and 16 MiB, 1.51–1.53 at 64 MiB; not taken, for the abort's sake.
 inline constexpr std::size_t max_chunk_bytes = std::size_t{1} << 20;
 inline constexpr std::size_t max_reason_bytes = 4096;
 
