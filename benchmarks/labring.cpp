@@ -8,6 +8,9 @@
 // TCP_NODELAY), after a token passed twice around the ring lines the ranks up. Rank 0
 // prints each round's time and BYTES/time as % of --rate (LINK_BPS): with BYTES =
 // 2(n-1)/n*S that is the ring allreduce's link% with no reduction and no framing.
+// On loopback it is the floor for moving an allreduce's bytes over the kernel's TCP on
+// this host (docs/transports-performance.md, "One connection per direction"):
+//   qcoll-run -n 4 bash -c 'QCOLL_BIND=127.0.0.$((QCOLL_RANK+1)) exec labring 25165824 23'
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -61,6 +64,6 @@ int main(int argc, char** argv) {
       if (!moved) { pollfd p[2] = {{out, short(sent < bytes ? POLLOUT : 0), 0}, {in, short(got < bytes ? POLLIN : 0), 0}}; poll(p, 2, 100); }
     }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r == 0) printf("round %d: %.1f ms, %.1f %% of the link\n", k, s * 1e3, 100 * bytes / s / link);
+    if (r == 0) printf("round %d: %.3f ms, %.1f %% of the link\n", k, s * 1e3, 100 * bytes / s / link);
   }
 }

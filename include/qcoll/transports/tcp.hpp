@@ -1,7 +1,12 @@
 #pragma once
 /// @file
-/// TCP transport (Boost.Asio): one connection per pair of ranks, both directions used
-/// at once. Every connection starts with the authenticated handshake of
+/// TCP transport (Boost.Asio): two connections per pair of ranks, one per direction:
+/// the rank that connected writes, the one that accepted reads. Over loopback, 16 MiB
+/// each way between two processes took 4.7–5.1 ms on two one-way connections and
+/// 5.5–6.4 ms on one connection carrying both (docs/transports-performance.md, "One
+/// connection per direction"): a connection's two ends then contend for each other's
+/// socket lock, the receive path running in the peer's send. Every connection starts
+/// with the authenticated handshake of
 /// rendezvous/handshake.hpp (magic, version, job, rank, world size, HMAC of the job
 /// secret when one is set); a connection that fails it is refused, logged, and the
 /// job carries on waiting for the real peer. Then the sockets turn non-blocking and
@@ -10,8 +15,10 @@
 /// chunks, never staged whole; TCP_NODELAY is set.
 ///
 /// Setup: each rank listens on `job.bind_address` (loopback unless told otherwise) on
-/// an ephemeral port, publishes it in the job's store, connects to every lower rank
-/// and accepts every higher one.
+/// an ephemeral port and publishes it in the job's store. It connects to every lower
+/// rank, accepts until every higher rank has connected, then connects to every higher
+/// rank and accepts the rest; a handshake waits for the peer to accept, and this order
+/// never leaves two ranks each waiting for the other.
 ///
 /// Progress happens in the waiting thread (see stream/engine.hpp): it polls the
 /// sockets it can read or write and sleeps in poll(2) otherwise. A peer whose process
@@ -65,16 +72,19 @@ inline std::string endpoint_text(const tcp::socket& socket) {
   return ec ? std::string("?") : remote.address().to_string() + ":" + std::to_string(remote.port());
 }
 
-/// The stream engine's pipes over one connected socket per peer.
+/// The stream engine's pipes over two connected sockets per peer, one per direction.
 class tcp_channels final : public stream::channels {
  public:
-  tcp_channels(std::unique_ptr<asio::io_context> io, std::vector<std::optional<tcp::socket>> sockets, rank_t rank)
-      : io_(std::move(io)), sockets_(std::move(sockets)), rank_(rank), gone_(sockets_.size()),
-        inboxes_(sockets_.size()) {
-    for (rank_t p = 0; p < sockets_.size(); ++p) {
+  /// `outgoing[p]` is written to reach p, `incoming[p]` read to hear from it.
+  tcp_channels(std::unique_ptr<asio::io_context> io, std::vector<std::optional<tcp::socket>> outgoing,
+               std::vector<std::optional<tcp::socket>> incoming, rank_t rank)
+      : io_(std::move(io)), outgoing_(std::move(outgoing)), incoming_(std::move(incoming)), rank_(rank),
+        gone_(outgoing_.size()), inboxes_(outgoing_.size()) {
+    for (rank_t p = 0; p < outgoing_.size(); ++p) {
       if (p == rank_) continue;
-      addresses_.push_back(endpoint_text(*sockets_[p]));
-      sockets_[p]->non_blocking(true);
+      addresses_.push_back(endpoint_text(*outgoing_[p]));
+      outgoing_[p]->non_blocking(true);
+      incoming_[p]->non_blocking(true);
     }
   }
 
@@ -86,14 +96,14 @@ class tcp_channels final : public stream::channels {
   /// as a packet of its own (and be acknowledged as one) ahead of every chunk.
   std::size_t write_some_gathered(rank_t peer, std::span<const std::byte> first, std::span<const std::byte> second,
                                   std::string& lost) override {
-    if (!sockets_[peer]) {
+    if (!outgoing_[peer]) {
       lost = "its connection is closed";
       return 0;
     }
     const std::array<asio::const_buffer, 2> gathered{asio::buffer(first.data(), first.size()),
                                                      asio::buffer(second.data(), second.size())};
     boost::system::error_code ec;
-    const std::size_t n = sockets_[peer]->write_some(gathered, ec);
+    const std::size_t n = outgoing_[peer]->write_some(gathered, ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return 0;
     if (ec) lost = fmt::format("the connection to {} failed: {}", address(peer), ec.message());
     return n;
@@ -103,7 +113,7 @@ class tcp_channels final : public stream::channels {
   /// filled by one recv, so a small message costs one system call, not four; large
   /// reads go straight into the caller's buffer once the small one is empty.
   std::size_t read_some(rank_t peer, std::span<std::byte> into, std::string& lost) override {
-    if (!sockets_[peer]) {
+    if (!incoming_[peer]) {
       lost = "its connection is closed";
       return 0;
     }
@@ -126,10 +136,13 @@ class tcp_channels final : public stream::channels {
   void notify(rank_t) noexcept override {}  // the kernel wakes the peer
 
   bool peer_gone(rank_t peer) override {
-    if (!sockets_[peer]) return true;
+    if (!outgoing_[peer] || !incoming_[peer]) return true;
     if (gone_[peer]) return true;
-    pollfd probe{sockets_[peer]->native_handle(), POLLRDHUP, 0};
-    gone_[peer] = ::poll(&probe, 1, 0) > 0 && (probe.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    std::array<pollfd, 2> probes{pollfd{outgoing_[peer]->native_handle(), POLLRDHUP, 0},
+                                 pollfd{incoming_[peer]->native_handle(), POLLRDHUP, 0}};
+    gone_[peer] = ::poll(probes.data(), probes.size(), 0) > 0 &&
+                  std::any_of(probes.begin(), probes.end(),
+                              [](const pollfd& p) { return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0; });
     return gone_[peer] != 0;
   }
 
@@ -139,11 +152,12 @@ class tcp_channels final : public stream::channels {
   void wait_for_activity(std::uint64_t, std::span<const char> want_read, std::span<const char> want_write,
                          deadline until) override {
     probes_.clear();
-    for (rank_t p = 0; p < sockets_.size(); ++p) {
-      if (!sockets_[p]) continue;
+    for (rank_t p = 0; p < outgoing_.size(); ++p) {
       // A peer whose next message waits for a receive is watched only for hang-ups.
-      const short events = static_cast<short>((want_read[p] ? POLLIN : 0) | (want_write[p] ? POLLOUT : 0) | POLLRDHUP);
-      probes_.push_back({sockets_[p]->native_handle(), events, 0});
+      if (incoming_[p])
+        probes_.push_back({incoming_[p]->native_handle(), static_cast<short>((want_read[p] ? POLLIN : 0) | POLLRDHUP), 0});
+      if (outgoing_[p])
+        probes_.push_back({outgoing_[p]->native_handle(), static_cast<short>((want_write[p] ? POLLOUT : 0) | POLLRDHUP), 0});
     }
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock::now()).count();
     if (left <= 0) return;
@@ -151,11 +165,13 @@ class tcp_channels final : public stream::channels {
   }
 
   void close(rank_t peer) noexcept override {
-    if (!sockets_[peer]) return;
-    boost::system::error_code ignored;
-    sockets_[peer]->shutdown(tcp::socket::shutdown_both, ignored);
-    sockets_[peer]->close(ignored);
-    sockets_[peer].reset();
+    for (std::optional<tcp::socket>* socket : {&outgoing_[peer], &incoming_[peer]}) {
+      if (!*socket) continue;
+      boost::system::error_code ignored;
+      (*socket)->shutdown(tcp::socket::shutdown_both, ignored);
+      (*socket)->close(ignored);
+      socket->reset();
+    }
   }
 
  private:
@@ -172,7 +188,7 @@ class tcp_channels final : public stream::channels {
 
   std::size_t receive(rank_t peer, std::span<std::byte> into, std::string& lost) {
     boost::system::error_code ec;
-    const std::size_t n = sockets_[peer]->read_some(asio::buffer(into.data(), into.size()), ec);
+    const std::size_t n = incoming_[peer]->read_some(asio::buffer(into.data(), into.size()), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return 0;
     if (ec == asio::error::eof)
       lost = fmt::format("it closed the connection ({})", address(peer));
@@ -184,7 +200,8 @@ class tcp_channels final : public stream::channels {
   const std::string& address(rank_t peer) const { return addresses_[peer < rank_ ? peer : peer - 1]; }
 
   std::unique_ptr<asio::io_context> io_;  // outlives the sockets it owns
-  std::vector<std::optional<tcp::socket>> sockets_;
+  std::vector<std::optional<tcp::socket>> outgoing_;
+  std::vector<std::optional<tcp::socket>> incoming_;
   rank_t rank_;
   std::vector<std::string> addresses_;
   std::vector<char> gone_;
@@ -227,7 +244,7 @@ inline tcp::socket connect_to(asio::io_context& io, const tcp::endpoint& where, 
 /// One rank's endpoint. Models qcoll::transport; move-only.
 class transport : public stream::endpoint {
  public:
-  /// Connects the job's ranks pairwise. Collective: every rank of the job calls it.
+  /// Connects every pair of ranks twice, once each way. Collective: every rank of the job calls it.
   /// Connections that fail the handshake (garbage, wrong secret, version or job, a
   /// rank already connected) are logged and refused while setup waits for the real
   /// peer until job.timeout.
@@ -242,53 +259,60 @@ class transport : public stream::endpoint {
     using asio::ip::tcp;
     const deadline until = clock::now() + job.timeout;
     auto io = std::make_unique<asio::io_context>();
-    std::vector<std::optional<tcp::socket>> sockets(job.size);
+    std::vector<std::optional<tcp::socket>> outgoing(job.size), incoming(job.size);
 
     tcp::acceptor acceptor(*io);
     rendezvous::detail::listen_on_free_port(acceptor, job.bind_address, fmt::format("tcp transport: rank {}", job.rank));
     store.set(fmt::format("qcoll/tcp/address/{}", job.rank),
               fmt::format("{}:{}", job.bind_address, acceptor.local_endpoint().port()));
 
-    for (rank_t peer = 0; peer < job.rank; ++peer) {
+    const auto connect = [&](rank_t peer) {
       const auto where =
           detail::parse_endpoint(store.get(fmt::format("qcoll/tcp/address/{}", peer), until), peer);
       tcp::socket socket = detail::connect_to(*io, where, peer, until);
       rendezvous::introduce(socket, job, rendezvous::channel::data, until);
       detail::tune(socket, opts);
-      sockets[peer].emplace(std::move(socket));
-    }
-
-    rank_t missing = job.size - 1 - job.rank;
-    while (missing > 0) {
-      tcp::socket socket(*io);
-      bool accepted = false;
-      boost::system::error_code accept_error = asio::error::timed_out;
-      acceptor.async_accept(socket, [&](boost::system::error_code e) {
-        accept_error = e;
-        accepted = true;
-      });
-      rendezvous::detail::run_until(*io, [&] { return accepted; }, until, [&] { acceptor.cancel(); });
-      if (accept_error)
-        qcoll::detail::throw_error(errc::timeout,
-                                   "tcp transport: rank {} waited {} for {} higher rank(s) to connect; {}", job.rank,
-                                   job.timeout, missing, accept_error.message());
-      const std::string from = detail::endpoint_text(socket);
-      try {
-        // A connection that says nothing must not hold up the real peers for long.
-        const deadline admit_until = std::min(until, clock::now() + std::chrono::seconds(5));
-        const rendezvous::hello peer = rendezvous::admit(socket, job, rendezvous::channel::data, admit_until);
-        if (peer.rank <= job.rank || sockets[peer.rank])
-          qcoll::detail::throw_error(errc::protocol_error, "rank {} is not an expected, unconnected higher rank",
-                                     peer.rank);
-        detail::tune(socket, opts);
-        sockets[peer.rank].emplace(std::move(socket));
-        --missing;
-      } catch (const qcoll::error& refused) {
-        qcoll::detail::log_warning("qcoll: rank {}: tcp transport refused a connection from {}: {}", job.rank, from,
-                                   refused.what());
+      outgoing[peer].emplace(std::move(socket));
+    };
+    // Accepts any peer's connection, once each, until ranks [first, size) all connected.
+    const auto accept_until_connected = [&](rank_t first) {
+      const auto missing = [&] {
+        rank_t count = 0;
+        for (rank_t p = first; p < job.size; ++p) count += p != job.rank && !incoming[p];
+        return count;
+      };
+      while (missing() > 0) {
+        tcp::socket socket(*io);
+        bool accepted = false;
+        boost::system::error_code accept_error = asio::error::timed_out;
+        acceptor.async_accept(socket, [&](boost::system::error_code e) {
+          accept_error = e;
+          accepted = true;
+        });
+        rendezvous::detail::run_until(*io, [&] { return accepted; }, until, [&] { acceptor.cancel(); });
+        if (accept_error)
+          qcoll::detail::throw_error(errc::timeout, "tcp transport: rank {} waited {} for {} rank(s) to connect; {}",
+                                     job.rank, job.timeout, missing(), accept_error.message());
+        const std::string from = detail::endpoint_text(socket);
+        try {
+          // A connection that says nothing must not hold up the real peers for long.
+          const deadline admit_until = std::min(until, clock::now() + std::chrono::seconds(5));
+          const rendezvous::hello peer = rendezvous::admit(socket, job, rendezvous::channel::data, admit_until);
+          if (peer.rank == job.rank || incoming[peer.rank])
+            qcoll::detail::throw_error(errc::protocol_error, "rank {} is this rank or already connected", peer.rank);
+          detail::tune(socket, opts);
+          incoming[peer.rank].emplace(std::move(socket));
+        } catch (const qcoll::error& refused) {
+          qcoll::detail::log_warning("qcoll: rank {}: tcp transport refused a connection from {}: {}", job.rank, from,
+                                     refused.what());
+        }
       }
-    }
-    auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(sockets), job.rank);
+    };
+    for (rank_t peer = 0; peer < job.rank; ++peer) connect(peer);
+    accept_until_connected(job.rank + 1);  // every higher rank; lower ones may already come too
+    for (rank_t peer = job.rank + 1; peer < job.size; ++peer) connect(peer);
+    accept_until_connected(0);
+    auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(outgoing), std::move(incoming), job.rank);
     return transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "tcp transport",
                                                       stream::resolve(opts.engine, job.local_size)));
   }
