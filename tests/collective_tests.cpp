@@ -591,6 +591,7 @@ BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
   ::setenv("QCOLL_SINGLE_COPY_BYTES", "off", 1);
   ::setenv("QCOLL_BROADCAST_SMALL_BYTES", "1000", 1);
   ::setenv("QCOLL_ALLREDUCE_HALVING_BYTES", "2M", 1);
+  ::setenv("QCOLL_SINGLE_COPY_KERNEL_BYTES", "4M", 1);
   const tuning t = tuning::from_environment();
   BOOST_TEST((t.allreduce == algorithm::recursive_doubling));
   BOOST_TEST((t.barrier == algorithm::unspecified));
@@ -599,6 +600,7 @@ BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
   BOOST_TEST(t.broadcast_small_bytes == 1000u);
   BOOST_TEST(t.allreduce_halving_bytes == std::size_t{2} << 20);
   BOOST_TEST(t.allreduce_small_bytes == tuning_table::allreduce_small_bytes);
+  BOOST_TEST(t.single_copy_kernel_bytes == std::size_t{4} << 20);
   // A communicator reads them when it is made.
   const auto outcome = test::run_ranks(2, [](auto& comm) {
     if (comm.tuning().allreduce != algorithm::recursive_doubling) throw std::runtime_error("not read");
@@ -620,8 +622,9 @@ BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
   refused("QCOLL_RING_SLICE_BYTES", "12Q", "QCOLL_RING_SLICE_BYTES=12Q is not a byte count");
   refused("QCOLL_ALLREDUCE_SMALL_BYTES", "-1", "QCOLL_ALLREDUCE_SMALL_BYTES=-1");
   refused("QCOLL_SINGLE_COPY_BYTES", "99999999999999999999M", "QCOLL_SINGLE_COPY_BYTES");
+  refused("QCOLL_SINGLE_COPY_KERNEL_BYTES", "4G", "QCOLL_SINGLE_COPY_KERNEL_BYTES=4G is not a byte count");
   for (const char* name : {"QCOLL_ALLREDUCE_ALGO", "QCOLL_BARRIER_ALGO", "QCOLL_RING_SLICE_BYTES", "QCOLL_SINGLE_COPY_BYTES",
-                           "QCOLL_BROADCAST_SMALL_BYTES", "QCOLL_ALLREDUCE_HALVING_BYTES"})
+                           "QCOLL_BROADCAST_SMALL_BYTES", "QCOLL_ALLREDUCE_HALVING_BYTES", "QCOLL_SINGLE_COPY_KERNEL_BYTES"})
     ::unsetenv(name);
 }
 

@@ -128,6 +128,14 @@ endforeach()
 qcoll_job_test(kill_a_rank_mid_allreduce_on_shared_buffers RANKS 4 TRANSPORT shm ARGS kill_allocated 67108864 EXIT 137
   LAUNCHER_OPTIONS --keep-going
   LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
+# Single-copy steps of ordinary memory are staged in the communicator's shared staging
+# buffer, which the ring's reader maps (one peer region per rank); forced through the
+# kernel's copy (QCOLL_SINGLE_COPY_KERNEL_BYTES=0), nothing is mapped. Both correct.
+qcoll_job_test(collectives_staged_in_shared_memory RANKS 3 TRANSPORT shm ARGS collectives 4194304
+  LINES "3:all collectives correct .*, peer regions mapped: 1\\)")
+qcoll_job_test(collectives_through_the_kernel_copy RANKS 3 TRANSPORT shm ARGS collectives 4194304
+  ENVIRONMENT QCOLL_SINGLE_COPY_KERNEL_BYTES=0
+  LINES "3:all collectives correct .*, peer regions mapped: 0\\)")
 # Single copy refused between two ranks (one is non-dumpable, none may ptrace): every rank
 # takes the pipes, rank 0 says why once, and every collective is still correct.
 qcoll_job_test(single_copy_refused_falls_back RANKS 3 TRANSPORT shm ARGS refuse_single_copy 4194304

@@ -715,6 +715,11 @@ class communicator {
       // Slices of the pipelined ring's size (at least 64 bytes), 8-byte aligned.
       const std::size_t words = std::max<std::size_t>(tuning_.ring_slice_bytes, 64) / sizeof(double);
       step.read_directly(std::as_writable_bytes(scratch<double>(2, words)));
+      if constexpr (shared_memory_transport<channel_type>) {
+        // The largest block a step sends (partials of 16-bit values travel as float).
+        const std::size_t step_bytes = largest_block(count) * std::max(size_of(type), sizeof(float));
+        if (step_bytes < tuning_.single_copy_kernel_bytes) step.stage_outgoing(staging(step_bytes));
+      }
     }
     if (log_choices_ && way.algorithm != algorithm::unspecified)
       detail::log_info("qcoll: rank {} of {}: {} ({} bytes): {}", rank(), size(), detail::describe(step.header()),
@@ -804,6 +809,32 @@ class communicator {
     std::size_t space = bytes.size();
     start = std::align(alignof(T), elements * sizeof(T), start, space);
     return {static_cast<T*>(start), elements};
+  }
+
+  /// Memory the peers map, where single-copy steps stage blocks of ordinary memory;
+  /// grown once and reused by later calls, like scratch(). Empty where the system
+  /// refuses it (said once; not asked again): the steps then go through the kernel's copy.
+  std::span<std::byte> staging(std::size_t bytes) {
+    if constexpr (shared_memory_transport<channel_type>) {
+      if (staging_.size() >= bytes) return staging_.first(bytes);
+      if (staging_refused_) return {};
+      staging_ = {};
+      staging_owner_.reset();  // before the new one: at most one is held
+      try {
+        auto memory = std::make_shared<decltype(channel_.allocate_shared(bytes))>(channel_.allocate_shared(bytes));
+        staging_ = memory->bytes();
+        staging_owner_ = std::move(memory);
+      } catch (const error& refused) {
+        staging_refused_ = true;
+        detail::log_warning("qcoll: rank {}: no staging buffer of {} bytes ({}); single-copy steps of ordinary "
+                            "memory go through the kernel's copy",
+                            rank(), bytes, refused.what());
+      }
+      return staging_;
+    } else {
+      (void)bytes;
+      return {};
+    }
   }
 
   void quiesce() noexcept { shared_.wait_idle(); }
@@ -912,6 +943,9 @@ class communicator {
   std::uint64_t sequence_ = 0;
   std::vector<std::uint64_t> sent_to_, received_from_;  // point-to-point messages per peer
   std::vector<std::byte> scratch_[3];  // two blocks, and single-copy's bounce buffer
+  std::shared_ptr<void> staging_owner_;  // the transport's shared memory behind staging_
+  std::span<std::byte> staging_;
+  bool staging_refused_ = false;
   std::optional<bool> fully_linked_;  // found by the first plan call
 };
 

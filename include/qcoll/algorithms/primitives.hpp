@@ -244,6 +244,15 @@ class primitives {
     bounce_ = bounce;
   }
 
+  /// With read_directly(): a step whose outgoing block lies in ordinary memory (no
+  /// shared region holds it) and fits `staging` (memory the peers map, from the
+  /// transport's allocate_shared) is copied there first and offered from there, so the
+  /// peer reads it through its mapping instead of the kernel's cross-memory-attach copy
+  /// (one user-space copy here against the kernel's page pinning there:
+  /// tuning_table::single_copy_stage_bytes). `staging` stays untouched by the caller
+  /// while the call runs; every step waits until its reader is done with it.
+  void stage_outgoing(std::span<std::byte> staging) noexcept { staging_ = staging; }
+
   /// Asks ring phases to go as pipelines of slices of `bytes` (0: whole steps; a step
   /// of fewer than two slices goes whole). Both ends of a step must slice alike, so
   /// every rank passes the same values.
@@ -363,7 +372,14 @@ class primitives {
   void exchange_directly(rank_t to, std::span<const std::byte> outgoing, rank_t from, std::size_t expected_bytes,
                          Consume&& consume) {
     transports::shared_region region;
-    if constexpr (shared_memory_transport<Transport>) region = transport_.region_of(outgoing);
+    if constexpr (shared_memory_transport<Transport>) {
+      region = transport_.region_of(outgoing);
+      if (region.serial == 0 && !outgoing.empty() && outgoing.size() <= staging_.size()) {
+        std::memcpy(staging_.data(), outgoing.data(), outgoing.size());
+        outgoing = staging_.first(outgoing.size());
+        region = transport_.region_of(outgoing);
+      }
+    }
     const std::array<std::uint64_t, 6> mine{reinterpret_cast<std::uintptr_t>(outgoing.data()), outgoing.size(),
                                             region.serial, region.handle, region.base, region.bytes};
     std::array<std::uint64_t, 6> theirs{};
@@ -416,6 +432,7 @@ class primitives {
   std::size_t slice_bytes_ = 0;
   bool read_directly_ = false;
   std::span<std::byte> bounce_;
+  std::span<std::byte> staging_;
   std::size_t slices_in_flight_ = 1;
 };
 

@@ -92,6 +92,19 @@ inline constexpr std::size_t pipe_publish_bytes = std::size_t{256} << 10;
 /// 7.5–8.7; 64 MiB 3.3–3.6 / 3.5–4.1. 4 ranks, 1 MiB (256 KiB steps) 1.43–1.59 / 1.46–1.65.
 inline constexpr std::size_t single_copy_bytes = std::size_t{256} << 10;
 
+/// A single-copy step whose block lies in ordinary memory is copied by its owner into a
+/// shared staging buffer that the peer maps (the shm transport's shared buffers), so the
+/// peer reads it with plain loads; steps of at least this many bytes are read through
+/// the kernel (process_vm_readv) instead. `never`: every step is staged. The kernel's
+/// copy pins every page it reads, and what that costs differs by host: on a 2-vCPU AMD
+/// EPYC (Zen 3) KVM guest, Linux 6.18 (2026-11-27), process_vm_readv moved 1.1 GB/s in
+/// 4 KiB calls and 2.1–2.3 GB/s in 64 KiB–4 MiB calls against memcpy's 14–28 GB/s (a
+/// scratch program, docs/transports-performance.md). 2 ranks, shm, busbw, kernel copy /
+/// staged, two rounds: 1 MiB 2.38–2.98 / 11.1–11.6, 4 MiB 2.91–3.35 / 13.4–13.9, 16 MiB
+/// 2.40–2.45 / 4.34–4.36, 64 MiB 2.44–2.46 / 2.84–2.85. Staging costs a block of shared
+/// memory per communicator (the largest step, kept for later calls, like scratch).
+inline constexpr std::size_t single_copy_kernel_bytes = std::numeric_limits<std::size_t>::max();
+
 /// How long a wait polls before it sleeps when every local rank has a core: a reply
 /// within this time costs no wakeup. Commit e37e18c (2 ms together with fewer
 /// system calls per message): 2 ranks, 4 KiB allreduce, shm 17 → 3.9 µs, tcp 42 → 25 µs.
@@ -126,12 +139,13 @@ struct tuning {
   algorithm broadcast = algorithm::unspecified;
   algorithm barrier = algorithm::unspecified;
   /// QCOLL_ALLREDUCE_SMALL_BYTES, QCOLL_ALLREDUCE_HALVING_BYTES, QCOLL_BROADCAST_SMALL_BYTES, QCOLL_RING_SLICE_BYTES
-  /// (0: unsliced), QCOLL_SINGLE_COPY_BYTES ("off": never).
+  /// (0: unsliced), QCOLL_SINGLE_COPY_BYTES ("off": never), QCOLL_SINGLE_COPY_KERNEL_BYTES ("off": never).
   std::size_t allreduce_small_bytes = tuning_table::allreduce_small_bytes;
   std::size_t allreduce_halving_bytes = tuning_table::allreduce_halving_bytes;
   std::size_t broadcast_small_bytes = tuning_table::broadcast_small_bytes;
   std::size_t ring_slice_bytes = tuning_table::ring_slice_bytes;
   std::size_t single_copy_bytes = tuning_table::single_copy_bytes;
+  std::size_t single_copy_kernel_bytes = tuning_table::single_copy_kernel_bytes;
 
   static constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
 
@@ -147,6 +161,7 @@ struct tuning {
     t.broadcast_small_bytes = bytes_variable("QCOLL_BROADCAST_SMALL_BYTES", t.broadcast_small_bytes);
     t.ring_slice_bytes = bytes_variable("QCOLL_RING_SLICE_BYTES", t.ring_slice_bytes);
     t.single_copy_bytes = bytes_variable("QCOLL_SINGLE_COPY_BYTES", t.single_copy_bytes);
+    t.single_copy_kernel_bytes = bytes_variable("QCOLL_SINGLE_COPY_KERNEL_BYTES", t.single_copy_kernel_bytes);
     return t;
   }
 
