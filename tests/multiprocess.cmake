@@ -129,9 +129,11 @@ qcoll_job_test(kill_a_rank_mid_allreduce_on_shared_buffers RANKS 4 TRANSPORT shm
   LAUNCHER_OPTIONS --keep-going
   LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
 # Single-copy steps of ordinary memory are staged in the communicator's shared staging
-# buffer, which the ring's reader maps (one peer region per rank); forced through the
-# kernel's copy (QCOLL_SINGLE_COPY_KERNEL_BYTES=0), nothing is mapped. Both correct.
+# buffer, which the ring's reader maps (one peer region per rank), here in slices of
+# 64 KiB (1.4 MiB steps: 22 slices, the last a part); forced through the kernel's copy
+# (QCOLL_SINGLE_COPY_KERNEL_BYTES=0), nothing is mapped. Both correct.
 qcoll_job_test(collectives_staged_in_shared_memory RANKS 3 TRANSPORT shm ARGS collectives 4194304
+  ENVIRONMENT QCOLL_RING_SLICE_BYTES=64K
   LINES "3:all collectives correct .*, peer regions mapped: 1\\)")
 qcoll_job_test(collectives_through_the_kernel_copy RANKS 3 TRANSPORT shm ARGS collectives 4194304
   ENVIRONMENT QCOLL_SINGLE_COPY_KERNEL_BYTES=0

@@ -62,11 +62,12 @@ class primitives {
     if constexpr (single_copy_transport<Transport>) {
       if (read_directly_)
         return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(),
-                                 [&](std::uint64_t address, const transports::shared_region& region) {
-                                   const std::span<std::byte> into = std::as_writable_bytes(incoming);
-                                   const std::span<const std::byte> mapped = map_peer(from, region, address, into.size());
-                                   if (mapped.empty()) return transport_.read_peer(from, address, into);
-                                   std::memcpy(into.data(), mapped.data(), into.size());
+                                 [&](std::uint64_t address, const transports::shared_region& region, std::size_t offset,
+                                     std::size_t bytes) {
+                                   const std::span<std::byte> into = std::as_writable_bytes(incoming).subspan(offset, bytes);
+                                   const std::span<const std::byte> mapped = map_peer(from, region, address + offset, bytes);
+                                   if (mapped.empty()) return transport_.read_peer(from, address + offset, into);
+                                   std::memcpy(into.data(), mapped.data(), bytes);
                                    return std::error_code();
                                  });
     }
@@ -90,15 +91,19 @@ class primitives {
         const std::size_t slice = bounce_.size() / sizeof(T);
         const std::span<T> landing(reinterpret_cast<T*>(bounce_.data()), slice);
         return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(),
-                                 [&](std::uint64_t address, const transports::shared_region& region) {
+                                 [&](std::uint64_t address, const transports::shared_region& region, std::size_t offset,
+                                     std::size_t bytes) {
+          // Pieces hold whole elements: they are cut from the sender's block of T.
+          const std::size_t first = offset / sizeof(T), count = bytes / sizeof(T);
           // In memory both map: reduced straight from the peer's block, no copy at all.
-          if (const std::span<const std::byte> mapped = map_peer(from, region, address, incoming.size_bytes());
+          if (const std::span<const std::byte> mapped = map_peer(from, region, address + offset, bytes);
               !mapped.empty()) {
-            reduce_into(op, std::span<const T>(reinterpret_cast<const T*>(mapped.data()), incoming.size()), own, result);
+            reduce_into(op, std::span<const T>(reinterpret_cast<const T*>(mapped.data()), count),
+                        own.subspan(first, count), result.subspan(first, count));
             return std::error_code();
           }
-          for (std::size_t at = 0; at < incoming.size(); at += slice) {
-            const std::size_t n = std::min(slice, incoming.size() - at);
+          for (std::size_t at = first; at < first + count; at += slice) {
+            const std::size_t n = std::min(slice, first + count - at);
             if (const std::error_code code =
                     transport_.read_peer(from, address + at * sizeof(T), std::as_writable_bytes(landing.first(n))))
               return code;
@@ -363,48 +368,93 @@ class primitives {
     return {};
   }
 
-  /// A single-copy step: tell `to` where `outgoing` is (address, bytes, and the shared
-  /// region holding it, if any), learn from `from` where its data is, `consume` it from
-  /// there (the first failed read's code, or none), tell `from` this rank is done with
-  /// it, and wait until `to` is done with `outgoing` (which stays untouched until then).
-  /// Receives are posted before the send, as in every step.
+  /// A single-copy step: tell `to` where `outgoing` is (address, bytes, the shared
+  /// region holding it, if any, and whether it is being staged), learn from `from` where
+  /// its data is, `consume(address, region, offset, bytes)` it from there piece by piece
+  /// (the first failed read's code, or none), tell `from` this rank is done with it,
+  /// and wait until `to` is done with `outgoing` (which stays untouched until then).
+  ///
+  /// A block of ordinary memory that fits the staging buffer is staged in slices of the
+  /// bounce buffer's size: each slice is copied, then announced with an empty "ready"
+  /// message, and the reader consumes slice k once its "ready" is in, so it reads each
+  /// one while it is still in cache and starts before the whole block is copied. A rank
+  /// waits for a ready only once all its own slices are out, so no rank waits on one
+  /// that waits on it. Per peer, a rank sends "where" first, then its readies, then
+  /// "done", and receives in the same order (to and from may be the same peer).
   template <class Consume>
   void exchange_directly(rank_t to, std::span<const std::byte> outgoing, rank_t from, std::size_t expected_bytes,
                          Consume&& consume) {
     transports::shared_region region;
+    std::span<const std::byte> source;  // where staged slices are copied from; empty when not staged
+    std::size_t stage_slice = 0;
     if constexpr (shared_memory_transport<Transport>) {
       region = transport_.region_of(outgoing);
       if (region.serial == 0 && !outgoing.empty() && outgoing.size() <= staging_.size()) {
-        std::memcpy(staging_.data(), outgoing.data(), outgoing.size());
+        source = outgoing;
         outgoing = staging_.first(outgoing.size());
         region = transport_.region_of(outgoing);
+        stage_slice = std::max<std::size_t>(bounce_.size() / 64 * 64, 64);
       }
     }
-    const std::array<std::uint64_t, 6> mine{reinterpret_cast<std::uintptr_t>(outgoing.data()), outgoing.size(),
-                                            region.serial, region.handle, region.base, region.bytes};
-    std::array<std::uint64_t, 6> theirs{};
-    std::array<request, 4> requests;  // where from `from`, done from `to`, where to `to`, done to `from`
+    const std::array<std::uint64_t, 7> mine{reinterpret_cast<std::uintptr_t>(outgoing.data()), outgoing.size(),
+                                            region.serial, region.handle, region.base, region.bytes, stage_slice};
+    std::array<std::uint64_t, 7> theirs{};
+    const auto pieces = [](std::size_t bytes, std::size_t slice) { return slice == 0 ? 0 : (bytes + slice - 1) / slice; };
+    std::array<request, 4> requests;  // where from `from`, where to `to`, done to `from`, done from `to`
+    std::deque<request> readies_sent, readies_received;  // a deque never moves them
     try {
       post_recv(requests[0], from, tag_, std::span<std::uint64_t>(theirs));
-      post_recv(requests[1], to, tag_, std::span<std::byte>());
-      post_send(requests[2], to, tag_, std::span<const std::uint64_t>(mine));
+      post_send(requests[1], to, tag_, std::span<const std::uint64_t>(mine));
       finish_recv(requests[0], from, sizeof theirs);
       if (theirs[1] != expected_bytes)
         fail(errc::protocol_error, "peer {} offers {} bytes where this rank reads {}", from, theirs[1], expected_bytes);
+      if (theirs[6] % 64 != 0)
+        fail(errc::protocol_error, "peer {} stages its block in slices of {} bytes", from, theirs[6]);
       const transports::shared_region where{theirs[2], theirs[3], theirs[4], theirs[5]};
-      if (const std::error_code code = expected_bytes > 0 ? consume(theirs[0], where) : std::error_code()) {
-        // The peer left the call: most likely it aborted, and its reason waits in the
-        // transport (it is sent before the peer can exit or free the buffer). Take it
-        // in, so the failure passes that reason on instead of blaming the peer.
-        poll(requests[1]);
-        fail_transport(code, from, fmt::format("reading {} bytes from its memory", expected_bytes));
+      const std::size_t their_slice = theirs[6] != 0 ? theirs[6] : expected_bytes;  // unstaged: one piece, there now
+      const std::size_t staged = pieces(source.size(), stage_slice), to_read = pieces(expected_bytes, their_slice);
+      if (theirs[6] != 0)
+        for (std::size_t k = 0; k < to_read; ++k) post_recv(readies_received.emplace_back(), from, tag_, std::span<std::byte>());
+      // Whether piece k of the peer's block may be read now (`wait`: block until it may).
+      const auto ready = [&](std::size_t k, bool wait) {
+        if (theirs[6] == 0) return true;
+        if (!wait && !poll(readies_received[k])) return false;
+        finish_recv(readies_received[k], from, 0);
+        return true;
+      };
+      const auto read_piece = [&](std::size_t k) {
+        const std::size_t offset = k * their_slice, bytes = std::min(their_slice, expected_bytes - offset);
+        if (const std::error_code code = consume(theirs[0], where, offset, bytes)) {
+          // The peer left the call: most likely it aborted, and its reason waits in the
+          // transport (it is sent before the peer can exit or free the buffer). Take it
+          // in, so the failure passes that reason on instead of blaming the peer.
+          post_recv(requests[3], to, tag_, std::span<std::byte>());
+          poll(requests[3]);
+          fail_transport(code, from, fmt::format("reading {} bytes from its memory", expected_bytes));
+        }
+      };
+      // Stage a slice, then read whatever the peer has announced; wait only once every
+      // slice of this rank's is out, so waiting never holds back a peer (and with ranks
+      // that outnumber cores, a rank whose predecessor is not running stages on).
+      for (std::size_t k_staged = 0, k_read = 0; k_staged < staged || k_read < to_read;) {
+        if (k_staged < staged) {
+          const std::size_t offset = k_staged * stage_slice, bytes = std::min(stage_slice, source.size() - offset);
+          std::memcpy(staging_.data() + offset, source.data() + offset, bytes);
+          post_send(readies_sent.emplace_back(), to, tag_, std::span<const std::byte>());
+          ++k_staged;
+        }
+        while (k_read < to_read && ready(k_read, k_staged == staged)) read_piece(k_read++);
       }
-      post_send(requests[3], from, tag_, std::span<const std::byte>());
-      finish_send(requests[3], from, 0);
-      finish_recv(requests[1], to, 0);
-      finish_send(requests[2], to, sizeof mine);
+      post_recv(requests[3], to, tag_, std::span<std::byte>());
+      post_send(requests[2], from, tag_, std::span<const std::byte>());
+      for (request& announced : readies_sent) finish_send(announced, to, 0);
+      finish_send(requests[2], from, 0);
+      finish_recv(requests[3], to, 0);
+      finish_send(requests[1], to, sizeof mine);
     } catch (const std::system_error& failure) {
       abandon(requests, failure);
+      for (std::deque<request>* readies : {&readies_sent, &readies_received})
+        for (request& r : *readies) abandon(std::span<request>(&r, 1), failure);
       throw;
     }
   }
