@@ -402,8 +402,16 @@ class primitives {
     const auto pieces = [](std::size_t bytes, std::size_t slice) { return slice == 0 ? 0 : (bytes + slice - 1) / slice; };
     std::array<request, 4> requests;  // where from `from`, where to `to`, done to `from`, done from `to`
     std::deque<request> readies_sent, readies_received;  // a deque never moves them
+    // The receive of `to`'s "done". In-process, a read of this rank's block waits until
+    // it is posted (inproc's read_peer), so it goes first where nothing is staged; where
+    // blocks may be staged it follows the readies, which `to` sends before its "done".
+    bool done_posted = false;
+    const auto post_done_receive = [&] {
+      if (!std::exchange(done_posted, true)) post_recv(requests[3], to, tag_, std::span<std::byte>());
+    };
     try {
       post_recv(requests[0], from, tag_, std::span<std::uint64_t>(theirs));
+      if constexpr (!shared_memory_transport<Transport>) post_done_receive();
       post_send(requests[1], to, tag_, std::span<const std::uint64_t>(mine));
       finish_recv(requests[0], from, sizeof theirs);
       if (theirs[1] != expected_bytes)
@@ -428,7 +436,7 @@ class primitives {
           // The peer left the call: most likely it aborted, and its reason waits in the
           // transport (it is sent before the peer can exit or free the buffer). Take it
           // in, so the failure passes that reason on instead of blaming the peer.
-          post_recv(requests[3], to, tag_, std::span<std::byte>());
+          post_done_receive();
           poll(requests[3]);
           fail_transport(code, from, fmt::format("reading {} bytes from its memory", expected_bytes));
         }
@@ -445,7 +453,7 @@ class primitives {
         }
         while (k_read < to_read && ready(k_read, k_staged == staged)) read_piece(k_read++);
       }
-      post_recv(requests[3], to, tag_, std::span<std::byte>());
+      post_done_receive();
       post_send(requests[2], from, tag_, std::span<const std::byte>());
       for (request& announced : readies_sent) finish_send(announced, to, 0);
       finish_send(requests[2], from, 0);
