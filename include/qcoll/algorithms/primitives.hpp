@@ -251,11 +251,12 @@ class primitives {
 
   /// With read_directly(): a step whose outgoing block lies in ordinary memory (no
   /// shared region holds it) and fits `staging` (memory the peers map, from the
-  /// transport's allocate_shared) is copied there first and offered from there, so the
-  /// peer reads it through its mapping instead of the kernel's cross-memory-attach copy
-  /// (one user-space copy here against the kernel's page pinning there:
-  /// tuning_table::single_copy_stage_bytes). `staging` stays untouched by the caller
-  /// while the call runs; every step waits until its reader is done with it.
+  /// transport's allocate_shared) is copied there slice by slice and offered from there
+  /// (exchange_directly), so the peer reads it through its mapping instead of the
+  /// kernel's cross-memory-attach copy (one user-space copy here against the kernel's
+  /// page pinning there: tuning_table::single_copy_kernel_bytes). `staging` stays
+  /// untouched by the caller while the call runs; every step waits until its reader is
+  /// done with it.
   void stage_outgoing(std::span<std::byte> staging) noexcept { staging_ = staging; }
 
   /// Asks ring phases to go as pipelines of slices of `bytes` (0: whole steps; a step
