@@ -116,6 +116,23 @@ std::size_t checked_collectives(Comm& comm, std::size_t max_bytes, Fresh fresh =
     for (std::size_t i = 0; i < mine.size; ++i)
       if (block[i] != sum_of(n, mine.offset + i)) fail(fmt::format("reduce_scatter of {} bytes: wrong at {}", bytes, i));
 
+    // Out of place: avg (divided between the phases; exact here, (n + 1)/2 · k) and
+    // bfloat16 (added in float, rounded once; the float sums of these integers are exact).
+    auto averaged = fresh(count, -1.0f);
+    comm.allreduce(std::span<const float>(in), std::span<float>(averaged), reduce_op::avg);
+    for (std::size_t i = 0; i < count; ++i)
+      if (averaged[i] != sum_of(n, i) / static_cast<float>(n))
+        fail(fmt::format("allreduce avg of {} bytes: element {} is {}", bytes, i, averaged[i]));
+    std::vector<bfloat16> narrow_in(count), narrow_out(count);
+    for (std::size_t i = 0; i < count; ++i) narrow_in[i] = bfloat16(value_of(me, i));
+    comm.allreduce(std::span<const bfloat16>(narrow_in), std::span<bfloat16>(narrow_out), reduce_op::sum);
+    for (std::size_t i = 0; i < count; ++i) {
+      float exact = 0;
+      for (rank_t r = 0; r < n; ++r) exact += static_cast<float>(bfloat16(value_of(r, i)));
+      if (narrow_out[i].bits != bfloat16(exact).bits)
+        fail(fmt::format("allreduce of {} bfloat16 values: element {} is {}", count, i, static_cast<float>(narrow_out[i])));
+    }
+
     auto gathered = fresh(count, -1.0f);
     auto own = fresh(mine.size);
     for (std::size_t i = 0; i < mine.size; ++i) own[i] = static_cast<float>(mine.offset + i);
@@ -130,7 +147,7 @@ std::size_t checked_collectives(Comm& comm, std::size_t max_bytes, Fresh fresh =
     for (std::size_t i = 0; i < count; ++i)
       if (broadcast[i] != value_of(7, i)) fail(fmt::format("broadcast of {} bytes: wrong at {}", bytes, i));
     comm.barrier();
-    checks += 4;
+    checks += 6;
   }
   return checks;
 }
