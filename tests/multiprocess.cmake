@@ -138,6 +138,11 @@ qcoll_job_test(collectives_staged_in_shared_memory RANKS 3 TRANSPORT shm ARGS co
 qcoll_job_test(collectives_through_the_kernel_copy RANKS 3 TRANSPORT shm ARGS collectives 4194304
   ENVIRONMENT QCOLL_SINGLE_COPY_KERNEL_BYTES=0
   LINES "3:all collectives correct .*, peer regions mapped: 0\\)")
+# Peers' shared regions refused (pidfd_getfd denied by a seccomp filter, as a container
+# runtime's may): steps read staged blocks through the kernel's copy, nothing is mapped.
+qcoll_job_test(collectives_when_peer_mappings_are_refused RANKS 3 TRANSPORT shm ARGS refuse_peer_mappings 4194304
+  ENVIRONMENT QCOLL_RING_SLICE_BYTES=64K
+  LINES "3:all collectives correct .*, peer regions mapped: 0\\)")
 # Single copy refused between two ranks (one is non-dumpable, none may ptrace): every rank
 # takes the pipes, rank 0 says why once, and every collective is still correct.
 qcoll_job_test(single_copy_refused_falls_back RANKS 3 TRANSPORT shm ARGS refuse_single_copy 4194304

@@ -716,9 +716,15 @@ class communicator {
       const std::size_t words = std::max<std::size_t>(tuning_.ring_slice_bytes, 64) / sizeof(double);
       step.read_directly(std::as_writable_bytes(scratch<double>(2, words)));
       if constexpr (shared_memory_transport<channel_type>) {
-        // The largest block a step sends (partials of 16-bit values travel as float).
+        // The largest block a step sends (partials of 16-bit values travel as float),
+        // with a spare of the same size where reduce-scatter has intermediate partials.
         const std::size_t step_bytes = largest_block(count) * std::max(size_of(type), sizeof(float));
-        if (step_bytes < tuning_.single_copy_kernel_bytes) step.stage_outgoing(staging(step_bytes));
+        if (step_bytes < tuning_.single_copy_kernel_bytes) {
+          const std::size_t half = (step_bytes + 63) / 64 * 64;  // the spare starts 64-byte aligned
+          const std::span<std::byte> room = staging(size() > 2 ? 2 * half : step_bytes);
+          if (room.size() >= 2 * half) step.stage_outgoing(room.first(half), room.subspan(half));
+          else step.stage_outgoing(room);
+        }
       }
     }
     if (log_choices_ && way.algorithm != algorithm::unspecified)

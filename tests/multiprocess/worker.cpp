@@ -28,6 +28,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -41,7 +42,10 @@
 #include <vector>
 
 #ifndef QCOLL_TEST_MPI
+#include <linux/audit.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -895,6 +899,29 @@ void drop_ptrace_capability() {
   if (::syscall(SYS_capset, &header, data) != 0) fail("capset failed");
 }
 
+/// Makes pidfd_getfd fail with EPERM in this process (a seccomp filter, as a container
+/// runtime's may be): peers' shared regions cannot be mapped, so single-copy steps read
+/// them through the kernel's copy. False where this architecture has no filter here.
+bool refuse_fetching_peer_descriptors() {
+#if defined(__x86_64__) && defined(SYS_pidfd_getfd)
+  sock_filter program[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pidfd_getfd, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  const sock_fprog filter{static_cast<unsigned short>(std::size(program)), program};
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("prctl(PR_SET_NO_NEW_PRIVS) failed");
+  if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) != 0) fail("prctl(PR_SET_SECCOMP) failed");
+  return true;
+#else
+  return false;
+#endif
+}
+
 /// Before joining, the last rank knocks on rank 0's store and data port with garbage and
 /// a wrong secret; both must be refused while the job carries on.
 void knock_with_bad_credentials(const rendezvous::job& job) {
@@ -990,6 +1017,13 @@ int main(int argc, char** argv) try {
       // Shared buffers need single copy's permission too: without it they are ordinary memory.
       return run("collectives_and_allocated", std::move(transport), job.timeout, max_bytes);
     });
+  }
+  if (scenario == "refuse_peer_mappings") {
+    if (!refuse_fetching_peer_descriptors()) {
+      fmt::print("rank {}: no seccomp filter on this architecture; skipped\n", job.rank);
+      return 0;
+    }
+    return launch::join(job, [&](auto transport) { return run("collectives", std::move(transport), job.timeout, max_bytes); });
   }
   if (scenario == "intruders") {
     if (job.rank == job.size - 1 && job.size > 1) knock_with_bad_credentials(job);

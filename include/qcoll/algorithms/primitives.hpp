@@ -61,9 +61,9 @@ class primitives {
   void send_recv(rank_t to, std::span<const T> outgoing, rank_t from, std::span<T> incoming) {
     if constexpr (single_copy_transport<Transport>) {
       if (read_directly_)
-        return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(),
+        return exchange_directly(to, std::as_bytes(outgoing), from, std::as_bytes(incoming), false,
                                  [&](std::uint64_t address, const transports::shared_region& region, std::size_t offset,
-                                     std::size_t bytes) {
+                                     std::size_t bytes, std::span<std::byte>) {
                                    const std::span<std::byte> into = std::as_writable_bytes(incoming).subspan(offset, bytes);
                                    const std::span<const std::byte> mapped = map_peer(from, region, address + offset, bytes);
                                    if (mapped.empty()) return transport_.read_peer(from, address + offset, into);
@@ -90,24 +90,27 @@ class primitives {
         // Slices of the peer's partial land in the bounce buffer (in cache) and are reduced from there.
         const std::size_t slice = bounce_.size() / sizeof(T);
         const std::span<T> landing(reinterpret_cast<T*>(bounce_.data()), slice);
-        return exchange_directly(to, std::as_bytes(outgoing), from, incoming.size_bytes(),
+        return exchange_directly(to, std::as_bytes(outgoing), from, std::as_bytes(std::span<const T>(result)), true,
                                  [&](std::uint64_t address, const transports::shared_region& region, std::size_t offset,
-                                     std::size_t bytes) {
+                                     std::size_t bytes, std::span<std::byte> instead) {
           // Pieces hold whole elements: they are cut from the sender's block of T.
           const std::size_t first = offset / sizeof(T), count = bytes / sizeof(T);
+          // Where this piece of the result goes: its place, or the staging buffer (redirect_next_result()).
+          const std::span<T> into = instead.empty() ? result.subspan(first, count)
+                                                    : std::span<T>(reinterpret_cast<T*>(instead.data()), count);
           // In memory both map: reduced straight from the peer's block, no copy at all.
           if (const std::span<const std::byte> mapped = map_peer(from, region, address + offset, bytes);
               !mapped.empty()) {
             reduce_into(op, std::span<const T>(reinterpret_cast<const T*>(mapped.data()), count),
-                        own.subspan(first, count), result.subspan(first, count));
+                        own.subspan(first, count), into);
             return std::error_code();
           }
-          for (std::size_t at = first; at < first + count; at += slice) {
-            const std::size_t n = std::min(slice, first + count - at);
-            if (const std::error_code code =
-                    transport_.read_peer(from, address + at * sizeof(T), std::as_writable_bytes(landing.first(n))))
+          for (std::size_t at = 0; at < count; at += slice) {
+            const std::size_t n = std::min(slice, count - at);
+            if (const std::error_code code = transport_.read_peer(from, address + (first + at) * sizeof(T),
+                                                                  std::as_writable_bytes(landing.first(n))))
               return code;
-            reduce_into(op, std::span<const T>(landing.first(n)), own.subspan(at, n), result.subspan(at, n));
+            reduce_into(op, std::span<const T>(landing.first(n)), own.subspan(first + at, n), into.subspan(at, n));
           }
           return std::error_code();
         });
@@ -257,7 +260,20 @@ class primitives {
   /// page pinning there: tuning_table::single_copy_kernel_bytes). `staging` stays
   /// untouched by the caller while the call runs; every step waits until its reader is
   /// done with it.
-  void stage_outgoing(std::span<std::byte> staging) noexcept { staging_ = staging; }
+  /// `spare`, of the same size (or none), holds results for redirect_next_result().
+  void stage_outgoing(std::span<std::byte> staging, std::span<std::byte> spare = {}) noexcept {
+    staging_ = {staging, spare.size() >= staging.size() ? spare : std::span<std::byte>()};
+  }
+
+  /// With stage_outgoing(): the result of the next send_recv_reduce is needed only as
+  /// the outgoing block of the step right after it (an intermediate partial of a ring
+  /// reduce-scatter). Where that step would stage it (it lies in ordinary memory), it
+  /// is reduced straight into whichever of the staging buffer and its spare the step
+  /// does not offer, and its place is left untouched: one write of the block instead of
+  /// two (a reduction, then the staging copy), and writes, not reads, are what a step's
+  /// memory time goes by (benchmarks/write_cost). The next step offers it from there;
+  /// one that sends anything else fails as an internal error.
+  void redirect_next_result() noexcept { redirect_requested_ = !staging_[1].empty(); }
 
   /// Asks ring phases to go as pipelines of slices of `bytes` (0: whole steps; a step
   /// of fewer than two slices goes whole). Both ends of a step must slice alike, so
@@ -371,30 +387,51 @@ class primitives {
 
   /// A single-copy step: tell `to` where `outgoing` is (address, bytes, the shared
   /// region holding it, if any, and whether it is being staged), learn from `from` where
-  /// its data is, `consume(address, region, offset, bytes)` it from there piece by piece
-  /// (the first failed read's code, or none), tell `from` this rank is done with it,
-  /// and wait until `to` is done with `outgoing` (which stays untouched until then).
+  /// its data is, `consume(address, region, offset, bytes, instead)` it from there piece
+  /// by piece (the first failed read's code, or none) into `produced`, or into `instead`
+  /// when that is not empty (a `redirectable` product the caller asked to redirect: it
+  /// goes to the staging buffer), tell `from` this rank is done with it, and wait until
+  /// `to` is done with `outgoing` (which stays untouched until then).
   ///
   /// A block of ordinary memory that fits the staging buffer is staged in slices of the
   /// bounce buffer's size: each slice is copied, then announced with an empty "ready"
   /// message, and the reader consumes slice k once its "ready" is in, so it reads each
   /// one while it is still in cache and starts before the whole block is copied. A rank
   /// waits for a ready only once all its own slices are out, so no rank waits on one
-  /// that waits on it. Per peer, a rank sends "where" first, then its readies, then
+  /// that waits on it. A redirected result is offered whole, from where it was reduced.
+  /// Per peer, a rank sends "where" first, then its readies, then
   /// "done", and receives in the same order (to and from may be the same peer).
   template <class Consume>
-  void exchange_directly(rank_t to, std::span<const std::byte> outgoing, rank_t from, std::size_t expected_bytes,
-                         Consume&& consume) {
+  void exchange_directly(rank_t to, std::span<const std::byte> outgoing, rank_t from,
+                         std::span<const std::byte> produced, bool redirectable, Consume&& consume) {
+    const std::size_t expected_bytes = produced.size();
     transports::shared_region region;
     std::span<const std::byte> source;  // where staged slices are copied from; empty when not staged
     std::size_t stage_slice = 0;
+    std::span<std::byte> redirect;  // where `produced` goes instead, when redirected
     if constexpr (shared_memory_transport<Transport>) {
-      region = transport_.region_of(outgoing);
-      if (region.serial == 0 && !outgoing.empty() && outgoing.size() <= staging_.size()) {
+      // Which of staging_ (the buffer, its spare) `to` reads in this step; none: 1, so 0 is idle.
+      std::size_t busy_half = 1;
+      if (!redirected_.empty()) {  // the previous step reduced `outgoing` into staging
+        if (redirected_.data() != outgoing.data() || redirected_.size() != outgoing.size())
+          fail(errc::invalid_argument, "internal error: a step sends {} bytes, not the previous step's redirected "
+               "result of {} bytes", outgoing.size(), redirected_.size());
+        busy_half = redirected_half_;
+        outgoing = staging_[busy_half].first(outgoing.size());
+        redirected_ = {};
+      } else if (transport_.region_of(outgoing).serial == 0 && !outgoing.empty() &&
+                 outgoing.size() <= staging_[0].size()) {
+        busy_half = 0;
         source = outgoing;
-        outgoing = staging_.first(outgoing.size());
-        region = transport_.region_of(outgoing);
+        outgoing = staging_[busy_half].first(outgoing.size());
         stage_slice = std::max<std::size_t>(bounce_.size() / 64 * 64, 64);
+      }
+      region = transport_.region_of(outgoing);
+      // A result in a shared region is read where it lies: nothing to save there.
+      if (std::exchange(redirect_requested_, false) && redirectable && !produced.empty() &&
+          expected_bytes <= staging_[0].size() && transport_.region_of(produced).serial == 0) {
+        redirected_half_ = 1 - busy_half;
+        redirect = staging_[redirected_half_].first(expected_bytes);
       }
     }
     const std::array<std::uint64_t, 7> mine{reinterpret_cast<std::uintptr_t>(outgoing.data()), outgoing.size(),
@@ -433,7 +470,8 @@ class primitives {
       };
       const auto read_piece = [&](std::size_t k) {
         const std::size_t offset = k * their_slice, bytes = std::min(their_slice, expected_bytes - offset);
-        if (const std::error_code code = consume(theirs[0], where, offset, bytes)) {
+        if (const std::error_code code =
+                consume(theirs[0], where, offset, bytes, redirect.empty() ? redirect : redirect.subspan(offset, bytes))) {
           // The peer left the call: most likely it aborted, and its reason waits in the
           // transport (it is sent before the peer can exit or free the buffer). Take it
           // in, so the failure passes that reason on instead of blaming the peer.
@@ -448,7 +486,7 @@ class primitives {
       for (std::size_t k_staged = 0, k_read = 0; k_staged < staged || k_read < to_read;) {
         if (k_staged < staged) {
           const std::size_t offset = k_staged * stage_slice, bytes = std::min(stage_slice, source.size() - offset);
-          std::memcpy(staging_.data() + offset, source.data() + offset, bytes);
+          std::memcpy(staging_[0].data() + offset, source.data() + offset, bytes);  // fresh blocks go to half 0
           post_send(readies_sent.emplace_back(), to, tag_, std::span<const std::byte>());
           ++k_staged;
         }
@@ -460,6 +498,7 @@ class primitives {
       finish_send(requests[2], from, 0);
       finish_recv(requests[3], to, 0);
       finish_send(requests[1], to, sizeof mine);
+      if (!redirect.empty()) redirected_ = produced;
     } catch (const std::system_error& failure) {
       abandon(requests, failure);
       for (std::deque<request>* readies : {&readies_sent, &readies_received})
@@ -491,7 +530,10 @@ class primitives {
   std::size_t slice_bytes_ = 0;
   bool read_directly_ = false;
   std::span<std::byte> bounce_;
-  std::span<std::byte> staging_;
+  std::array<std::span<std::byte>, 2> staging_;  // the buffer and its spare: a step offers one while its result fills the other
+  bool redirect_requested_ = false;
+  std::span<const std::byte> redirected_;  // the result (left untouched) whose values wait in staging
+  std::size_t redirected_half_ = 0;
   std::size_t slices_in_flight_ = 1;
 };
 

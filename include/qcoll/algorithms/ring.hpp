@@ -90,9 +90,12 @@ void ring_reduce_scatter(primitives<Transport>& step, const ring_view& ring, std
                                              buffers.partial(s, b).subspan(offset, length));
         });
   } else {
-    for (std::size_t s = 0; s + 1 < n; ++s)
+    for (std::size_t s = 0; s + 1 < n; ++s) {
+      // Step s's partial only feeds step s + 1; the last one is the result.
+      if (s + 2 < n) step.redirect_next_result();
       step.send_recv_reduce(ring.next(), outgoing(s), ring.prev(), buffers.incoming(s, received(s)),
                             ring_detail::contribution(buffers, received(s)), buffers.partial(s, received(s)), op);
+    }
   }
   if (op == reduce_op::avg && n > 1) kernels::cpu::finish_avg(buffers.partial(n - 2, ring.block_at(count, 0)), n);
 }
