@@ -105,7 +105,8 @@ inline constexpr std::size_t single_copy_bytes = std::size_t{256} << 10;
 /// scratch program, docs/transports-performance.md). 2 ranks, shm, busbw, kernel copy /
 /// staged, two rounds: 1 MiB 2.38–2.98 / 11.1–11.6, 4 MiB 2.91–3.35 / 13.4–13.9, 16 MiB
 /// 2.40–2.45 / 4.34–4.36, 64 MiB 2.44–2.46 / 2.84–2.85. Staging costs a block of shared
-/// memory per communicator (the largest step, kept for later calls, like scratch).
+/// memory per communicator (the largest step, kept for later calls, like scratch), two
+/// with 3 or more ranks (reduce-scatter partials are reduced into the second).
 inline constexpr std::size_t single_copy_kernel_bytes = std::numeric_limits<std::size_t>::max();
 
 /// How long a wait polls before it sleeps when every local rank has a core: a reply
