@@ -39,7 +39,9 @@ exec "$@"
 # --wire reports what each rank's link carried (benchmarks/netlab.md): rank 0 sends 8 MB
 # to rank 1, so its link carries those bytes plus 4-6 % of headers (66 bytes a frame
 # with TCP timestamps, 54 without, and a few bytes of handshake), and the payload's
-# ceiling on it is what the headers leave.
+# ceiling on it is what the headers leave. Segments TCP sends again count too: a busy
+# host (the sanitizer preset of a CI run) made 61 of 5529 retransmitted, 8.46 MB in all,
+# so up to 8.5 MB is accepted.
 set(directory ${netlab_dir}/wire)
 file(MAKE_DIRECTORY ${directory})
 find_package(Python3 COMPONENTS Interpreter QUIET)
@@ -47,7 +49,7 @@ if(Python3_FOUND)
   add_test(NAME benchmarks.netlab.wire_counts_the_payload_and_its_headers
     COMMAND sh ${netlab_dir}/lab_or_skip.sh ${directory} --
             ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=60
-            "-DCOUNT_LINES=1:^\\[1\\] received 8000000 bytes$|1:^netlab: wire r0: 8\\.[34] MB in [0-9]+ frames through the rate limiter \\([0-9]+ dropped\\), [0-9]+ TCP segments sent \\([0-9]+ retransmitted\\), headers [56][46] B a frame = [3-5]\\.[0-9][0-9] % of the bytes: payload at most 9[5-6]\\.[0-9][0-9] % of the link$|1:^netlab: wire r1: [0-9.]+ MB in [0-9]+ frames .*: payload at most [0-9.]+ % of the link$"
+            "-DCOUNT_LINES=1:^\\[1\\] received 8000000 bytes$|1:^netlab: wire r0: 8\\.[3-5] MB in [0-9]+ frames through the rate limiter \\([0-9]+ dropped\\), [0-9]+ TCP segments sent \\([0-9]+ retransmitted\\), headers [56][46] B a frame = [3-5]\\.[0-9][0-9] % of the bytes: payload at most 9[5-6]\\.[0-9][0-9] % of the link$|1:^netlab: wire r1: [0-9.]+ MB in [0-9]+ frames .*: payload at most [0-9.]+ % of the link$"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
             -- ${PROJECT_SOURCE_DIR}/benchmarks/netlab -n 2 --rate 1gbit --delay 0 --wire
                -- ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/netlab_stream.py 8000000)
