@@ -33,7 +33,7 @@
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/log.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -113,7 +113,7 @@ class adaptive_allreduce {
       seconds_.assign(candidates() * rounds_, std::numeric_limits<double>::infinity());
     } else {
       chosen_ = choice_ == compression_choice::exact ? exact_candidate : 0;
-      explanation_ = fmt::format("{} bytes: {} (set by {})", count_ * sizeof(value_type), describe(*chosen_),
+      explanation_ = qcoll::detail::format("{} bytes: {} (set by {})", count_ * sizeof(value_type), describe(*chosen_),
                                  compression_choice_from_environment() ? "QCOLL_COMPRESSION" : "the options");
     }
   }
@@ -270,7 +270,7 @@ class adaptive_allreduce {
 
   std::string describe(std::size_t which) const {
     if (which == exact_candidate) return "exact";
-    return fmt::format("compressed ({}, chunk {})", Q::name, plans_[which].chunk_values());
+    return qcoll::detail::format("compressed ({}, chunk {})", Q::name, plans_[which].chunk_values());
   }
 
   void explain(const std::vector<double>& best) {
@@ -279,10 +279,10 @@ class adaptive_allreduce {
     std::string others;
     for (std::size_t c = 0; c < candidates(); ++c) {
       if (candidate(c) == *chosen_) continue;
-      others += fmt::format("{}{} {:.3f} ms", others.empty() ? "" : ", ", describe(candidate(c)), best[c] * 1e3);
+      others += qcoll::detail::format("{}{} {:.3f} ms", others.empty() ? "" : ", ", describe(candidate(c)), best[c] * 1e3);
     }
     const double chosen_seconds = best[*chosen_ == exact_candidate ? plans_.size() : *chosen_];
-    explanation_ = fmt::format(
+    explanation_ = qcoll::detail::format(
         "{} bytes: {}: {:.3f} ms against {} (best of {} timed calls each; exact moves {:.2f} GB/s of the bucket; "
         "compressed must be {:.2f}x faster)",
         count_ * sizeof(value_type), describe(*chosen_), chosen_seconds * 1e3, others.empty() ? "nothing" : others,

@@ -40,6 +40,7 @@
 #include <qcoll/core/partition.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/format.hpp>
 #include <qcoll/detail/log.hpp>
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/kernels/cpu/convert.hpp>
@@ -157,7 +158,7 @@ class communicator {
   /// Calls in flight on the progress thread are waited for first.
   void abort(std::string_view reason) {
     quiesce();
-    channel_.abort(make_error_code(errc::aborted), fmt::format("rank {} aborted the communicator: {}", rank(), reason));
+    channel_.abort(make_error_code(errc::aborted), qcoll::detail::format("rank {} aborted the communicator: {}", rank(), reason));
   }
 
   /// A communicator over the ranks that pass the same `color`, ranked by `key` (ties
@@ -768,7 +769,7 @@ class communicator {
   /// cause's code, like those that were waiting.
   algorithms::primitives<channel_type> step_for(const transports::message_header& header) {
     if (const transports::failure failed = channel_.failure(); failed.code)
-      throw error(failed.code, fmt::format("qcoll {} on rank {} of {}: the communicator was aborted: {}",
+      throw error(failed.code, qcoll::detail::format("qcoll {} on rank {} of {}: the communicator was aborted: {}",
                                            qcoll::detail::describe(header), rank(), size(), failed.reason));
     return algorithms::primitives<channel_type>(channel_, header, options_.timeout);
   }

@@ -26,7 +26,7 @@
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/topologies/router.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -102,7 +102,7 @@ class grid_allreduce_plan : public plan_handle<Q, T> {
     included_ = routing.is_included(node_);
     fingerprint_ = routing.fingerprint();
     if (!included_) {
-      exclusion_ = fmt::format("it plays node {}, which the routing excludes", routing.shape().name(node_));
+      exclusion_ = qcoll::detail::format("it plays node {}, which the routing excludes", routing.shape().name(node_));
       for (const topologies::excluded_node& e : routing.excluded())
         if (e.node == node_) exclusion_ += ": " + e.reason;
     }

@@ -19,6 +19,7 @@
 #include <qcoll/transports/mpi.hpp>
 #endif
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -12,8 +12,7 @@
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/describe.hpp>
 
-#include <fmt/chrono.h>
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <array>
@@ -313,14 +312,14 @@ class primitives {
 
   /// Aborts the communicator (so every rank learns of it) and throws.
   template <class... Args>
-  [[noreturn]] void fail(errc code, fmt::format_string<Args...> format, Args&&... args) {
-    fail_with(make_error_code(code), fmt::format(format, std::forward<Args>(args)...));
+  [[noreturn]] void fail(errc code, qcoll::detail::format_string<Args...> format, const Args&... args) {
+    fail_with(make_error_code(code), qcoll::detail::format_erased(format, fmt::make_format_args(args...)));
   }
 
   /// The same for a failure found outside the primitives (say, an exception from a
   /// kernel): the transport is aborted unless something already aborted it.
   [[noreturn]] void fail_with(std::error_code code, const std::string& detail) {
-    const std::string message = fmt::format("qcoll {} on rank {} of {}: {}", qcoll::detail::describe(header_),
+    const std::string message = qcoll::detail::format("qcoll {} on rank {} of {}: {}", qcoll::detail::describe(header_),
                                             transport_.rank(), transport_.size(), detail);
     transport_.abort(code, message);
     throw error(code, message);
@@ -330,7 +329,7 @@ class primitives {
 
   void finish_send(request& r, rank_t to, std::size_t bytes) {
     if (const std::error_code code = transport_.wait(r, clock::now() + timeout_))
-      fail_transport(code, to, fmt::format("sending {} bytes to it", bytes));
+      fail_transport(code, to, qcoll::detail::format("sending {} bytes to it", bytes));
   }
 
   void finish_recv(request& r, rank_t from, std::size_t bytes) {
@@ -339,28 +338,28 @@ class primitives {
       const transports::message_header& got = r.header();
       if (got != header_) {
         fail_with(make_error_code(mismatch_of(got)),
-                  fmt::format("peer {} called {} but this rank called {}", from, qcoll::detail::describe(got),
+                  qcoll::detail::format("peer {} called {} but this rank called {}", from, qcoll::detail::describe(got),
                               qcoll::detail::describe(header_)));
       }
       if (code) {
-        fail_with(code, fmt::format("peer {} sent {} bytes where {} were expected", from, r.transferred(), bytes));
+        fail_with(code, qcoll::detail::format("peer {} sent {} bytes where {} were expected", from, r.transferred(), bytes));
       }
       return;
     }
-    fail_transport(code, from, fmt::format("receiving {} bytes from it", bytes));
+    fail_transport(code, from, qcoll::detail::format("receiving {} bytes from it", bytes));
   }
 
   [[noreturn]] void fail_transport(std::error_code code, rank_t peer, const std::string& what) {
     if (const transports::failure failed = transport_.failure(); failed.code) {
       // Another rank (or this one, earlier) aborted: pass its code and words on, it knows why.
-      throw error(failed.code, fmt::format("qcoll {} on rank {} of {}: waiting for peer {}: {}",
+      throw error(failed.code, qcoll::detail::format("qcoll {} on rank {} of {}: waiting for peer {}: {}",
                                            qcoll::detail::describe(header_), transport_.rank(), transport_.size(), peer,
                                            failed.reason));
     }
     if (code == errc::timeout)
-      fail_with(code, fmt::format("no progress from peer {} within {} while {}", peer, timeout_, what));
-    if (code == errc::peer_lost) fail_with(code, fmt::format("peer {} was lost while {}", peer, what));
-    fail_with(code, fmt::format("peer {}: {} while {}", peer, code.message(), what));
+      fail_with(code, qcoll::detail::format("no progress from peer {} within {}ms while {}", peer, timeout_.count(), what));
+    if (code == errc::peer_lost) fail_with(code, qcoll::detail::format("peer {} was lost while {}", peer, what));
+    fail_with(code, qcoll::detail::format("peer {}: {} while {}", peer, code.message(), what));
   }
 
   errc mismatch_of(const transports::message_header& got) const noexcept {
@@ -477,7 +476,7 @@ class primitives {
           // in, so the failure passes that reason on instead of blaming the peer.
           post_done_receive();
           poll(requests[3]);
-          fail_transport(code, from, fmt::format("reading {} bytes from its memory", expected_bytes));
+          fail_transport(code, from, qcoll::detail::format("reading {} bytes from its memory", expected_bytes));
         }
       };
       // Stage a slice, then read whatever the peer has announced; wait only once every

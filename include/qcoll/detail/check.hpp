@@ -4,7 +4,7 @@
 
 #include <qcoll/core/error.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <functional>
 #include <span>
@@ -12,9 +12,15 @@
 
 namespace qcoll::detail {
 
+/// Throws qcoll::error with `code` and the formatted message (the one non-template
+/// thrower every call site shares).
+[[noreturn]] inline void throw_formatted(errc code, fmt::string_view format, fmt::format_args args) {
+  throw error(make_error_code(code), format_erased(format, args));
+}
+
 template <class... Args>
-[[noreturn]] void throw_error(errc code, fmt::format_string<Args...> format, Args&&... args) {
-  throw error(make_error_code(code), fmt::format(format, std::forward<Args>(args)...));
+[[noreturn]] void throw_error(errc code, format_string<Args...> format, const Args&... args) {
+  throw_formatted(code, format, fmt::make_format_args(args...));
 }
 
 /// True when the two byte ranges share at least one byte.

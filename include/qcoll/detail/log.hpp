@@ -5,7 +5,7 @@
 /// terminal do not interleave mid-line. QCOLL_LOG=quiet silences them.
 /// The caller writes the whole line, by convention "qcoll: rank R: what happened".
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <cerrno>
 #include <cstdlib>
@@ -31,10 +31,9 @@ inline bool debug_info_enabled() noexcept {
 }
 
 /// Writes one whole line with one write(2).
-template <class... Args>
-void write_line(fmt::format_string<Args...> format, Args&&... args) noexcept {
+inline void write_formatted_line(fmt::string_view format, fmt::format_args args) noexcept {
   try {
-    std::string line = fmt::format(format, std::forward<Args>(args)...);
+    std::string line = format_erased(format, args);
     line.push_back('\n');
     const char* data = line.data();
     std::size_t left = line.size();
@@ -50,15 +49,15 @@ void write_line(fmt::format_string<Args...> format, Args&&... args) noexcept {
 }
 
 template <class... Args>
-void log_warning(fmt::format_string<Args...> format, Args&&... args) noexcept {
+void log_warning(format_string<Args...> format, const Args&... args) noexcept {
   if (!log_enabled()) return;
-  write_line(format, std::forward<Args>(args)...);
+  write_formatted_line(format, fmt::make_format_args(args...));
 }
 
 /// An informational line; the caller checks debug_info_enabled() first.
 template <class... Args>
-void log_info(fmt::format_string<Args...> format, Args&&... args) noexcept {
-  write_line(format, std::forward<Args>(args)...);
+void log_info(format_string<Args...> format, const Args&... args) noexcept {
+  write_formatted_line(format, fmt::make_format_args(args...));
 }
 
 }  // namespace qcoll::detail

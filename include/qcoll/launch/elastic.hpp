@@ -33,7 +33,7 @@
 #include <qcoll/rendezvous/survivors.hpp>
 #include <qcoll/rendezvous/tcp_store.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -63,8 +63,8 @@ struct shrink_report {
   std::string describe() const {
     std::string losses;
     for (const auto& [rank, why] : lost)
-      losses += fmt::format("{}rank {} ({})", losses.empty() ? "" : ", ", rank, rendezvous::to_string(why));
-    return fmt::format("old rank {} of {} is rank {} of {} (shrink {}, agreed in {:.1f} ms), lost: {}", old_rank,
+      losses += qcoll::detail::format("{}rank {} ({})", losses.empty() ? "" : ", ", rank, rendezvous::to_string(why));
+    return qcoll::detail::format("old rank {} of {} is rank {} of {} (shrink {}, agreed in {:.1f} ms), lost: {}", old_rank,
                        old_size, new_rank, new_size, epoch,
                        std::chrono::duration<double, std::milli>(took).count(), losses.empty() ? "none" : losses);
   }
@@ -100,22 +100,22 @@ class elastic_job {
   template <class Fn>
   decltype(auto) join(Fn&& fn) {
     auto publish_roster = [this](rendezvous::store_client& store, deadline until) {
-      store.set(fmt::format("qcoll/recovery/address/{}", job_.rank), listener_.address());
+      store.set(qcoll::detail::format("qcoll/recovery/address/{}", job_.rank), listener_.address());
       // Rank 0 gathers the addresses and publishes them in a few values, so the others
       // each read a few keys rather than one per rank.
       std::vector<std::string> roster;
       if (job_.rank == 0) {
         store.wait_all("qcoll/recovery/address/", job_.size, until);
         for (rank_t r = 0; r < job_.size; ++r)
-          roster.push_back(r == 0 ? listener_.address() : store.get(fmt::format("qcoll/recovery/address/{}", r), until));
+          roster.push_back(r == 0 ? listener_.address() : store.get(qcoll::detail::format("qcoll/recovery/address/{}", r), until));
         for (std::size_t first = 0; first < roster.size(); first += roster_chunk) {
           std::string value;
           for (std::size_t r = first; r < std::min(roster.size(), first + roster_chunk); ++r) value += roster[r] + '\n';
-          store.set(fmt::format("qcoll/recovery/roster/{}", first / roster_chunk), value);
+          store.set(qcoll::detail::format("qcoll/recovery/roster/{}", first / roster_chunk), value);
         }
       } else {
         for (std::size_t chunk = 0; chunk * roster_chunk < job_.size; ++chunk) {
-          const std::string value = store.get(fmt::format("qcoll/recovery/roster/{}", chunk), until);
+          const std::string value = store.get(qcoll::detail::format("qcoll/recovery/roster/{}", chunk), until);
           for (std::size_t at = 0; at < value.size();) {
             const std::size_t end = value.find('\n', at);
             if (end == std::string::npos) break;
@@ -147,7 +147,7 @@ class elastic_job {
                                  job_.rank);
     const auto started = clock::now();
     rendezvous::survivors agreed = rendezvous::agree_on_survivors(
-        job_, roster_, listener_, fmt::format("{}.e{}", base_id_, epoch_ + 1), opts);
+        job_, roster_, listener_, qcoll::detail::format("{}.e{}", base_id_, epoch_ + 1), opts);
 
     shrink_report report;
     report.epoch = ++epoch_;

@@ -23,6 +23,7 @@
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/format.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/tcp_store.hpp>
 #include <qcoll/transports/shm.hpp>
@@ -67,7 +68,7 @@ inline std::string rank_list(const std::vector<rank_t>& ranks) {
     while (last + 1 < ranks.size() && ranks[last + 1] == ranks[last] + 1) ++last;
     if (runs++ == 16) return text + ", …";
     if (!text.empty()) text += ", ";
-    text += last == i ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[last]);
+    text += last == i ? qcoll::detail::format("{}", ranks[i]) : qcoll::detail::format("{}-{}", ranks[i], ranks[last]);
     i = last + 1;
   }
   return text;
@@ -96,16 +97,16 @@ rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& s
   const rendezvous::transport_kind kind = resolve_transport(j);
   // "shm", or "shm (auto)" when the rank was not told and picked it: the message then
   // shows whether a rank was told otherwise or found other ranks on its host.
-  const std::string choice = fmt::format("{}{}", rendezvous::to_string(kind),
+  const std::string choice = qcoll::detail::format("{}{}", rendezvous::to_string(kind),
                                          j.transport == rendezvous::transport_kind::automatic ? " (auto)" : "");
-  store.set(fmt::format("qcoll/transport/{}", j.rank), choice);
+  store.set(qcoll::detail::format("qcoll/transport/{}", j.rank), choice);
   std::string verdict;
   if (j.rank == 0) {
     store.wait_all("qcoll/transport/", j.size, until);
     std::vector<std::pair<std::string, std::vector<rank_t>>> groups{{choice, {0}}};
     bool differ = false;
     for (rank_t r = 1; r < j.size; ++r) {
-      std::string theirs = store.get(fmt::format("qcoll/transport/{}", r), until);
+      std::string theirs = store.get(qcoll::detail::format("qcoll/transport/{}", r), until);
       differ = differ || theirs.substr(0, theirs.find(' ')) != rendezvous::to_string(kind);
       auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == theirs; });
       if (group == groups.end()) group = groups.insert(groups.end(), {std::move(theirs), {}});
@@ -116,9 +117,9 @@ rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& s
     } else {
       std::string who;
       for (const auto& [name, ranks] : groups)
-        who += fmt::format("{}{} on rank{} {}", who.empty() ? "" : "; ", name, ranks.size() == 1 ? "" : "s",
+        who += qcoll::detail::format("{}{} on rank{} {}", who.empty() ? "" : "; ", name, ranks.size() == 1 ? "" : "s",
                            detail::rank_list(ranks));
-      verdict = fmt::format("the ranks were told different transports: {}: set the same QCOLL_TRANSPORT "
+      verdict = qcoll::detail::format("the ranks were told different transports: {}: set the same QCOLL_TRANSPORT "
                             "(qcoll-run --transport) on every rank",
                             who);
     }
@@ -130,7 +131,7 @@ rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& s
 
   // Rank 0 serves the store: it stays until every rank has read the verdict (or a few
   // seconds, should one have died meanwhile), so none gets "store closed" instead.
-  store.set(fmt::format("qcoll/transport/seen/{}", j.rank), "1");
+  store.set(qcoll::detail::format("qcoll/transport/seen/{}", j.rank), "1");
   if (j.rank == 0) {
     try {
       store.wait_all("qcoll/transport/seen/", j.size, std::min(until, clock::now() + std::chrono::seconds(5)));
@@ -158,7 +159,7 @@ decltype(auto) join_with(const rendezvous::job& j, std::unique_ptr<rendezvous::s
 
   // Rank 0 keeps the store up until every rank is through with it.
   auto finish_rendezvous = [&] {
-    store.set(fmt::format("qcoll/joined/{}", j.rank), "1");
+    store.set(qcoll::detail::format("qcoll/joined/{}", j.rank), "1");
     if (j.rank == 0) {
       store.wait_all("qcoll/joined/", j.size, until);
       server.reset();

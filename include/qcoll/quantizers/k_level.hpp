@@ -119,15 +119,18 @@ class k_level : public detail::framed<k_level, float> {
     const wire::record_layout records_layout = layout(n);
     const std::size_t group = options_.group_size;
     if ((options_.levels & (options_.levels - 1)) != 0) {
-      std::array<std::uint32_t, kernels::cpu::k_level_detail::chunk> codes;
+      // A plain array: nvcc 13's front end prints this size as a std::array argument
+      // the host compiler cannot parse ("unsigned long((256))").
+      constexpr std::size_t chunk = kernels::cpu::k_level_detail::chunk;
+      std::uint32_t codes[chunk];
       const std::byte* record = records;
       for (std::size_t start = 0; start < n; start += group) {
         const std::size_t g = n - start < group ? n - start : group;
         const std::byte* packed = record + records_layout.table_bytes;
-        for (std::size_t first = 0; first < g; first += codes.size()) {
-          const std::size_t count = g - first < codes.size() ? g - first : codes.size();
+        for (std::size_t first = 0; first < g; first += chunk) {
+          const std::size_t count = g - first < chunk ? g - first : chunk;
           kernels::cpu::unpack_codes(packed + first * code_bits_ / 8, code_bits_,
-                                     std::span<std::uint32_t>(codes.data(), count));
+                                     std::span<std::uint32_t>(codes, count));
           for (std::size_t j = 0; j < count; ++j)
             if (codes[j] >= options_.levels) return make_error_code(errc::protocol_error);
         }

@@ -56,7 +56,7 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/types.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <cerrno>
 #include <charconv>
@@ -394,12 +394,12 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
   } else if (auto run_id = read_variable(lookup, "TORCHELASTIC_RUN_ID"); run_id && *run_id != "none") {
     result.job_id = *run_id;
   } else if (auto ompi = read_variable(lookup, "OMPI_MCA_ess_base_jobid")) {
-    result.job_id = fmt::format("ompi-{}", *ompi);
+    result.job_id = qcoll::detail::format("ompi-{}", *ompi);
   } else if (auto pmix = read_variable(lookup, "PMIX_NAMESPACE")) {
-    result.job_id = fmt::format("ompi-{}", *pmix);
+    result.job_id = qcoll::detail::format("ompi-{}", *pmix);
   } else if (auto slurm_job = read_variable(lookup, "SLURM_JOB_ID")) {
     const auto step = read_variable(lookup, "SLURM_STEP_ID");
-    result.job_id = step ? fmt::format("slurm-{}.{}", *slurm_job, *step) : fmt::format("slurm-{}", *slurm_job);
+    result.job_id = step ? qcoll::detail::format("slurm-{}.{}", *slurm_job, *step) : qcoll::detail::format("slurm-{}", *slurm_job);
   }
 
   // Store address.
@@ -477,8 +477,8 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
   // Job id, part 2: the store's address is unique on its host while rank 0 serves it.
   if (result.job_id.empty()) {
     result.job_id = result.store_host.find(':') != std::string::npos
-                        ? fmt::format("[{}]:{}", result.store_host, result.store_port)
-                        : fmt::format("{}:{}", result.store_host, result.store_port);
+                        ? qcoll::detail::format("[{}]:{}", result.store_host, result.store_port)
+                        : qcoll::detail::format("{}:{}", result.store_host, result.store_port);
   }
 
   // Secret.

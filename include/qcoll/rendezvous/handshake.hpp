@@ -56,7 +56,7 @@
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/hmac.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <array>
@@ -127,7 +127,7 @@ inline std::string printable(std::span<const std::byte> bytes, std::size_t limit
     if (c >= 0x20 && c < 0x7f && c != '\\') {
       text.push_back(static_cast<char>(c));
     } else {
-      text += fmt::format("\\x{:02x}", c);
+      text += qcoll::detail::format("\\x{:02x}", c);
     }
   }
   if (bytes.size() > limit) text += "…";
@@ -166,7 +166,7 @@ class server_handshake {
   void check_magic(std::span<const std::byte> first) const {
     if (first.size() != handshake_magic.size() || !std::equal(first.begin(), first.end(), handshake_magic.begin()))
       throw make_error(errc::protocol_error,
-                       fmt::format("not a qcoll {} connection: it starts with \"{}\", not \"QCOL\"", to_string(kind_),
+                       qcoll::detail::format("not a qcoll {} connection: it starts with \"{}\", not \"QCOL\"", to_string(kind_),
                                    printable(first)));
   }
 
@@ -188,14 +188,14 @@ class server_handshake {
 
     if (version != handshake_version)
       return refuse(handshake_status::wrong_version,
-                    fmt::format("the client speaks handshake version {}, this rank speaks {}: all ranks of a job "
+                    qcoll::detail::format("the client speaks handshake version {}, this rank speaks {}: all ranks of a job "
                                 "must run the same qcoll version",
                                 version, handshake_version));
     if (flags & ~flag_secret)
-      return refuse_silently(fmt::format("malformed hello: unknown flags 0x{:02x}", flags));
+      return refuse_silently(qcoll::detail::format("malformed hello: unknown flags 0x{:02x}", flags));
     if (kind != static_cast<std::uint8_t>(kind_))
       return refuse(handshake_status::wrong_channel,
-                    fmt::format("the client opened a {} connection on this rank's {} port", channel_name(kind),
+                    qcoll::detail::format("the client opened a {} connection on this rank's {} port", channel_name(kind),
                                 to_string(kind_)));
     const bool client_has_secret = (flags & flag_secret) != 0;
     if (client_has_secret != !secret_.empty())
@@ -204,7 +204,7 @@ class server_handshake {
                                       : "the client has no secret and this rank has one (QCOLL_SECRET)");
     if (!std::equal(job_hash_.begin(), job_hash_.end(), hello_.begin() + 8))
       return refuse(handshake_status::wrong_job,
-                    fmt::format("the client belongs to another job (this job's id is \"{}\")", printable(job_id_)));
+                    qcoll::detail::format("the client belongs to another job (this job's id is \"{}\")", printable(job_id_)));
 
     reply_[6] = static_cast<std::byte>(handshake_status::ok);
     if (!secret_.empty()) {
@@ -223,17 +223,17 @@ class server_handshake {
       const digest expected = handshake_proof(secret_, "qcoll-client", hello_, nonce_);
       if (!constant_time_equal(expected, proof.first(proof_size)))
         return refuse_ack(handshake_status::bad_secret,
-                          fmt::format("the client (claiming rank {}) failed to prove it knows this job's secret: the "
+                          qcoll::detail::format("the client (claiming rank {}) failed to prove it knows this job's secret: the "
                                       "ranks have different QCOLL_SECRET values",
                                       claimed_rank_));
     }
     if (claimed_size_ != size_)
       return refuse_ack(handshake_status::wrong_size,
-                        fmt::format("the client (rank {}) says the job has {} ranks, this rank's job has {}",
+                        qcoll::detail::format("the client (rank {}) says the job has {} ranks, this rank's job has {}",
                                     claimed_rank_, claimed_size_, size_));
     if (claimed_rank_ >= size_)
       return refuse_ack(handshake_status::bad_rank,
-                        fmt::format("the client claims rank {}, not below the job's size {}", claimed_rank_, size_));
+                        qcoll::detail::format("the client claims rank {}, not below the job's size {}", claimed_rank_, size_));
     ack_ = std::byte{static_cast<std::uint8_t>(handshake_status::ok)};
     return std::nullopt;
   }
@@ -250,7 +250,7 @@ class server_handshake {
     if (kind == static_cast<std::uint8_t>(channel::store)) return "store";
     if (kind == static_cast<std::uint8_t>(channel::data)) return "data";
     if (kind == static_cast<std::uint8_t>(channel::recovery)) return "recovery";
-    return fmt::format("unknown (kind {})", kind);
+    return qcoll::detail::format("unknown (kind {})", kind);
   }
 
   std::optional<qcoll::error> refuse(handshake_status status, std::string why) {
@@ -288,15 +288,15 @@ inline std::string refusal_reason(handshake_status status, std::uint16_t server_
   switch (status) {
     case handshake_status::ok: return "no refusal";
     case handshake_status::wrong_version:
-      return fmt::format("the peer speaks handshake version {}, this rank speaks {}: all ranks of a job must run the "
+      return qcoll::detail::format("the peer speaks handshake version {}, this rank speaks {}: all ranks of a job must run the "
                          "same qcoll version",
                          server_version, handshake_version);
     case handshake_status::wrong_job:
-      return fmt::format("the peer belongs to another job (this rank's job id is \"{}\"): a different QCOLL_JOB_ID, or "
+      return qcoll::detail::format("the peer belongs to another job (this rank's job id is \"{}\"): a different QCOLL_JOB_ID, or "
                          "another job's rank at this address",
                          printable(j.job_id));
     case handshake_status::wrong_channel:
-      return fmt::format("the peer does not take {} connections on this port: wrong port", to_string(kind));
+      return qcoll::detail::format("the peer does not take {} connections on this port: wrong port", to_string(kind));
     case handshake_status::secret_mismatch:
       return server_has_secret ? "the peer requires a secret and this rank has none: set the same QCOLL_SECRET on "
                                  "every rank"
@@ -305,11 +305,11 @@ inline std::string refusal_reason(handshake_status status, std::uint16_t server_
     case handshake_status::bad_secret:
       return "the peer rejected this rank's proof: the ranks have different QCOLL_SECRET values";
     case handshake_status::bad_rank:
-      return fmt::format("the peer rejected rank {}: not below the job's size", j.rank);
+      return qcoll::detail::format("the peer rejected rank {}: not below the job's size", j.rank);
     case handshake_status::wrong_size:
-      return fmt::format("the peer's job does not have {} ranks: QCOLL_WORLD_SIZE differs between ranks", j.size);
+      return qcoll::detail::format("the peer's job does not have {} ranks: QCOLL_WORLD_SIZE differs between ranks", j.size);
   }
-  return fmt::format("the peer refused with unknown status {}", static_cast<unsigned>(status));
+  return qcoll::detail::format("the peer refused with unknown status {}", static_cast<unsigned>(status));
 }
 }  // namespace detail
 

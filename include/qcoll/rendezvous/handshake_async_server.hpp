@@ -10,8 +10,8 @@
 #include <qcoll/rendezvous/handshake.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
 
-#include <boost/asio.hpp>
-#include <fmt/format.h>
+#include <qcoll/detail/asio.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <array>
 #include <cstddef>
@@ -66,12 +66,12 @@ inline void async_admit(boost::asio::ip::tcp::socket& socket, const job& j, chan
       if (!ec && !timed_out) return false;
       if (timed_out)
         finish(std::make_exception_ptr(make_error(
-            errc::timeout, fmt::format("timed out after {} ms {} ({} of {} bytes)",
+            errc::timeout, qcoll::detail::format("timed out after {} ms {} ({} of {} bytes)",
                                        milliseconds_between(started, clock::now()), what, transferred, expected))));
       else
         finish(std::make_exception_ptr(make_error(
             errc::peer_lost,
-            fmt::format("the connection closed {} ({} of {} bytes): {}", what, transferred, expected, ec.message()))));
+            qcoll::detail::format("the connection closed {} ({} of {} bytes): {}", what, transferred, expected, ec.message()))));
       return true;
     }
 

@@ -9,8 +9,8 @@
 #include <qcoll/rendezvous/handshake.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
 
-#include <boost/asio.hpp>
-#include <fmt/format.h>
+#include <qcoll/detail/asio.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <array>
@@ -33,7 +33,7 @@ inline void introduce(boost::asio::ip::tcp::socket& socket, const job& j, channe
   using namespace detail;
   const auto started = clock::now();
   const std::string where =
-      fmt::format("qcoll rank {}: {} handshake with {}", j.rank, to_string(kind), describe_peer(socket));
+      qcoll::detail::format("qcoll rank {}: {} handshake with {}", j.rank, to_string(kind), describe_peer(socket));
   if (j.rank > std::numeric_limits<std::uint32_t>::max() || j.size > std::numeric_limits<std::uint32_t>::max())
     qcoll::detail::throw_error(errc::invalid_argument, "{}: rank {} of {} does not fit the handshake's 32 bits", where,
                                j.rank, j.size);
@@ -41,10 +41,10 @@ inline void introduce(boost::asio::ip::tcp::socket& socket, const job& j, channe
 
   const auto fail_io = [&](const io_outcome& outcome, std::string_view what) -> qcoll::error {
     if (outcome.result == io_result::timed_out)
-      return make_error(errc::timeout, fmt::format("{}: timed out after {} ms {} (is the peer a qcoll rank of this "
+      return make_error(errc::timeout, qcoll::detail::format("{}: timed out after {} ms {} (is the peer a qcoll rank of this "
                                                    "job, and alive?)",
                                                    where, milliseconds_between(started, clock::now()), what));
-    return make_error(errc::peer_lost, fmt::format("{}: the connection closed {}: {} (the peer may have refused us: "
+    return make_error(errc::peer_lost, qcoll::detail::format("{}: the connection closed {}: {} (the peer may have refused us: "
                                                    "see its log)",
                                                    where, what, outcome.error.message()));
   };
@@ -66,16 +66,16 @@ inline void introduce(boost::asio::ip::tcp::socket& socket, const job& j, channe
   if (auto got = read_exact(socket, reply, until); got.result != io_result::done)
     throw fail_io(got, "waiting for the peer's reply");
   if (!std::equal(handshake_magic.begin(), handshake_magic.end(), reply.begin()))
-    throw make_error(errc::protocol_error, fmt::format("{}: the peer is not a qcoll rank (its reply starts with \"{}\")",
+    throw make_error(errc::protocol_error, qcoll::detail::format("{}: the peer is not a qcoll rank (its reply starts with \"{}\")",
                                                        where, printable(std::span(reply).first(8))));
   const std::uint16_t server_version = qcoll::detail::load_le<std::uint16_t>(reply.data() + 4);
   const auto status = static_cast<handshake_status>(reply[6]);
   const bool server_has_secret = (std::to_integer<std::uint8_t>(reply[7]) & flag_secret) != 0;
   if (status != handshake_status::ok)
     throw make_error(errc::protocol_error,
-                     fmt::format("{}: refused: {}", where, refusal_reason(status, server_version, server_has_secret, j, kind)));
+                     qcoll::detail::format("{}: refused: {}", where, refusal_reason(status, server_version, server_has_secret, j, kind)));
   if (server_version != handshake_version)
-    throw make_error(errc::protocol_error, fmt::format("{}: the peer answered with handshake version {}, not {}", where,
+    throw make_error(errc::protocol_error, qcoll::detail::format("{}: the peer answered with handshake version {}, not {}", where,
                                                        server_version, handshake_version));
   const auto server_nonce = std::span<const std::byte>(reply).subspan(8, nonce_size);
 
@@ -89,7 +89,7 @@ inline void introduce(boost::asio::ip::tcp::socket& socket, const job& j, channe
   const auto proof_sent = write_all(socket, proof, until);
   if (!server_proved)
     throw make_error(errc::protocol_error,
-                     fmt::format("{}: the peer failed to prove it knows this job's secret: the ranks have different "
+                     qcoll::detail::format("{}: the peer failed to prove it knows this job's secret: the ranks have different "
                                  "QCOLL_SECRET values (or the peer is not of this job)",
                                  where));
   if (proof_sent.result != io_result::done) throw fail_io(proof_sent, "sending the proof");
@@ -98,7 +98,7 @@ inline void introduce(boost::asio::ip::tcp::socket& socket, const job& j, channe
   if (auto got = read_exact(socket, std::span(&ack, 1), until); got.result != io_result::done)
     throw fail_io(got, "waiting for the peer's acknowledgement");
   if (const auto verdict = static_cast<handshake_status>(ack); verdict != handshake_status::ok)
-    throw make_error(errc::protocol_error, fmt::format("{}: refused: {}", where,
+    throw make_error(errc::protocol_error, qcoll::detail::format("{}: refused: {}", where,
                                                        refusal_reason(verdict, server_version, server_has_secret, j, kind)));
 }
 

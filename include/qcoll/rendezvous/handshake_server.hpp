@@ -11,8 +11,8 @@
 #include <qcoll/rendezvous/handshake.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
 
-#include <boost/asio.hpp>
-#include <fmt/format.h>
+#include <qcoll/detail/asio.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <array>
 #include <cstddef>
@@ -35,10 +35,10 @@ inline hello admit(boost::asio::ip::tcp::socket& socket, const job& j, channel k
 
   const auto fail_io = [&](const io_outcome& outcome, std::string_view what, std::size_t expected) -> qcoll::error {
     if (outcome.result == io_result::timed_out)
-      return make_error(errc::timeout, fmt::format("timed out after {} ms {} ({} of {} bytes)",
+      return make_error(errc::timeout, qcoll::detail::format("timed out after {} ms {} ({} of {} bytes)",
                                                    milliseconds_between(started, clock::now()), what,
                                                    outcome.transferred, expected));
-    return make_error(errc::peer_lost, fmt::format("the connection closed {} ({} of {} bytes): {}", what,
+    return make_error(errc::peer_lost, qcoll::detail::format("the connection closed {} ({} of {} bytes): {}", what,
                                                    outcome.transferred, expected, outcome.error.message()));
   };
 

@@ -8,8 +8,8 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
 
-#include <boost/asio.hpp>
-#include <fmt/format.h>
+#include <qcoll/detail/asio.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -29,8 +29,8 @@ namespace qcoll::rendezvous::detail {
 
 inline std::string describe(const boost::asio::ip::tcp::endpoint& endpoint) {
   const auto address = endpoint.address();
-  return address.is_v6() ? fmt::format("[{}]:{}", address.to_string(), endpoint.port())
-                         : fmt::format("{}:{}", address.to_string(), endpoint.port());
+  return address.is_v6() ? qcoll::detail::format("[{}]:{}", address.to_string(), endpoint.port())
+                         : qcoll::detail::format("{}:{}", address.to_string(), endpoint.port());
 }
 
 /// "address:port" of the socket's peer, or "an unconnected socket".

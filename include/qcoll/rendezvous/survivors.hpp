@@ -33,9 +33,8 @@
 #include <qcoll/rendezvous/socket_io.hpp>
 #include <qcoll/rendezvous/tcp_store.hpp>
 
-#include <boost/asio.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <qcoll/detail/asio.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <array>
@@ -355,7 +354,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
         qcoll::detail::throw_error(errc::peer_lost,
                                    "qcoll recovery on rank {} of {}: only {} rank(s) agreed to go on (old ranks {}), "
                                    "fewer than the {} required (survivor_options::min_survivors)",
-                                   self, n, members.size(), fmt::join(members, ", "), quorum);
+                                   self, n, members.size(), qcoll::detail::join(members, ", "), quorum);
       result.ranks = std::move(members);
       for (rank_t r = 0; r < n; ++r)
         if (found[r].has_value()) result.lost.emplace_back(r, *found[r]);
@@ -382,7 +381,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       std::vector<std::byte> check_in;
       detail::put_ranks(check_in, view);
       detail::write_bytes(socket, check_in, answer_until, "checking in with the coordinator");
-      const std::string waiting = fmt::format("rank {} waiting for the coordinator, rank {}", self, coordinator);
+      const std::string waiting = qcoll::detail::format("rank {} waiting for the coordinator, rank {}", self, coordinator);
       detail::read_bytes(socket, head, answer_until, waiting);
       members = detail::read_ranks(socket, n, answer_until, waiting);
       const std::vector<rank_t> lost_ranks = detail::read_ranks(socket, n, answer_until, waiting);
@@ -402,7 +401,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       qcoll::detail::throw_error(errc::peer_lost,
                                  "qcoll recovery on rank {} of {}: only {} rank(s) agreed to go on (old ranks {}), "
                                  "fewer than the {} required (survivor_options::min_survivors)",
-                                 self, n, members.size(), fmt::join(members, ", "), quorum);
+                                 self, n, members.size(), qcoll::detail::join(members, ", "), quorum);
     if (!std::binary_search(members.begin(), members.end(), self) ||
         !std::binary_search(members.begin(), members.end(), coordinator))
       qcoll::detail::throw_error(errc::protocol_error,

@@ -40,8 +40,8 @@
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/core/types.hpp>
 
-#include <boost/asio.hpp>
-#include <fmt/format.h>
+#include <qcoll/detail/asio.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <array>
@@ -89,21 +89,21 @@ inline std::optional<std::string> parse_request(std::span<const std::byte> heade
   request.key_size = qcoll::detail::load_le<std::uint16_t>(header.data() + 2);
   request.id = qcoll::detail::load_le<std::uint32_t>(header.data() + 4);
   request.value_size = qcoll::detail::load_le<std::uint32_t>(header.data() + 8);
-  if (op < 1 || op > 4) return fmt::format("unknown request type {}", op);
+  if (op < 1 || op > 4) return qcoll::detail::format("unknown request type {}", op);
   request.op = static_cast<store_op>(op);
   if (header[1] != std::byte{0}) return std::string("malformed request header (reserved byte set)");
   if (request.key_size > max_key_size)
-    return fmt::format("a key of {} bytes (at most {})", request.key_size, max_key_size);
+    return qcoll::detail::format("a key of {} bytes (at most {})", request.key_size, max_key_size);
   switch (request.op) {
     case store_op::set:
       if (request.value_size > max_value_size)
-        return fmt::format("a value of {} bytes (at most {})", request.value_size, max_value_size);
+        return qcoll::detail::format("a value of {} bytes (at most {})", request.value_size, max_value_size);
       break;
     case store_op::get:
-      if (request.value_size != 0) return fmt::format("a get with a {}-byte value", request.value_size);
+      if (request.value_size != 0) return qcoll::detail::format("a get with a {}-byte value", request.value_size);
       break;
     case store_op::wait:
-      if (request.value_size != 4) return fmt::format("a wait with a {}-byte count (must be 4)", request.value_size);
+      if (request.value_size != 4) return qcoll::detail::format("a wait with a {}-byte count (must be 4)", request.value_size);
       break;
     case store_op::cancel:
       if (request.key_size != 0 || request.value_size != 0) return std::string("a cancel with a key or value");
@@ -142,7 +142,7 @@ class store_service {
  public:
   explicit store_service(const job& j) : job_(j), acceptor_(io_), retry_timer_(io_) {
     namespace ip = boost::asio::ip;
-    const std::string where = fmt::format("qcoll rank {}: cannot serve the store on {}:{}", j.rank,
+    const std::string where = qcoll::detail::format("qcoll rank {}: cannot serve the store on {}:{}", j.rank,
                                           printable(j.store_host), j.store_port);
     boost::system::error_code ec;
     ip::tcp::endpoint endpoint;
@@ -274,7 +274,7 @@ class store_service {
   }
 
   std::string name(const store_connection& connection) const {
-    return connection.rank ? fmt::format("rank {} ({})", *connection.rank, connection.peer) : connection.peer;
+    return connection.rank ? qcoll::detail::format("rank {} ({})", *connection.rank, connection.peer) : connection.peer;
   }
 
   void read_header(const std::shared_ptr<store_connection>& connection) {
@@ -471,7 +471,7 @@ class store_client {
   /// A host name is resolved with getaddrinfo, which the deadline cannot bound.
   store_client(const job& j, deadline until)
       : job_(j),
-        where_(fmt::format("qcoll rank {}: store at {}:{}", j.rank, detail::printable(j.store_host), j.store_port)),
+        where_(qcoll::detail::format("qcoll rank {}: store at {}:{}", j.rank, detail::printable(j.store_host), j.store_port)),
         socket_(io_) {
     connect(until);
     boost::system::error_code ignored;
@@ -491,14 +491,14 @@ class store_client {
       qcoll::detail::throw_error(errc::invalid_argument, "{}: the value for key \"{}\" has {} bytes, more than {}",
                                  where_, detail::printable(key), value.size(), max_value_size);
     transact(detail::store_op::set, key, detail::as_bytes(value), clock::now() + job_.timeout,
-             fmt::format("setting key \"{}\"", detail::printable(key)), "the store server is not answering");
+             qcoll::detail::format("setting key \"{}\"", detail::printable(key)), "the store server is not answering");
   }
 
   /// The value of `key`, waiting until some rank has set it.
   std::string get(std::string_view key, deadline until) {
     check_key(key, "get");
     return transact(detail::store_op::get, key, {}, until,
-                    fmt::format("waiting for key \"{}\"", detail::printable(key)),
+                    qcoll::detail::format("waiting for key \"{}\"", detail::printable(key)),
                     "no rank has set it: did the rank that should have failed, or is it slower?");
   }
 
@@ -506,14 +506,14 @@ class store_client {
   /// first sets prefix+its rank.
   void wait_all(std::string_view prefix, rank_t n, deadline until) {
     if (n == 0) return;
-    const std::string last = fmt::format("{}{}", prefix, n - 1);
+    const std::string last = qcoll::detail::format("{}{}", prefix, n - 1);
     check_key(last, "wait_all");
     if (n > std::numeric_limits<std::uint32_t>::max())
       qcoll::detail::throw_error(errc::invalid_argument, "{}: wait_all for {} keys (at most 2^32 - 1)", where_, n);
     std::array<std::byte, 4> count{};
     qcoll::detail::store_le<std::uint32_t>(count.data(), static_cast<std::uint32_t>(n));
     transact(detail::store_op::wait, prefix, count, until,
-             fmt::format("waiting for keys \"{}0\" … \"{}\"", detail::printable(prefix), detail::printable(last)),
+             qcoll::detail::format("waiting for keys \"{}0\" … \"{}\"", detail::printable(prefix), detail::printable(last)),
              "some ranks have not arrived: did one fail, or is it slower?");
   }
 
@@ -544,7 +544,7 @@ class store_client {
       } else {
         ip::tcp::resolver resolver(io_);
         const auto results = resolver.resolve(job_.store_host, std::to_string(job_.store_port), ec);
-        if (ec) last_error = fmt::format("cannot resolve the host name: {}", ec.message());
+        if (ec) last_error = qcoll::detail::format("cannot resolve the host name: {}", ec.message());
         for (const auto& entry : results) endpoints.push_back(entry.endpoint());
       }
       for (const auto& endpoint : endpoints)
@@ -612,7 +612,7 @@ class store_client {
       if (inbox_.size() >= detail::store_header_size) {
         const std::uint32_t size = qcoll::detail::load_le<std::uint32_t>(inbox_.data() + 8);
         if (size > max_value_size)
-          fail(errc::protocol_error, fmt::format("{}: malformed response while {}: a value of {} bytes (at most {})",
+          fail(errc::protocol_error, qcoll::detail::format("{}: malformed response while {}: a value of {} bytes (at most {})",
                                                  where_, what, size, max_value_size));
         if (inbox_.size() >= detail::store_header_size + size) {
           out.status = std::to_integer<std::uint8_t>(inbox_[0]);
@@ -631,7 +631,7 @@ class store_client {
         if (!detail::wait_ready(socket_.native_handle(), POLLIN, until)) return false;
         continue;
       }
-      fail(errc::peer_lost, fmt::format("{}: the store closed the connection while {} ({}): rank 0 exited or failed",
+      fail(errc::peer_lost, qcoll::detail::format("{}: the store closed the connection while {} ({}): rank 0 exited or failed",
                                         where_, what, ec.message()));
     }
   }
@@ -648,10 +648,10 @@ class store_client {
       qcoll::detail::throw_error(errc::timeout, "{}: timed out after {} ms {}: the store server is not reading", where_,
                                  detail::milliseconds_between(started, clock::now()), what);
     if (sent.result == detail::io_result::timed_out)  // half a frame sent: the stream cannot be resumed
-      fail(errc::timeout, fmt::format("{}: timed out after {} ms {}: the store server is not reading", where_,
+      fail(errc::timeout, qcoll::detail::format("{}: timed out after {} ms {}: the store server is not reading", where_,
                                       detail::milliseconds_between(started, clock::now()), what));
     if (sent.result != detail::io_result::done)
-      fail(errc::peer_lost, fmt::format("{}: the store closed the connection while {} ({}): rank 0 exited or failed",
+      fail(errc::peer_lost, qcoll::detail::format("{}: the store closed the connection while {} ({}): rank 0 exited or failed",
                                         where_, what, sent.error.message()));
     response reply;
     for (;;) {
@@ -663,7 +663,7 @@ class store_client {
       if (reply.id != id) continue;  // the late answer to a request that timed out
       if (reply.status != detail::store_ok)
         fail(errc::protocol_error,
-             fmt::format("{}: malformed response while {}: status {}", where_, what, unsigned{reply.status}));
+             qcoll::detail::format("{}: malformed response while {}: status {}", where_, what, unsigned{reply.status}));
       return std::move(reply.value);
     }
   }
@@ -674,7 +674,7 @@ class store_client {
     const auto frame = detail::encode_frame(static_cast<std::uint8_t>(detail::store_op::cancel), 0, id, {}, {});
     const auto sent = detail::write_all(socket_, frame, clock::now());
     if (sent.result != detail::io_result::done && sent.transferred != 0) {
-      broken_ = detail::make_error(errc::peer_lost, fmt::format("{}: the connection to the store stalled", where_));
+      broken_ = detail::make_error(errc::peer_lost, qcoll::detail::format("{}: the connection to the store stalled", where_));
       boost::system::error_code ignored;
       socket_.close(ignored);
     }

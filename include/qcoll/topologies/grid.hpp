@@ -13,7 +13,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -86,9 +86,9 @@ class grid_shape {
   /// "b3" on a 2-D grid of at most 26 rows (the spec's names), "(1,2,0)" otherwise.
   std::string name(rank_t node) const {
     if (dimensions() == 2 && extents_[0] <= 26)
-      return fmt::format("{}{}", static_cast<char>('a' + coordinate(node, 0)), coordinate(node, 1) + 1);
+      return qcoll::detail::format("{}{}", static_cast<char>('a' + coordinate(node, 0)), coordinate(node, 1) + 1);
     std::string text = "(";
-    for (std::size_t d = 0; d < dimensions(); ++d) text += fmt::format("{}{}", d ? "," : "", coordinate(node, d));
+    for (std::size_t d = 0; d < dimensions(); ++d) text += qcoll::detail::format("{}{}", d ? "," : "", coordinate(node, d));
     return text + ")";
   }
 

@@ -39,7 +39,7 @@
 #include <qcoll/topologies/grid_paths.hpp>
 #include <qcoll/topologies/routing.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -440,7 +440,7 @@ class router {
         for (rank_t m : s.members) {
           reaches[m] = !s.exits.empty();
           if (!reaches[m])
-            reason[m] = fmt::format("no route from it{} to the core at the stage of dimension {}",
+            reason[m] = qcoll::detail::format("no route from it{} to the core at the stage of dimension {}",
                                     s.members.size() > 1 ? " or its sub-network" : "", p.stages_[k].dimension);
         }
         build_forest(s);

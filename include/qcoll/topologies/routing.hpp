@@ -13,7 +13,7 @@
 #include <qcoll/topologies/grid_drawing.hpp>
 #include <qcoll/topologies/grid_paths.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -217,41 +217,41 @@ class grid_routing {
   /// The schedule in words: order, stages, sub-networks with their routes, the core,
   /// who is excluded and why.
   std::string describe() const {
-    std::string text = fmt::format("{} {} of {} nodes, {} forwarding; dimension order:",
+    std::string text = qcoll::detail::format("{} {} of {} nodes, {} forwarding; dimension order:",
                                    shape_.wraps() ? "torus" : "mesh", extents_text(), shape_.size(),
                                    mode_ == forwarding::sub_networks ? "by sub-network" : "per node");
-    for (std::size_t d : order_) text += fmt::format(" {}", d);
+    for (std::size_t d : order_) text += qcoll::detail::format(" {}", d);
     text += "\n";
     for (const routing_stage& stage : stages_) {
-      text += fmt::format("stage along dimension {}: {} critical, {} forwarding groups\n", stage.dimension,
+      text += qcoll::detail::format("stage along dimension {}: {} critical, {} forwarding groups\n", stage.dimension,
                           stage.critical_groups, stage.forwarding_groups);
       for (const sub_network& s : stage.sub_networks) {
         text += "  sub-network {";
-        for (std::size_t i = 0; i < s.members.size(); ++i) text += fmt::format("{}{}", i ? " " : "", shape_.name(s.members[i]));
+        for (std::size_t i = 0; i < s.members.size(); ++i) text += qcoll::detail::format("{}{}", i ? " " : "", shape_.name(s.members[i]));
         text += "}:";
         for (std::size_t i = 0; i < s.members.size(); ++i)
           if (s.parent[i] != s.members[i])
-            text += fmt::format(" {}→{} (tree);", shape_.name(s.members[i]), shape_.name(s.parent[i]));
+            text += qcoll::detail::format(" {}→{} (tree);", shape_.name(s.members[i]), shape_.name(s.parent[i]));
         for (const forwarding_exit& e : s.exits) {
-          text += fmt::format(" {}→{} via", shape_.name(e.exit), shape_.name(e.receiver));
-          for (rank_t v : e.path) text += fmt::format(" {}", shape_.name(v));
+          text += qcoll::detail::format(" {}→{} via", shape_.name(e.exit), shape_.name(e.receiver));
+          for (rank_t v : e.path) text += qcoll::detail::format(" {}", shape_.name(v));
           text += ";";
         }
         if (s.exits.empty()) text += " no route to the core;";
         text.back() = '\n';
       }
     }
-    text += fmt::format("core: {} places", core_.size());
+    text += qcoll::detail::format("core: {} places", core_.size());
     for (std::size_t d = 0; d < shape_.dimensions(); ++d)
-      text += fmt::format(", {} of {} along {}", core_indices_[d].size(), shape_.extent(d), d);
+      text += qcoll::detail::format(", {} of {} along {}", core_indices_[d].size(), shape_.extent(d), d);
     if (hosted() != 0) {
-      text += fmt::format("; {} hosted:", hosted());
+      text += qcoll::detail::format("; {} hosted:", hosted());
       for (rank_t v : core_)
-        if (host_[v] != v) text += fmt::format(" {} by {}", shape_.name(v), shape_.name(host_[v]));
+        if (host_[v] != v) text += qcoll::detail::format(" {} by {}", shape_.name(v), shape_.name(host_[v]));
     }
-    text += fmt::format("\nincluded: {} of {} contributions (avg divides by {})\n", included_.size(), shape_.size(),
+    text += qcoll::detail::format("\nincluded: {} of {} contributions (avg divides by {})\n", included_.size(), shape_.size(),
                         divisor());
-    for (const excluded_node& e : excluded_) text += fmt::format("excluded {}: {}\n", shape_.name(e.node), e.reason);
+    for (const excluded_node& e : excluded_) text += qcoll::detail::format("excluded {}: {}\n", shape_.name(e.node), e.reason);
     return text;
   }
 
@@ -286,7 +286,7 @@ class grid_routing {
 
   std::string extents_text() const {
     std::string text;
-    for (std::size_t d = 0; d < shape_.dimensions(); ++d) text += fmt::format("{}{}", d ? "×" : "", shape_.extent(d));
+    for (std::size_t d = 0; d < shape_.dimensions(); ++d) text += qcoll::detail::format("{}{}", d ? "×" : "", shape_.extent(d));
     return text;
   }
 

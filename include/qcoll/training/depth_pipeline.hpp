@@ -24,7 +24,7 @@
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <concepts>
@@ -161,10 +161,10 @@ class depth_pipeline {
     } catch (const error&) {
       throw;  // the communicator's own: every rank has been told already
     } catch (const std::exception& e) {
-      comm_.abort(fmt::format("depth_pipeline block {} failed: {}", rank_, e.what()));
+      comm_.abort(qcoll::detail::format("depth_pipeline block {} failed: {}", rank_, e.what()));
       throw;
     } catch (...) {
-      comm_.abort(fmt::format("depth_pipeline block {} failed", rank_));
+      comm_.abort(qcoll::detail::format("depth_pipeline block {} failed", rank_));
       throw;
     }
   }

@@ -56,6 +56,7 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/format.hpp>
 #include <qcoll/detail/little_endian.hpp>
 #include <qcoll/detail/log.hpp>
 #include <qcoll/transports/stream/records.hpp>
@@ -300,7 +301,7 @@ struct state {
     const bool leftovers = !orphans.empty() || pending_abort_sends();
     if (leftovers) {
       std::string which;
-      for (const orphan& o : orphans) which += fmt::format("{}{} peer {}", which.empty() ? "" : ", ", o.what, o.peer);
+      for (const orphan& o : orphans) which += qcoll::detail::format("{}{} peer {}", which.empty() ? "" : ", ", o.what, o.peer);
       qcoll::detail::log_warning("qcoll: rank {}: mpi transport: {} transfer(s) still in MPI's hands at destruction "
                                  "({}); their buffers and qcoll's communicators are left to MPI",
                                  rank, orphans.size(), which.empty() ? "abort messages" : which);
@@ -381,7 +382,7 @@ struct state {
       code = MPI_Isend(r.frame_.data(), int(frame_bytes), MPI_BYTE, to, mpi_tag, frames, &r.frame_request_);
       if (code == MPI_SUCCESS) code = MPI_Irecv(nullptr, 0, MPI_BYTE, to, mpi_tag, clears, &r.clear_request_);
     }
-    if (code != MPI_SUCCESS) lose(peer, fmt::format("MPI_Isend to it failed: {}", mpi_error_text(code)));
+    if (code != MPI_SUCCESS) lose(peer, qcoll::detail::format("MPI_Isend to it failed: {}", mpi_error_text(code)));
   }
 
   /// A payload receive of `bytes` into `into`, any size.
@@ -464,7 +465,7 @@ struct state {
           // clear-to-send first, and the receiver's payload receives are in order.
           if (!first_of_its_stream(r) || !finished(r, r.clear_request_)) return;
           if (const int code = isend_payload(r); code != MPI_SUCCESS)
-            return lose(r.peer_, fmt::format("MPI_Isend to it failed: {}", mpi_error_text(code)));
+            return lose(r.peer_, qcoll::detail::format("MPI_Isend to it failed: {}", mpi_error_text(code)));
           r.payload_posted_ = true;
         }
         if (r.size_ > inline_payload_bytes && !r.payload_posted_) return;
@@ -491,7 +492,7 @@ struct state {
     if (pending == MPI_REQUEST_NULL) return true;
     int done = 0;
     if (const int code = MPI_Test(&pending, &done, MPI_STATUS_IGNORE); code != MPI_SUCCESS) {
-      lose(r.peer_, fmt::format("MPI reported: {}", mpi_error_text(code)));
+      lose(r.peer_, qcoll::detail::format("MPI reported: {}", mpi_error_text(code)));
       return false;
     }
     return done != 0;
@@ -517,14 +518,14 @@ struct state {
     MPI_Message message = MPI_MESSAGE_NULL;
     MPI_Status status;
     int code = MPI_Improbe(int(r.peer_), int(r.tag_), frames, &found, &message, &status);
-    if (code != MPI_SUCCESS) return lose(r.peer_, fmt::format("MPI_Improbe failed: {}", mpi_error_text(code)));
+    if (code != MPI_SUCCESS) return lose(r.peer_, qcoll::detail::format("MPI_Improbe failed: {}", mpi_error_text(code)));
     if (!found) return;
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     const std::size_t bytes = count < 0 ? 0 : std::size_t(count);
     if (bytes < frame_bytes || bytes > frame_bytes + inline_payload_bytes) {
       // Not a frame qcoll writes: never received (its size is the peer's choice).
-      return break_stream(r.peer_, fmt::format("a message of {} bytes is not a qcoll frame ({} to {} bytes)", bytes,
+      return break_stream(r.peer_, qcoll::detail::format("a message of {} bytes is not a qcoll frame ({} to {} bytes)", bytes,
                                                frame_bytes, frame_bytes + inline_payload_bytes));
     }
     r.state_ = request::state::receiving_frame;
@@ -543,7 +544,7 @@ struct state {
         return frame_arrived(r, bytes - frame_bytes);
       }
     }
-    if (code != MPI_SUCCESS) lose(r.peer_, fmt::format("receiving a frame failed: {}", mpi_error_text(code)));
+    if (code != MPI_SUCCESS) lose(r.peer_, qcoll::detail::format("receiving a frame failed: {}", mpi_error_text(code)));
   }
 
   /// The frame is in r.frame_: check it, then finish or receive the payload.
@@ -556,14 +557,14 @@ struct state {
     const bool inline_frame = r.inline_payload_ || length == 0;
     const std::size_t inline_bytes = inline_bytes_received.value_or(r.inline_payload_ ? r.size_ : 0);
     if ((inline_frame && length != inline_bytes) || (!inline_frame && length <= inline_payload_bytes))
-      return break_stream(r.peer_, fmt::format("a frame announces {} payload bytes but {} came with it", length,
+      return break_stream(r.peer_, qcoll::detail::format("a frame announces {} payload bytes but {} came with it", length,
                                                inline_bytes));
     r.header_ = *header;
     r.transferred_ = std::size_t(length);
     if (length != r.size_) {
       // Nothing was written into the posted buffer. A separate payload stays unreceived,
       // so later messages of this stream could not be told from it: the stream breaks.
-      if (!inline_frame) mark_broken(r.peer_, fmt::format("a message of {} bytes arrived where {} were expected", length, r.size_));
+      if (!inline_frame) mark_broken(r.peer_, qcoll::detail::format("a message of {} bytes arrived where {} were expected", length, r.size_));
       return complete(r, make_error_code(errc::protocol_error));
     }
     if (inline_frame) return complete(r, {});
@@ -571,7 +572,7 @@ struct state {
     int code = post_receive(r.recv_data_, r.size_, r.peer_, r.tag_, r.payload_request_);
     if (code == MPI_SUCCESS)  // the receive is in place: the sender may go ahead
       code = MPI_Isend(nullptr, 0, MPI_BYTE, int(r.peer_), int(r.tag_), clears, &r.clear_request_);
-    if (code != MPI_SUCCESS) lose(r.peer_, fmt::format("MPI_Irecv failed: {}", mpi_error_text(code)));
+    if (code != MPI_SUCCESS) lose(r.peer_, qcoll::detail::format("MPI_Irecv failed: {}", mpi_error_text(code)));
   }
 
   // ---- completion, withdrawal, failure -----------------------------------------------
@@ -638,13 +639,13 @@ struct state {
 
   /// The stream from `peer` carries something qcoll cannot read: its pending receives fail.
   void break_stream(rank_t peer, std::string why) {
-    mark_broken(peer, fmt::format("peer {}: {}", peer, why));
+    mark_broken(peer, qcoll::detail::format("peer {}: {}", peer, why));
     fail_peer(peer, make_error_code(errc::protocol_error));
   }
 
   /// MPI failed a call involving `peer`.
   void lose(rank_t peer, std::string why) {
-    mark_broken(peer, fmt::format("peer {}: {}", peer, why));
+    mark_broken(peer, qcoll::detail::format("peer {}: {}", peer, why));
     fail_peer(peer, make_error_code(errc::peer_lost));
   }
 

@@ -37,6 +37,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/core/error.hpp>
+#include <qcoll/detail/format.hpp>
 #include <qcoll/detail/log.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/store.hpp>
@@ -298,7 +299,7 @@ class shm_channels final : public stream::channels {
   }
 
   std::string death_notice(rank_t peer) const {
-    return fmt::format("its process (pid {}) exited without closing its transport", pids_[peer]);
+    return qcoll::detail::format("its process (pid {}) exited without closing its transport", pids_[peer]);
   }
 
   mapping segment_;
@@ -406,7 +407,7 @@ class transport : public stream::endpoint {
       std::random_device entropy;
       const std::uint64_t nonce = (std::uint64_t{entropy()} << 32) ^ entropy();
       segment = detail::create_segment(name, shape, nonce);
-      store.set("qcoll/shm/segment", fmt::format("{} {} {}", name, nonce, opts.pipe_bytes));
+      store.set("qcoll/shm/segment", qcoll::detail::format("{} {} {}", name, nonce, opts.pipe_bytes));
     } else {
       const std::string announced = store.get("qcoll/shm/segment", until);
       const std::string expected_prefix = name + " ";
@@ -430,7 +431,7 @@ class transport : public stream::endpoint {
     slots[job.rank].probe_value.store(*probe, std::memory_order_relaxed);
     slots[job.rank].probe_address.store(reinterpret_cast<std::uintptr_t>(probe.get()), std::memory_order_release);
     if (opts.single_copy) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // EINVAL without Yama: fine
-    store.set(fmt::format("qcoll/shm/attached/{}", job.rank), "1");
+    store.set(qcoll::detail::format("qcoll/shm/attached/{}", job.rank), "1");
     store.wait_all("qcoll/shm/attached/", job.size, until);
     if (job.rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: the name is no longer needed
 
@@ -506,17 +507,17 @@ class transport : public stream::endpoint {
                          sizeof seen};
       const ssize_t n = ::process_vm_readv(pids[p], &local, 1, &remote, 1, 0);
       if (n != static_cast<ssize_t>(sizeof seen))
-        refused = fmt::format("rank {} may not read rank {}'s memory (process_vm_readv: {})", job.rank, p,
+        refused = qcoll::detail::format("rank {} may not read rank {}'s memory (process_vm_readv: {})", job.rank, p,
                               n < 0 ? std::strerror(errno) : "short read");
       else if (seen != slots[p].probe_value.load())
-        refused = fmt::format("rank {} read the wrong value from rank {}'s memory", job.rank, p);
+        refused = qcoll::detail::format("rank {} read the wrong value from rank {}'s memory", job.rank, p);
     }
-    store.set(fmt::format("qcoll/shm/single-copy/{}", job.rank), refused.empty() ? "yes" : refused);
+    store.set(qcoll::detail::format("qcoll/shm/single-copy/{}", job.rank), refused.empty() ? "yes" : refused);
     store.wait_all("qcoll/shm/single-copy/", job.size, until);
     std::string first_refusal;
     for (rank_t r = 0; r < job.size && first_refusal.empty(); ++r) {
       std::string answer = r == job.rank ? (refused.empty() ? "yes" : refused)
-                                         : store.get(fmt::format("qcoll/shm/single-copy/{}", r), until);
+                                         : store.get(qcoll::detail::format("qcoll/shm/single-copy/{}", r), until);
       if (answer != "yes") first_refusal = std::move(answer);
     }
     if (!first_refusal.empty() && job.rank == 0)

@@ -4,7 +4,7 @@
 /// segment exactly as the shm transport does without including the transport: qcoll-run
 /// removes what a crashed job left in /dev/shm with it.
 
-#include <fmt/format.h>
+#include <qcoll/detail/format.hpp>
 
 #include <cstdint>
 #include <string>
@@ -23,10 +23,10 @@ inline std::string segment_name(std::string_view job_id) {
   const bool safe = !job_id.empty() && job_id.size() <= 64 &&
                     job_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
                         std::string_view::npos;
-  if (safe) return fmt::format("/{}{}", segment_prefix, job_id);
+  if (safe) return qcoll::detail::format("/{}{}", segment_prefix, job_id);
   std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a
   for (const char c : job_id) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
-  return fmt::format("/{}h{:016x}", segment_prefix, hash);
+  return qcoll::detail::format("/{}h{:016x}", segment_prefix, hash);
 }
 
 /// True when `file_name`, an entry of /dev/shm, is the segment of the job `job_id` or one of

@@ -36,8 +36,8 @@
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
-#include <boost/asio.hpp>
-#include <fmt/chrono.h>
+#include <qcoll/detail/asio.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <poll.h>
 
@@ -105,7 +105,7 @@ class tcp_channels final : public stream::channels {
     boost::system::error_code ec;
     const std::size_t n = outgoing_[peer]->write_some(gathered, ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return 0;
-    if (ec) lost = fmt::format("the connection to {} failed: {}", address(peer), ec.message());
+    if (ec) lost = qcoll::detail::format("the connection to {} failed: {}", address(peer), ec.message());
     return n;
   }
 
@@ -191,9 +191,9 @@ class tcp_channels final : public stream::channels {
     const std::size_t n = incoming_[peer]->read_some(asio::buffer(into.data(), into.size()), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return 0;
     if (ec == asio::error::eof)
-      lost = fmt::format("it closed the connection ({})", address(peer));
+      lost = qcoll::detail::format("it closed the connection ({})", address(peer));
     else if (ec)
-      lost = fmt::format("the connection to {} failed: {}", address(peer), ec.message());
+      lost = qcoll::detail::format("the connection to {} failed: {}", address(peer), ec.message());
     return n;
   }
 
@@ -262,13 +262,13 @@ class transport : public stream::endpoint {
     std::vector<std::optional<tcp::socket>> outgoing(job.size), incoming(job.size);
 
     tcp::acceptor acceptor(*io);
-    rendezvous::detail::listen_on_free_port(acceptor, job.bind_address, fmt::format("tcp transport: rank {}", job.rank));
-    store.set(fmt::format("qcoll/tcp/address/{}", job.rank),
-              fmt::format("{}:{}", job.bind_address, acceptor.local_endpoint().port()));
+    rendezvous::detail::listen_on_free_port(acceptor, job.bind_address, qcoll::detail::format("tcp transport: rank {}", job.rank));
+    store.set(qcoll::detail::format("qcoll/tcp/address/{}", job.rank),
+              qcoll::detail::format("{}:{}", job.bind_address, acceptor.local_endpoint().port()));
 
     const auto connect = [&](rank_t peer) {
       const auto where =
-          detail::parse_endpoint(store.get(fmt::format("qcoll/tcp/address/{}", peer), until), peer);
+          detail::parse_endpoint(store.get(qcoll::detail::format("qcoll/tcp/address/{}", peer), until), peer);
       tcp::socket socket = detail::connect_to(*io, where, peer, until);
       rendezvous::introduce(socket, job, rendezvous::channel::data, until);
       detail::tune(socket, opts);
@@ -291,8 +291,8 @@ class transport : public stream::endpoint {
         });
         rendezvous::detail::run_until(*io, [&] { return accepted; }, until, [&] { acceptor.cancel(); });
         if (accept_error)
-          qcoll::detail::throw_error(errc::timeout, "tcp transport: rank {} waited {} for {} rank(s) to connect; {}",
-                                     job.rank, job.timeout, missing(), accept_error.message());
+          qcoll::detail::throw_error(errc::timeout, "tcp transport: rank {} waited {}ms for {} rank(s) to connect; {}",
+                                     job.rank, job.timeout.count(), missing(), accept_error.message());
         const std::string from = detail::endpoint_text(socket);
         try {
           // A connection that says nothing must not hold up the real peers for long.

@@ -12,6 +12,7 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <charconv>
 #include <chrono>
@@ -176,7 +177,7 @@ struct tuning {
     for (const algorithm a : allowed)
       if (std::string_view(value) == to_string(a)) return a;
     std::string names;
-    for (const algorithm a : allowed) names += fmt::format("{}, ", to_string(a));
+    for (const algorithm a : allowed) names += qcoll::detail::format("{}, ", to_string(a));
     detail::throw_error(errc::invalid_argument, "qcoll: {}={} is not one of {}auto", name, value, names);
   }
 

@@ -22,6 +22,7 @@
 #include <qcoll/detail/cpu_relax.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
+#include <qcoll/detail/format.hpp>
 #include <qcoll/transports/stream/records.hpp>
 #include <qcoll/tuning/table.hpp>
 
@@ -582,7 +583,7 @@ class engine {
         return;
       case record_type::data:
         if (record->length > in.message_left)
-          return malformed(p, fmt::format("a data record of {} bytes where {} remain of the message", record->length,
+          return malformed(p, qcoll::detail::format("a data record of {} bytes where {} remain of the message", record->length,
                                           in.message_left));
         in.at = phase::payload;
         in.chunk_left = record->length;
@@ -592,7 +593,7 @@ class engine {
         in.reason.clear();
         if (record->length == 0) {
           expect_record(in);
-          abort(code_from_wire(record->tag), fmt::format("peer {} aborted", p));
+          abort(code_from_wire(record->tag), qcoll::detail::format("peer {} aborted", p));
         }
         return;
     }
@@ -626,7 +627,7 @@ class engine {
   }
 
   void malformed(rank_t p, std::string_view problem) {
-    break_in(p, make_error_code(errc::protocol_error), fmt::format("peer {} sent a malformed stream: {}", p, problem));
+    break_in(p, make_error_code(errc::protocol_error), qcoll::detail::format("peer {} sent a malformed stream: {}", p, problem));
     pipes_->close(p);
   }
 
