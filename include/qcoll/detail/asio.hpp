@@ -10,4 +10,7 @@
 #if defined(__NVCC__) && !defined(BOOST_ASIO_DISABLE_VARIABLE_TEMPLATES)
 #define BOOST_ASIO_DISABLE_VARIABLE_TEMPLATES
 #endif
+// Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility>.
+#include <utility>
+
 #include <boost/asio.hpp>
