@@ -110,7 +110,7 @@ BOOST_AUTO_TEST_CASE(codes_pack_lsb_first_and_unpack_to_the_same_values) {
       const std::uint64_t limit = (std::uint64_t{1} << bits) - 1;
       for (auto& code : codes) code = static_cast<std::uint32_t>(generator() & limit);
       std::vector<std::byte> packed((n * bits + 7) / 8 + 1, std::byte{0xee});
-      kernels::cpu::pack_codes(codes, bits, packed.data());
+      kernels::pack_codes(codes, bits, packed.data());
       BOOST_TEST(std::to_integer<unsigned>(packed.back()) == 0xeeu, "wrote past the codes");
       BOOST_TEST(quantizers::wire::padding_is_zero(packed.data(), n, bits));
       // Bit j of the string is bit j % 8 of byte j / 8.
@@ -121,7 +121,7 @@ BOOST_AUTO_TEST_CASE(codes_pack_lsb_first_and_unpack_to_the_same_values) {
           BOOST_TEST_REQUIRE(bit == ((codes[i] >> b) & 1u));
         }
       std::vector<std::uint32_t> unpacked(n);
-      kernels::cpu::unpack_codes(packed.data(), bits, unpacked);
+      kernels::unpack_codes(packed.data(), bits, unpacked);
       BOOST_TEST(unpacked == codes);
     }
   }

@@ -23,7 +23,7 @@
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/detail/request_storage.hpp>
-#include <qcoll/kernels/cpu/convert.hpp>
+#include <qcoll/execution/kernels.hpp>
 
 #include <algorithm>
 #include <concepts>
@@ -225,9 +225,9 @@ class plan_handle : public detail::call_handle {
         const std::span<float> widened = std::span<float>(widened_).first(count);
         if (call.fused())
           for (std::size_t k = 0; k < call.tensors.size(); ++k)
-            kernels::cpu::widen(std::span<const T>(call.tensors[k]), widened.subspan(tensor_starts_[k], call.tensors[k].size()));
+            execution::widen(std::span<const T>(call.tensors[k]), widened.subspan(tensor_starts_[k], call.tensors[k].size()));
         else
-          kernels::cpu::widen(call.in, widened);
+          execution::widen(call.in, widened);
         algorithms::run_schedule(step, state_, requests, value_view<const float>(widened), value_view<float>(widened),
                                  call.op);
       } else if (call.fused()) {
@@ -249,9 +249,9 @@ class plan_handle : public detail::call_handle {
       const std::span<const float> widened = std::span<const float>(widened_).first(count);
       if (call.fused())
         for (std::size_t k = 0; k < call.tensors.size(); ++k)
-          kernels::cpu::narrow(widened.subspan(tensor_starts_[k], call.tensors[k].size()), call.tensors[k]);
+          execution::narrow(widened.subspan(tensor_starts_[k], call.tensors[k].size()), call.tensors[k]);
       else
-        kernels::cpu::narrow(widened, call.out);
+        execution::narrow(widened, call.out);
     }
   }
 

@@ -16,7 +16,7 @@
 #include <qcoll/algorithms/quantized_steps.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/partition.hpp>
-#include <qcoll/kernels/cpu/reduce.hpp>
+#include <qcoll/execution/kernels.hpp>
 #include <qcoll/optimizers/owner_update.hpp>
 
 #include <algorithm>
@@ -281,7 +281,7 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q>& state,
         decode_or_fail(step, state.quantizer, state.frame(s.frame), out.of(s.values), s.accumulate, s.peer);
         break;
       case step_verb::average:
-        if (op == reduce_op::avg) kernels::cpu::finish_avg(out.of(s.values), schedule.divisor);
+        if (op == reduce_op::avg) execution::finish_avg(out.of(s.values), schedule.divisor);
         break;
       case step_verb::update: {
         const block_range at{s.residual_offset, s.values.size * state.update.state_per_value()};

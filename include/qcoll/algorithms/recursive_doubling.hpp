@@ -17,7 +17,7 @@
 
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/kernels/cpu/reduce.hpp>
+#include <qcoll/execution/kernels.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -45,7 +45,7 @@ bool fold_in_extra_ranks(primitives<Transport>& step, rank_t rank, std::size_t n
   }
   if (rank < n - m) {
     step.recv(rank + m, landing);
-    kernels::cpu::reduce<T>(op, data, landing, data);
+    execution::reduce<T>(op, data, landing, data);
   }
   return true;
 }
@@ -66,10 +66,10 @@ void recursive_doubling_allreduce(primitives<Transport>& step, rank_t rank, std:
   for (std::size_t distance = 1; distance < m; distance <<= 1) {
     const rank_t partner = rank ^ distance;
     step.send_recv(partner, std::span<const T>(data), partner, scratch);
-    if (rank < partner) kernels::cpu::reduce<T>(op, data, scratch, data);
-    else kernels::cpu::reduce<T>(op, scratch, data, data);
+    if (rank < partner) execution::reduce<T>(op, data, scratch, data);
+    else execution::reduce<T>(op, scratch, data, data);
   }
-  if (op == reduce_op::avg) kernels::cpu::finish_avg(data, n);
+  if (op == reduce_op::avg) execution::finish_avg(data, n);
   return_to_folded_ranks(step, rank, n, data);
 }
 

@@ -23,6 +23,7 @@ enum class errc {
   peer_lost,             ///< a peer left or its connection dropped
   protocol_error,        ///< a malformed, oversize or unexpected message
   aborted,               ///< the communicator was aborted by a call to abort()
+  device_error,          ///< the GPU or its runtime failed a call (the message quotes CUDA's words)
 };
 
 /// Portable groups of codes: `ec == qcoll::condition::transport_failure`.
@@ -47,6 +48,7 @@ class error_category final : public std::error_category {
       case errc::peer_lost: return "peer lost";
       case errc::protocol_error: return "protocol error";
       case errc::aborted: return "communicator aborted";
+      case errc::device_error: return "device error";
     }
     return "unknown qcoll error";
   }
@@ -97,6 +99,7 @@ inline std::error_condition detail::error_category::default_error_condition(int 
     case errc::peer_lost:
     case errc::protocol_error:
     case errc::aborted: return make_error_condition(condition::transport_failure);
+    case errc::device_error: break;  // neither: the GPU, not the caller or a peer
   }
   return {value, *this};
 }

@@ -19,6 +19,7 @@
 ///                values, the last one possibly shorter
 
 #include <qcoll/core/error.hpp>
+#include <qcoll/core/host_device.hpp>
 #include <qcoll/core/types.hpp>
 
 #include <algorithm>
@@ -58,45 +59,51 @@ struct record_layout {
   std::size_t table_bytes = 0;
   unsigned code_bits = 8;
 
-  constexpr std::size_t codes_bytes(std::size_t values) const noexcept { return (values * code_bits + 7) / 8; }
-  constexpr std::size_t record_bytes(std::size_t values) const noexcept { return table_bytes + codes_bytes(values); }
-  constexpr std::size_t full_record_bytes() const noexcept { return record_bytes(group); }
-  constexpr std::size_t groups(std::size_t n) const noexcept { return (n + group - 1) / group; }
-  constexpr std::size_t payload_bytes(std::size_t n) const noexcept {
+  QCOLL_HOST_DEVICE constexpr std::size_t codes_bytes(std::size_t values) const noexcept {
+    return (values * code_bits + 7) / 8;
+  }
+  QCOLL_HOST_DEVICE constexpr std::size_t record_bytes(std::size_t values) const noexcept {
+    return table_bytes + codes_bytes(values);
+  }
+  QCOLL_HOST_DEVICE constexpr std::size_t full_record_bytes() const noexcept { return record_bytes(group); }
+  QCOLL_HOST_DEVICE constexpr std::size_t groups(std::size_t n) const noexcept { return (n + group - 1) / group; }
+  QCOLL_HOST_DEVICE constexpr std::size_t payload_bytes(std::size_t n) const noexcept {
     const std::size_t full = n / group;
     const std::size_t rest = n % group;
     return full * full_record_bytes() + (rest ? record_bytes(rest) : 0);
   }
-  constexpr std::size_t frame_bytes(std::size_t n) const noexcept { return header_size + payload_bytes(n); }
+  QCOLL_HOST_DEVICE constexpr std::size_t frame_bytes(std::size_t n) const noexcept {
+    return header_size + payload_bytes(n);
+  }
 };
 
 /// Each scheme's records (docs/wire-format.md): the table, then the codes.
-inline constexpr record_layout one_bit_layout(std::size_t group) noexcept {
+QCOLL_HOST_DEVICE inline constexpr record_layout one_bit_layout(std::size_t group) noexcept {
   return {.group = group, .table_bytes = 2 * sizeof(float), .code_bits = 1};  // bin 0 value, bin 1 value
 }
-inline constexpr record_layout k_level_layout(std::size_t group, unsigned code_bits) noexcept {
+QCOLL_HOST_DEVICE inline constexpr record_layout k_level_layout(std::size_t group, unsigned code_bits) noexcept {
   return {.group = group, .table_bytes = 2 * sizeof(float), .code_bits = code_bits};  // minimum, step
 }
-inline constexpr record_layout bfp_layout(std::size_t block, unsigned mantissa_bits) noexcept {
+QCOLL_HOST_DEVICE inline constexpr record_layout bfp_layout(std::size_t block, unsigned mantissa_bits) noexcept {
   return {.group = block, .table_bytes = 1, .code_bits = mantissa_bits};  // shared exponent
 }
 
 namespace detail {
 template <class T>
-inline void store(std::byte* at, T value) noexcept {
+QCOLL_HOST_DEVICE inline void store(std::byte* at, T value) noexcept {
   std::memcpy(at, &value, sizeof value);
 }
 template <class T>
-inline T load(const std::byte* at) noexcept {
+QCOLL_HOST_DEVICE inline T load(const std::byte* at) noexcept {
   T value;
   std::memcpy(&value, at, sizeof value);
   return value;
 }
 }  // namespace detail
 
-inline void write_header(const frame_header& header, std::span<std::byte> frame) noexcept {
-  std::byte* at = frame.data();
-  std::memset(at, 0, header_size);
+/// Writes the 24 header bytes at `at` (device code writes a device frame's header).
+QCOLL_HOST_DEVICE inline void write_header(const frame_header& header, std::byte* at) noexcept {
+  for (std::size_t i = 0; i < header_size; ++i) at[i] = std::byte{0};
   detail::store<std::uint8_t>(at + 0, magic);
   detail::store<std::uint8_t>(at + 1, format_version);
   detail::store<std::uint8_t>(at + 2, static_cast<std::uint8_t>(header.scheme));
@@ -107,28 +114,42 @@ inline void write_header(const frame_header& header, std::span<std::byte> frame)
   detail::store<std::uint64_t>(at + 16, header.count);
 }
 
+inline void write_header(const frame_header& header, std::span<std::byte> frame) noexcept {
+  write_header(header, frame.data());
+}
+
 /// Checks that `frame` is exactly the frame `expected` describes, `frame_size`
 /// bytes long. Nothing past the header is read. A different count gives
 /// count_mismatch, a different value type type_mismatch, anything else
 /// (truncated, oversize, foreign, another version, other settings, nonzero
 /// reserved bytes) protocol_error.
-inline std::error_code check_header(std::span<const std::byte> frame, const frame_header& expected,
-                                    std::size_t frame_size) noexcept {
-  if (frame.size() < header_size) return make_error_code(errc::protocol_error);
-  const std::byte* at = frame.data();
+/// check_header's verdict as a plain errc value (0: the header is right), for code
+/// that runs on the device, where std::error_code does not. `frame` holds
+/// `frame_bytes` bytes; the header is read only when there are 24.
+QCOLL_HOST_DEVICE inline int header_verdict(const std::byte* frame, std::size_t frame_bytes,
+                                            const frame_header& expected, std::size_t frame_size) noexcept {
+  if (frame_bytes < header_size) return static_cast<int>(errc::protocol_error);
+  const std::byte* at = frame;
   if (detail::load<std::uint8_t>(at + 0) != magic || detail::load<std::uint8_t>(at + 1) != format_version ||
       detail::load<std::uint8_t>(at + 2) != static_cast<std::uint8_t>(expected.scheme) ||
       detail::load<std::uint16_t>(at + 6) != 0 || detail::load<std::uint32_t>(at + 12) != 0)
-    return make_error_code(errc::protocol_error);
+    return static_cast<int>(errc::protocol_error);
   if (detail::load<std::uint8_t>(at + 3) != static_cast<std::uint8_t>(expected.type))
-    return make_error_code(errc::type_mismatch);
+    return static_cast<int>(errc::type_mismatch);
   if (detail::load<std::uint8_t>(at + 4) != expected.parameter_a ||
       detail::load<std::uint8_t>(at + 5) != expected.parameter_b ||
       detail::load<std::uint32_t>(at + 8) != expected.group_size)
-    return make_error_code(errc::protocol_error);
-  if (detail::load<std::uint64_t>(at + 16) != expected.count) return make_error_code(errc::count_mismatch);
-  if (frame.size() != frame_size) return make_error_code(errc::protocol_error);
-  return {};
+    return static_cast<int>(errc::protocol_error);
+  if (detail::load<std::uint64_t>(at + 16) != expected.count) return static_cast<int>(errc::count_mismatch);
+  if (frame_bytes != frame_size) return static_cast<int>(errc::protocol_error);
+  return 0;
+}
+
+inline std::error_code check_header(std::span<const std::byte> frame, const frame_header& expected,
+                                    std::size_t frame_size) noexcept {
+  const int verdict = header_verdict(frame.data(), frame.size(), expected, frame_size);
+  if (verdict == 0) return {};
+  return make_error_code(static_cast<errc>(verdict));
 }
 
 /// Codes are packed LSB-first: code i of a group occupies bits [i*b, i*b + b) of
@@ -137,7 +158,7 @@ inline std::error_code check_header(std::span<const std::byte> frame, const fram
 ///
 /// True when the bits after the last code of a packed group are all zero, as the
 /// encoder leaves them (a decoder rejects anything else as malformed).
-inline bool padding_is_zero(const std::byte* codes, std::size_t values, unsigned bits) noexcept {
+QCOLL_HOST_DEVICE inline bool padding_is_zero(const std::byte* codes, std::size_t values, unsigned bits) noexcept {
   const std::size_t used_bits = values * bits;
   if (used_bits % 8 == 0) return true;
   const auto last = static_cast<unsigned>(codes[used_bits / 8]);

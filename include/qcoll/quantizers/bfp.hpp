@@ -34,7 +34,8 @@
 /// with its own residual.
 
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/kernels/cpu/dispatch.hpp>
+#include <qcoll/execution/dispatch.hpp>
+#include <qcoll/kernels/cuda/kernel_table.hpp>
 #include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/quantizers/framed.hpp>
 
@@ -91,7 +92,17 @@ class bfp : public detail::framed<bfp, float> {
   }
   void encode_records(std::span<const float> in, std::span<const float> residual_in,
                       std::span<float> residual_out, encode_position, std::byte* records) const noexcept {
-    kernels::cpu::active_kernels().bfp_encode(options_, in, residual_in, residual_out, records);
+    execution::cpu_kernels().bfp_encode(options_, in, residual_in, residual_out, records);
+  }
+  int encode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& header, dtype type, const void* in,
+                std::size_t n, const float* residual_in, float* residual_out, encode_position, std::byte* frame,
+                void* stream) const {
+    return cuda.bfp_encode(options_, header, type, in, n, residual_in, residual_out, frame, stream);
+  }
+  int decode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& expected, const std::byte* frame,
+                std::size_t frame_bytes, std::size_t n, float* out, bool accumulate, std::uint32_t* status,
+                void* stream) const {
+    return cuda.bfp_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
   }
 
   /// Accepts only what the encoder writes: an exponent in [−127, 129 − b], or −128
@@ -120,7 +131,7 @@ class bfp : public detail::framed<bfp, float> {
       }
       for (std::size_t start = 0; start < g; start += chunk) {
         const std::size_t c = std::min(chunk, g - start);
-        kernels::cpu::unpack_codes(codes + start * b / 8, b, std::span(fields.data(), c));
+        kernels::unpack_codes(codes + start * b / 8, b, std::span(fields.data(), c));
         for (std::size_t j = 0; j < c; ++j) {
           const std::uint32_t field = fields[j] & mask;
           if (field == most_negative || (nonfinite && field != 0)) return make_error_code(errc::protocol_error);
@@ -133,7 +144,7 @@ class bfp : public detail::framed<bfp, float> {
   }
 
   void decode_records(const std::byte* records, std::span<float> out, bool accumulate) const noexcept {
-    kernels::cpu::active_kernels().bfp_decode(options_, records, out, accumulate);
+    execution::cpu_kernels().bfp_decode(options_, records, out, accumulate);
   }
 
   bfp_options options_;

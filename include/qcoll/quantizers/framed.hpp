@@ -1,14 +1,23 @@
 #pragma once
 /// @file
 /// What every quantizer shares: the frame header, the argument checks, and the
-/// check of a received frame before anything is decoded. A quantizer supplies its
-/// header fields, its record layout, and its kernels (CRTP).
+/// check of a received frame before anything is decoded, for host memory and for
+/// device memory (a device_stream first argument, docs/gpu.md). A quantizer
+/// supplies its header fields, its record layout, and its kernels through the
+/// execution layer (CRTP).
 
+#include <qcoll/core/half.hpp>
+#include <qcoll/core/quantizer_options.hpp>
+#include <qcoll/core/types.hpp>
+#include <qcoll/core/wire.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/quantizers/format/options.hpp>
-#include <qcoll/quantizers/format/wire.hpp>
+#include <qcoll/execution/device_memory.hpp>
+#include <qcoll/execution/dispatch.hpp>
+#include <qcoll/execution/memory.hpp>
 
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <system_error>
 
@@ -22,10 +31,19 @@ namespace qcoll::quantizers::detail {
 ///     (residual_in and residual_out both empty, or the same range, or disjoint)
 ///   std::error_code check_records(const std::byte* records, std::size_t n) const noexcept;
 ///   void decode_records(const std::byte* records, std::span<T> out, bool accumulate) const noexcept;
+///   int encode_on(const kernels::cuda::kernel_table&, header, dtype in, const void* in, n, residual_in,
+///                 residual_out, position, std::byte* frame, stream) const;        (device memory)
+///   int decode_on(const kernels::cuda::kernel_table&, expected header, frame, frame bytes, n, T* out,
+///                 bool accumulate, std::uint32_t* status, stream) const;          (device memory)
 template <class Derived, class T>
 class framed {
  public:
   using value_type = T;
+
+  /// The inputs a device encode takes: T, and for float quantizers the 16-bit
+  /// types too, widened as they are read (the same frame as for their float values).
+  template <class In>
+  static constexpr bool device_input = std::same_as<In, T> || (std::same_as<T, float> && half_element<In>);
 
   /// Bytes of the frame for n values: the 24-byte header plus one record per group.
   std::size_t encoded_size(std::size_t n) const noexcept { return self().layout(n).frame_bytes(n); }
@@ -73,24 +91,73 @@ class framed {
     return decode_into(frame, out, true);
   }
 
+  /// The encode of device memory: `in`, the residuals and `encoded` are GPU
+  /// buffers, and the work is queued on where.stream (the call returns once it is).
+  /// The frame and residual_out are byte for byte the host encode's for the same
+  /// values; 16-bit inputs give the frame of their float values.
+  /// @par Errors
+  /// qcoll::error: invalid_argument for the host encode's reasons, for a buffer in
+  /// host memory, or without qcoll's CUDA kernels (target qcoll::cuda) or a GPU;
+  /// device_error when CUDA refuses the launch.
+  template <class In>
+    requires device_input<In>
+  void encode(execution::device_stream where, std::span<const In> in, std::span<const T> residual_in,
+              std::span<T> residual_out, std::span<std::byte> encoded, encode_position position = {}) const {
+    const auto& cuda = execution::cuda_kernels(Derived::name);
+    const wire::frame_header header = checked_encode(in.size(), residual_in, residual_out, encoded);
+    execution::require_space(Derived::name, execution::memory_space::device,
+                             {{"the input", in}, {"residual_in", residual_in}, {"residual_out", residual_out},
+                              {"the frame", encoded}});
+    execution::check_cuda(cuda,
+                          self().encode_on(cuda, header, dtype_of<In>::value, in.data(), in.size(), residual_in.data(),
+                                           residual_out.data(), position, encoded.data(), where.stream),
+                          Derived::name);
+  }
+
+  /// out = the decoded frame, all in device memory: the frame is checked on the
+  /// device (as the host decode checks it), then decoded on where.stream. Waits for
+  /// the stream, to return the check's verdict. On error `out` is untouched.
+  /// @par Errors
+  /// The host decode's codes for a frame that is not right; qcoll::error thrown as
+  /// for the device encode (memory spaces, no CUDA, a refused launch).
+  std::error_code decode(execution::device_stream where, std::span<const std::byte> frame, std::span<T> out) const {
+    return decode_on_device(where, frame, out, false);
+  }
+
+  /// out += the decoded frame, on the device (as decode).
+  std::error_code decode_accumulate(execution::device_stream where, std::span<const std::byte> frame,
+                                    std::span<T> out) const {
+    return decode_on_device(where, frame, out, true);
+  }
+
  protected:
-  /// Checks an encode's arguments, writes the frame header and returns where the
-  /// records go.
-  std::byte* start_frame(std::span<const T> in, std::span<const T> residual_in, std::span<T> residual_out,
-                         std::span<std::byte> encoded) const {
-    if (residual_in.size() != residual_out.size() || (!residual_in.empty() && residual_in.size() != in.size()))
+  /// Checks an encode's arguments and returns the frame's header.
+  wire::frame_header checked_encode(std::size_t n, std::span<const T> residual_in, std::span<T> residual_out,
+                                    std::span<std::byte> encoded) const {
+    if (residual_in.size() != residual_out.size() || (!residual_in.empty() && residual_in.size() != n))
       qcoll::detail::throw_error(errc::invalid_argument,
                                  "{}::encode: the residuals hold {} and {} values for {} inputs", Derived::name,
-                                 residual_in.size(), residual_out.size(), in.size());
+                                 residual_in.size(), residual_out.size(), n);
     if (qcoll::detail::overlaps(residual_in, residual_out) && !qcoll::detail::same_range(residual_in, residual_out))
       qcoll::detail::throw_error(errc::invalid_argument,
                                  "{}::encode: the residuals overlap without being the same range", Derived::name);
-    const std::size_t size = encoded_size(in.size());
+    const std::size_t size = encoded_size(n);
     if (encoded.size() < size)
       qcoll::detail::throw_error(errc::invalid_argument, "{}::encode: {} values need {} bytes, the buffer has {}",
-                                 Derived::name, in.size(), size, encoded.size());
+                                 Derived::name, n, size, encoded.size());
     wire::frame_header header = self().header();
-    header.count = in.size();
+    header.count = n;
+    return header;
+  }
+
+  /// Checks a host encode's arguments, writes the frame header and returns where the
+  /// records go.
+  std::byte* start_frame(std::span<const T> in, std::span<const T> residual_in, std::span<T> residual_out,
+                         std::span<std::byte> encoded) const {
+    const wire::frame_header header = checked_encode(in.size(), residual_in, residual_out, encoded);
+    execution::require_space(Derived::name, execution::memory_space::host,
+                             {{"the input", in}, {"residual_in", residual_in}, {"residual_out", residual_out},
+                              {"the frame", encoded}});
     wire::write_header(header, encoded);
     return encoded.data() + wire::header_size;
   }
@@ -99,6 +166,12 @@ class framed {
   const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
 
   std::error_code decode_into(std::span<const std::byte> frame, std::span<T> out, bool accumulate) const noexcept {
+    try {
+      if (execution::misplaced(execution::memory_space::host, {{"the frame", frame}, {"out", out}}))
+        return make_error_code(errc::invalid_argument);
+    } catch (...) {
+      return make_error_code(errc::invalid_argument);
+    }
     wire::frame_header expected = self().header();
     expected.count = out.size();
     if (const auto failure = wire::check_header(frame, expected, encoded_size(out.size()))) return failure;
@@ -106,6 +179,24 @@ class framed {
     if (const auto failure = self().check_records(records, out.size())) return failure;
     self().decode_records(records, out, accumulate);
     return {};
+  }
+
+  std::error_code decode_on_device(execution::device_stream where, std::span<const std::byte> frame, std::span<T> out,
+                                   bool accumulate) const {
+    const auto& cuda = execution::cuda_kernels(Derived::name);
+    execution::require_space(Derived::name, execution::memory_space::device, {{"the frame", frame}, {"out", out}});
+    wire::frame_header expected = self().header();
+    expected.count = out.size();
+    std::uint32_t* status = execution::status_word();
+    execution::check_cuda(cuda,
+                          self().decode_on(cuda, expected, frame.data(), frame.size(), out.size(), out.data(),
+                                           accumulate, status, where.stream),
+                          Derived::name);
+    std::uint32_t verdict = 0;
+    execution::check_cuda(cuda, cuda.copy(&verdict, status, sizeof verdict, where.stream), Derived::name);
+    execution::check_cuda(cuda, cuda.synchronize(where.stream), Derived::name);
+    if (verdict == 0) return {};
+    return make_error_code(static_cast<errc>(verdict));
   }
 };
 

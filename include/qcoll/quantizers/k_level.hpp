@@ -53,7 +53,8 @@
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/kernels/cpu/dispatch.hpp>
+#include <qcoll/execution/dispatch.hpp>
+#include <qcoll/kernels/cuda/kernel_table.hpp>
 #include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/kernels/group/k_level.hpp>
 #include <qcoll/quantizers/framed.hpp>
@@ -79,7 +80,7 @@ class k_level : public detail::framed<k_level, float> {
   /// @throws qcoll::error (invalid_argument) for levels outside 2…256, a group size
   /// that is not a multiple of 8 in [8, 2^24], or an unknown rounding.
   explicit k_level(k_level_options options = {})
-      : options_(options), code_bits_(kernels::cpu::k_level_detail::code_bits(options.levels)) {
+      : options_(options), code_bits_(kernels::k_level_detail::code_bits(options.levels)) {
     if (options.levels < 2 || options.levels > 256)
       qcoll::detail::throw_error(errc::invalid_argument, "{}: the levels must be between 2 and 256, not {}", name,
                                  options.levels);
@@ -110,7 +111,17 @@ class k_level : public detail::framed<k_level, float> {
   }
   void encode_records(std::span<const float> in, std::span<const float> residual_in,
                       std::span<float> residual_out, encode_position position, std::byte* records) const noexcept {
-    kernels::cpu::active_kernels().k_level_encode(options_, in, residual_in, residual_out, position, records);
+    execution::cpu_kernels().k_level_encode(options_, in, residual_in, residual_out, position, records);
+  }
+  int encode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& header, dtype type, const void* in,
+                std::size_t n, const float* residual_in, float* residual_out, encode_position position,
+                std::byte* frame, void* stream) const {
+    return cuda.k_level_encode(options_, header, position, type, in, n, residual_in, residual_out, frame, stream);
+  }
+  int decode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& expected, const std::byte* frame,
+                std::size_t frame_bytes, std::size_t n, float* out, bool accumulate, std::uint32_t* status,
+                void* stream) const {
+    return cuda.k_level_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
   }
   /// Any table is valid (NaN marks a non-finite group). Codes must name a level —
   /// only checked when L is not a power of two, the one case a code can exceed it —
@@ -121,7 +132,7 @@ class k_level : public detail::framed<k_level, float> {
     if ((options_.levels & (options_.levels - 1)) != 0) {
       // A plain array: nvcc 13's front end prints this size as a std::array argument
       // the host compiler cannot parse ("unsigned long((256))").
-      constexpr std::size_t chunk = kernels::cpu::k_level_detail::chunk;
+      constexpr std::size_t chunk = kernels::k_level_detail::chunk;
       std::uint32_t codes[chunk];
       const std::byte* record = records;
       for (std::size_t start = 0; start < n; start += group) {
@@ -129,7 +140,7 @@ class k_level : public detail::framed<k_level, float> {
         const std::byte* packed = record + records_layout.table_bytes;
         for (std::size_t first = 0; first < g; first += chunk) {
           const std::size_t count = g - first < chunk ? g - first : chunk;
-          kernels::cpu::unpack_codes(packed + first * code_bits_ / 8, code_bits_,
+          kernels::unpack_codes(packed + first * code_bits_ / 8, code_bits_,
                                      std::span<std::uint32_t>(codes, count));
           for (std::size_t j = 0; j < count; ++j)
             if (codes[j] >= options_.levels) return make_error_code(errc::protocol_error);
@@ -145,7 +156,7 @@ class k_level : public detail::framed<k_level, float> {
     return {};
   }
   void decode_records(const std::byte* records, std::span<float> out, bool accumulate) const noexcept {
-    kernels::cpu::active_kernels().k_level_decode(options_, records, out, accumulate);
+    execution::cpu_kernels().k_level_decode(options_, records, out, accumulate);
   }
 
   k_level_options options_;

@@ -122,7 +122,7 @@ class lazy_bfp_parameters {
   /// min_exponent outside [−127, 121].
   explicit lazy_bfp_parameters(std::span<const float> initial, lazy_update_options options = {})
       : options_(options), mantissas_(initial.size()), accumulator_(options.lazy ? initial.size() : 0) {
-    namespace rules = kernels::cpu::bfp_detail;
+    namespace rules = kernels::bfp_detail;
     if (options.min_exponent < min_exponent || options.min_exponent > max_exponent)
       qcoll::detail::throw_error(errc::invalid_argument,
                                  "lazy_bfp_parameters: min_exponent must be in [{}, {}], not {}", min_exponent,
@@ -145,7 +145,7 @@ class lazy_bfp_parameters {
   /// @par Complexity
   /// Three passes over the update, no allocation.
   void apply(std::span<const float> update) {
-    namespace rules = kernels::cpu::bfp_detail;
+    namespace rules = kernels::bfp_detail;
     if (update.size() != size())
       qcoll::detail::throw_error(errc::invalid_argument, "lazy_bfp_parameters::apply: {} update values for {} parameters",
                                  update.size(), size());
@@ -217,8 +217,8 @@ class lazy_bfp_parameters {
     if (out.size() != size())
       qcoll::detail::throw_error(errc::invalid_argument, "lazy_bfp_parameters::values: {} outputs for {} parameters",
                                  out.size(), size());
-    const float unit = kernels::cpu::bfp_detail::pow2(exponent_);
-    for (std::size_t i = 0; i < size(); ++i) out[i] = kernels::cpu::bfp_detail::decoded(mantissas_[i], unit);
+    const float unit = kernels::bfp_detail::pow2(exponent_);
+    for (std::size_t i = 0; i < size(); ++i) out[i] = kernels::bfp_detail::decoded(mantissas_[i], unit);
   }
 
  private:
@@ -240,7 +240,7 @@ class lazy_bfp_parameters {
     float scale;   ///< 2^−e_ch, to compute c_i by the bfp rule
 
     element run(const lazy_bfp_parameters& self, float update, std::size_t i) const noexcept {
-      namespace rules = kernels::cpu::bfp_detail;
+      namespace rules = kernels::bfp_detail;
       const std::int64_t one = std::int64_t{1} << fraction;
       std::int64_t w = self.mantissas_[i];
       std::int64_t a = self.options_.lazy ? self.accumulator_[i] : 0;
@@ -259,7 +259,7 @@ class lazy_bfp_parameters {
   static std::uint32_t max_magnitude(std::span<const float> values) noexcept {
     std::uint32_t largest = 0;
     for (const float value : values) {
-      const std::uint32_t magnitude = kernels::cpu::bfp_detail::magnitude_bits(value);
+      const std::uint32_t magnitude = kernels::bfp_detail::magnitude_bits(value);
       largest = magnitude > largest ? magnitude : largest;
     }
     return largest;

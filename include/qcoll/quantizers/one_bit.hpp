@@ -24,7 +24,9 @@
 /// with its own residual.
 
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/kernels/cpu/dispatch.hpp>
+#include <qcoll/execution/dispatch.hpp>
+#include <qcoll/execution/memory.hpp>
+#include <qcoll/kernels/cuda/kernel_table.hpp>
 #include <qcoll/quantizers/framed.hpp>
 
 #include <cstddef>
@@ -61,12 +63,30 @@ class one_bit : public detail::framed<one_bit, float> {
   void encode(std::span<const float> in, std::span<const float> residual_in, std::span<float> residual_out,
               std::span<const float> memory_in, std::span<float> memory_out, std::span<std::byte> encoded,
               encode_position = {}) const {
-    if (memory_in.size() != memory_out.size() || (!memory_in.empty() && memory_in.size() != memory_size(in.size())))
-      qcoll::detail::throw_error(errc::invalid_argument, "one_bit::encode: the memories hold {} and {} values for {}",
-                                 memory_in.size(), memory_out.size(), memory_size(in.size()));
+    check_memory(in.size(), memory_in, memory_out);
     std::byte* records = start_frame(in, residual_in, residual_out, encoded);
-    kernels::cpu::active_kernels().one_bit_encode(options_, in, residual_in, residual_out, memory_in, memory_out,
-                                                  records);
+    execution::require_space(name, execution::memory_space::host, {{"memory_in", memory_in}, {"memory_out", memory_out}});
+    execution::cpu_kernels().one_bit_encode(options_, in, residual_in, residual_out, memory_in, memory_out, records);
+  }
+
+  /// The same on device memory (framed::encode's device form, with the memories in
+  /// device memory too).
+  template <class In>
+    requires device_input<In>
+  void encode(execution::device_stream where, std::span<const In> in, std::span<const float> residual_in,
+              std::span<float> residual_out, std::span<const float> memory_in, std::span<float> memory_out,
+              std::span<std::byte> encoded, encode_position = {}) const {
+    const auto& cuda = execution::cuda_kernels(name);
+    check_memory(in.size(), memory_in, memory_out);
+    const wire::frame_header header = checked_encode(in.size(), residual_in, residual_out, encoded);
+    execution::require_space(name, execution::memory_space::device,
+                             {{"the input", in}, {"residual_in", residual_in}, {"residual_out", residual_out},
+                              {"memory_in", memory_in}, {"memory_out", memory_out}, {"the frame", encoded}});
+    execution::check_cuda(cuda,
+                          cuda.one_bit_encode(options_, header, dtype_of<In>::value, in.data(), in.size(),
+                                              residual_in.data(), residual_out.data(), memory_in.data(),
+                                              memory_out.data(), encoded.data(), where.stream),
+                          name);
   }
   using framed::encode;
   std::size_t group_size() const noexcept { return options_.group_size; }
@@ -87,7 +107,23 @@ class one_bit : public detail::framed<one_bit, float> {
   }
   void encode_records(std::span<const float> in, std::span<const float> residual_in,
                       std::span<float> residual_out, encode_position, std::byte* records) const noexcept {
-    kernels::cpu::active_kernels().one_bit_encode(options_, in, residual_in, residual_out, {}, {}, records);
+    execution::cpu_kernels().one_bit_encode(options_, in, residual_in, residual_out, {}, {}, records);
+  }
+  int encode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& header, dtype type, const void* in,
+                std::size_t n, const float* residual_in, float* residual_out, encode_position, std::byte* frame,
+                void* stream) const {
+    return cuda.one_bit_encode(options_, header, type, in, n, residual_in, residual_out, nullptr, nullptr, frame,
+                               stream);
+  }
+  int decode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& expected, const std::byte* frame,
+                std::size_t frame_bytes, std::size_t n, float* out, bool accumulate, std::uint32_t* status,
+                void* stream) const {
+    return cuda.one_bit_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
+  }
+  void check_memory(std::size_t n, std::span<const float> memory_in, std::span<float> memory_out) const {
+    if (memory_in.size() != memory_out.size() || (!memory_in.empty() && memory_in.size() != memory_size(n)))
+      qcoll::detail::throw_error(errc::invalid_argument, "one_bit::encode: the memories hold {} and {} values for {}",
+                                 memory_in.size(), memory_out.size(), memory_size(n));
   }
   /// Any bits and any reconstruction values are a valid group; only the padding
   /// bits after the last value must be zero.
@@ -100,7 +136,7 @@ class one_bit : public detail::framed<one_bit, float> {
     return {};
   }
   void decode_records(const std::byte* records, std::span<float> out, bool accumulate) const noexcept {
-    kernels::cpu::active_kernels().one_bit_decode(options_, records, out, accumulate);
+    execution::cpu_kernels().one_bit_decode(options_, records, out, accumulate);
   }
 
   one_bit_options options_;

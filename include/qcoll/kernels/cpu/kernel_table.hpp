@@ -11,7 +11,7 @@
 /// (NaN or Inf) copies residual_in to residual_out.
 
 #include <qcoll/core/half.hpp>
-#include <qcoll/quantizers/format/options.hpp>
+#include <qcoll/core/quantizer_options.hpp>
 
 #include <cstddef>
 #include <span>

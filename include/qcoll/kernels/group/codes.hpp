@@ -4,13 +4,13 @@
 /// backend (the arithmetic is vectorised; the bit packing is this one piece of code).
 
 #include <qcoll/kernels/group/abi.hpp>
-#include <qcoll/quantizers/format/wire.hpp>
+#include <qcoll/core/wire.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
-QCOLL_CPU_KERNELS_BEGIN
+QCOLL_KERNELS_BEGIN
 
 /// Calls visit(first, g, record) for each group of n values — `first` its first
 /// value, g its size (the last one may be shorter), `record` its record — the one
@@ -178,4 +178,4 @@ inline void unpack_codes(const std::byte* in, unsigned bits, std::span<std::uint
   }
 }
 
-QCOLL_CPU_KERNELS_END
+QCOLL_KERNELS_END

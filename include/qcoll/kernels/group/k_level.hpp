@@ -8,30 +8,31 @@
 /// the same bits. quantizers/k_level.hpp states the semantics. Below them, the
 /// driver both backends run (encode, decode): the walk over a frame's groups, the
 /// random streams, the table, the non-finite group and the chunks of codes, around
-/// the backend's arithmetic.
+/// the backend's arithmetic. The per-value and per-group decisions are
+/// QCOLL_HOST_DEVICE: kernels/simt/k_level.hpp makes them on the GPU.
 
 #include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/kernels/group/codes.hpp>
-#include <qcoll/quantizers/format/options.hpp>
-#include <qcoll/quantizers/format/wire.hpp>
+#include <qcoll/core/quantizer_options.hpp>
+#include <qcoll/core/wire.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
 
-QCOLL_CPU_KERNELS_BEGIN
+QCOLL_KERNELS_BEGIN
 namespace k_level_detail {
 
 /// Bits per code: ceil(log2(levels)), 1…8 for 2…256 levels.
-inline constexpr unsigned code_bits(unsigned levels) noexcept {
+QCOLL_HOST_DEVICE inline constexpr unsigned code_bits(unsigned levels) noexcept {
   unsigned bits = 1;
   while (bits < 32 && (std::uint64_t{1} << bits) < levels) ++bits;
   return bits;
 }
 
 /// A group record: [minimum: f32][step: f32][codes, code_bits each, LSB-first].
-inline constexpr quantizers::wire::record_layout layout(const quantizers::k_level_options& options) noexcept {
+QCOLL_HOST_DEVICE inline constexpr quantizers::wire::record_layout layout(const quantizers::k_level_options& options) noexcept {
   return quantizers::wire::k_level_layout(options.group_size, code_bits(options.levels));
 }
 
@@ -39,18 +40,10 @@ inline constexpr quantizers::wire::record_layout layout(const quantizers::k_leve
 /// 8 (so every chunk starts on a byte boundary) and of every SIMD width.
 inline constexpr std::size_t chunk = 256;
 
-/// The value fed to the quantizer: x + residual_in, or x alone without error feedback
-/// (null; adding 0 would turn -0 into +0). Every read of a residual is of residual_in,
-/// the old one; kernels write the new one to residual_out, the same array (in place)
-/// or a disjoint one.
-inline float fed(const float* x, const float* residual_in, std::size_t i) noexcept {
-  return residual_in ? x[i] + residual_in[i] : x[i];
-}
-
 /// The running extremes of a group, updated the same way by every backend (a NaN
 /// never replaces an extreme; non-finite groups are caught separately).
-inline float lower(float value, float low) noexcept { return value < low ? value : low; }
-inline float higher(float value, float high) noexcept { return value > high ? value : high; }
+QCOLL_HOST_DEVICE inline float lower(float value, float low) noexcept { return value < low ? value : low; }
+QCOLL_HOST_DEVICE inline float higher(float value, float high) noexcept { return value > high ? value : high; }
 
 /// Widens [low, high] over values [begin, end) of a group; whether they are all finite.
 inline bool widen_extremes(const float* x, const float* residual_in, std::size_t begin, std::size_t end, float& low,
@@ -76,52 +69,56 @@ struct table {
 /// A group holding NaN or Inf encodes as {NaN, NaN} with all codes 0, so every
 /// value decodes to NaN (a loss scaler downstream sees it); it keeps its residual
 /// (keep_residual).
-inline constexpr float nonfinite_value = std::numeric_limits<float>::quiet_NaN();
+QCOLL_HOST_DEVICE inline float nonfinite_value() noexcept { return quiet_nan(); }
 
 /// The table of a finite group whose values lie in [low, high].
-inline table make_table(float low, float high, unsigned levels) noexcept {
-  constexpr float largest = std::numeric_limits<float>::max();
+QCOLL_HOST_DEVICE inline table make_table(float low, float high, unsigned levels) noexcept {
+  const float largest = float_of(0x7f7fffffu);          // FLT_MAX
+  const float smallest_normal = float_of(0x00800000u);  // FLT_MIN
   table result;
   result.top = static_cast<float>(levels - 1);
   // + 0.0f turns -0 into +0, so the order the extremes were found in cannot matter.
-  result.min = low + 0.0f;
-  const float max = high + 0.0f;
-  float step = (max - result.min) / result.top;
-  if (!is_finite(step)) step = max / result.top - result.min / result.top;  // the range overflowed float
+  result.min = add(low, 0.0f);
+  const float max = add(high, 0.0f);
+  float step = divide(sub(max, result.min), result.top);
+  if (!is_finite(step))  // the range overflowed float
+    step = sub(divide(max, result.top), divide(result.min, result.top));
   // Every level min + c * step (c <= top) must be finite, the product included;
   // rounding is monotonic, so checking the top level is enough. A range wider than
   // float's largest value cannot be covered: the levels then span [min, min + FLT_MAX].
-  if (!is_finite(result.top * step)) step = largest / result.top;
-  while (!is_finite(result.top * step) || !is_finite(result.min + result.top * step))
-    step = __builtin_nextafterf(step, 0.0f);
+  if (!is_finite(mul(result.top, step))) step = divide(largest, result.top);
+  while (!is_finite(mul(result.top, step)) || !is_finite(add(result.min, mul(result.top, step))))
+    step = next_toward_zero(step);
   result.step = step;
   // 1 / step overflows for steps below 2^-128; scaling (v - min) and the step by 2^24
   // (exact: a power of two, far from overflow there) keeps t exact to rounding.
-  if (step > 0.0f && step < std::numeric_limits<float>::min()) result.scale = 0x1p24f;
-  result.inverse = step > 0.0f ? 1.0f / (step * result.scale) : 0.0f;
+  if (step > 0.0f && step < smallest_normal) result.scale = 0x1p24f;
+  result.inverse = step > 0.0f ? divide(1.0f, mul(step, result.scale)) : 0.0f;
   return result;
 }
 
 /// t = ((v - min) * scale) * inverse in [0, top]: the position of v between the levels.
 /// v >= min, so t >= 0 (never NaN: inverse is finite, and 0 only when v == min).
-inline float position(float v, const table& t) noexcept {
-  const float scaled = ((v - t.min) * t.scale) * t.inverse;
+QCOLL_HOST_DEVICE inline float position(float v, const table& t) noexcept {
+  const float scaled = mul(mul(sub(v, t.min), t.scale), t.inverse);
   return scaled < t.top ? scaled : t.top;
 }
 
 /// The code of v as a float (exact: 0…255). Nearest: ties go up. Stochastic: up
 /// with probability P(u < t - floor(t)), u uniform in [0, 1) in steps of 2^-24.
 template <bool stochastic>
-inline float code_of(float v, const table& t, float u) noexcept {
+QCOLL_HOST_DEVICE inline float code_of(float v, const table& t, float u) noexcept {
   const float place = position(v, t);
   const float code = static_cast<float>(static_cast<std::int32_t>(place));  // trunc; place >= 0
-  const float fraction = place - code;                                      // exact
-  if constexpr (stochastic) return code + (u < fraction ? 1.0f : 0.0f);
-  else return code + (fraction >= 0.5f ? 1.0f : 0.0f);
+  const float fraction = sub(place, code);                                  // exact
+  if constexpr (stochastic) return add(code, u < fraction ? 1.0f : 0.0f);
+  else return add(code, fraction >= 0.5f ? 1.0f : 0.0f);
 }
 
 /// What code c decodes to: min + c * step, the multiply and the add rounded separately.
-inline float level(float min, float step, float code) noexcept { return min + code * step; }
+QCOLL_HOST_DEVICE inline float level(float min, float step, float code) noexcept {
+  return add(min, mul(code, step));
+}
 
 // The random numbers of stochastic rounding. Value i of an encode call at
 // encode_position {sequence, offset} has the global index n = offset + i (mod 2^64).
@@ -133,7 +130,7 @@ inline float level(float min, float step, float code) noexcept { return min + co
 // (in scalar code) and each value costs only 32-bit xor, shift and multiply.
 
 /// splitmix64's output function (Steele, Lea, Flood 2014) applied to z + golden gamma.
-inline constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept {
+QCOLL_HOST_DEVICE inline constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept {
   z += 0x9e3779b97f4a7c15u;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
@@ -141,7 +138,7 @@ inline constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept {
 }
 
 /// Chris Wellons' lowbias32 integer hash (a bijection on 32 bits).
-inline constexpr std::uint32_t lowbias32(std::uint32_t x) noexcept {
+QCOLL_HOST_DEVICE inline constexpr std::uint32_t lowbias32(std::uint32_t x) noexcept {
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;
@@ -154,18 +151,18 @@ struct random_key {
   std::uint32_t low = 0, high = 0;
 };
 
-inline constexpr random_key make_key(std::uint64_t seed, std::uint64_t sequence, std::uint32_t index_high) noexcept {
+QCOLL_HOST_DEVICE inline constexpr random_key make_key(std::uint64_t seed, std::uint64_t sequence, std::uint32_t index_high) noexcept {
   const std::uint64_t key = splitmix64(splitmix64(splitmix64(seed) ^ sequence) ^ index_high);
   return {static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32)};
 }
 
-inline constexpr std::uint32_t random_bits(random_key key, std::uint32_t index_low) noexcept {
+QCOLL_HOST_DEVICE inline constexpr std::uint32_t random_bits(random_key key, std::uint32_t index_low) noexcept {
   return lowbias32(lowbias32(index_low ^ key.low) ^ key.high);
 }
 
 /// 24 random bits as a float in [0, 1); the conversion and the scaling are exact.
-inline float uniform(std::uint32_t bits) noexcept {
-  return static_cast<float>(static_cast<std::int32_t>(bits >> 8)) * 0x1p-24f;
+QCOLL_HOST_DEVICE inline float uniform(std::uint32_t bits) noexcept {
+  return mul(static_cast<float>(static_cast<std::int32_t>(bits >> 8)), 0x1p-24f);
 }
 
 /// The random numbers of one group. A group (at most 2^24 values) crosses at most
@@ -175,58 +172,45 @@ struct group_stream {
   std::size_t split = 0;
   random_key keys[2];
 
-  std::uint32_t index_low(std::size_t i) const noexcept { return first_low + static_cast<std::uint32_t>(i); }
-  const random_key& key_at(std::size_t i) const noexcept { return keys[i < split ? 0 : 1]; }
-  float u(std::size_t i) const noexcept { return uniform(random_bits(key_at(i), index_low(i))); }
+  QCOLL_HOST_DEVICE std::uint32_t index_low(std::size_t i) const noexcept {
+    return first_low + static_cast<std::uint32_t>(i);
+  }
+  QCOLL_HOST_DEVICE const random_key& key_at(std::size_t i) const noexcept { return keys[i < split ? 0 : 1]; }
+  QCOLL_HOST_DEVICE float u(std::size_t i) const noexcept { return uniform(random_bits(key_at(i), index_low(i))); }
 };
 
-/// Makes the streams of consecutive groups, remembering the last key (a key costs
-/// three splitmix64 calls; consecutive groups almost always share it).
-class stream_maker {
- public:
-  stream_maker(const quantizers::k_level_options& options, quantizers::encode_position position) noexcept
-      : seed_(options.seed), sequence_(position.sequence), offset_(position.offset) {}
+/// The stream of the g values starting at value `first` of an encode call at
+/// `position`. (A key costs three splitmix64 calls, a few dozen instructions per
+/// group of thousands of values.)
+QCOLL_HOST_DEVICE inline group_stream make_group_stream(std::uint64_t seed, quantizers::encode_position position,
+                                                        std::size_t first, std::size_t g) noexcept {
+  const std::uint64_t start = position.offset + first;  // wraps modulo 2^64, like the index
+  group_stream stream;
+  stream.first_low = static_cast<std::uint32_t>(start);
+  const std::uint64_t to_next_run = (std::uint64_t{1} << 32) - stream.first_low;
+  stream.split = to_next_run < g ? static_cast<std::size_t>(to_next_run) : g;
+  stream.keys[0] = make_key(seed, position.sequence, static_cast<std::uint32_t>(start >> 32));
+  stream.keys[1] = stream.split < g
+                       ? make_key(seed, position.sequence, static_cast<std::uint32_t>((start + to_next_run) >> 32))
+                       : stream.keys[0];
+  return stream;
+}
 
-  /// The stream of the g values starting at value `first` of the encode call.
-  group_stream group(std::size_t first, std::size_t g) noexcept {
-    const std::uint64_t start = offset_ + first;  // wraps modulo 2^64, like the index
-    group_stream stream;
-    stream.first_low = static_cast<std::uint32_t>(start);
-    const std::uint64_t to_next_run = (std::uint64_t{1} << 32) - stream.first_low;
-    stream.split = to_next_run < g ? static_cast<std::size_t>(to_next_run) : g;
-    stream.keys[0] = key(static_cast<std::uint32_t>(start >> 32));
-    stream.keys[1] = stream.split < g ? key(static_cast<std::uint32_t>((start + to_next_run) >> 32)) : stream.keys[0];
-    return stream;
-  }
-
- private:
-  random_key key(std::uint32_t index_high) noexcept {
-    if (!cached_ || index_high != cached_high_) {
-      cached_key_ = make_key(seed_, sequence_, index_high);
-      cached_high_ = index_high;
-      cached_ = true;
-    }
-    return cached_key_;
-  }
-
-  std::uint64_t seed_, sequence_, offset_;
-  bool cached_ = false;
-  std::uint32_t cached_high_ = 0;
-  random_key cached_key_;
-};
 
 /// Codes start after the table.
-inline std::byte* codes_of(std::byte* record) noexcept { return record + 2 * sizeof(float); }
-inline const std::byte* codes_of(const std::byte* record) noexcept { return record + 2 * sizeof(float); }
+QCOLL_HOST_DEVICE inline std::byte* codes_of(std::byte* record) noexcept { return record + 2 * sizeof(float); }
+QCOLL_HOST_DEVICE inline const std::byte* codes_of(const std::byte* record) noexcept {
+  return record + 2 * sizeof(float);
+}
 
-inline void store_table(std::byte* record, float min, float step) noexcept {
+QCOLL_HOST_DEVICE inline void store_table(std::byte* record, float min, float step) noexcept {
   store(record, min);
   store(record + sizeof(float), step);
 }
 
 /// The record of a group holding NaN or Inf: {NaN, NaN} and all codes 0.
 inline void store_nonfinite(const quantizers::k_level_options& options, std::byte* record, std::size_t g) noexcept {
-  store_table(record, nonfinite_value, nonfinite_value);
+  store_table(record, nonfinite_value(), nonfinite_value());
   __builtin_memset(codes_of(record), 0, layout(options).codes_bytes(g));
 }
 
@@ -239,7 +223,7 @@ inline void encode_values(const float* x, const float* residual_in, float* resid
     const float v = fed(x, residual_in, i);
     const float code = code_of<stochastic>(v, t, stochastic ? stream.u(i) : 0.0f);
     codes[i - begin] = static_cast<std::uint32_t>(code);
-    if (residual_out) residual_out[i] = v - level(t.min, t.step, code);
+    if (residual_out) residual_out[i] = sub(v, level(t.min, t.step, code));
   }
 }
 
@@ -248,7 +232,7 @@ inline void decode_values(float min, float step, const std::uint32_t* codes, std
                           bool accumulate) noexcept {
   for (std::size_t j = 0; j < count; ++j) {
     const float value = level(min, step, static_cast<float>(codes[j]));
-    y[j] = accumulate ? y[j] + value : value;
+    y[j] = accumulate ? add(y[j], value) : value;
   }
 }
 
@@ -294,7 +278,6 @@ template <class Kernels>
 void encode(const quantizers::k_level_options& options, std::span<const float> in,
             std::span<const float> residual_in, std::span<float> residual_out, quantizers::encode_position position,
             std::byte* records) noexcept {
-  stream_maker streams(options, position);
   const bool stochastic = options.rounding == quantizers::rounding::stochastic;
   const bool feedback = !residual_out.empty();
   for_each_group(layout(options), in.size(), records, [&](std::size_t first, std::size_t g, std::byte* record) {
@@ -302,7 +285,7 @@ void encode(const quantizers::k_level_options& options, std::span<const float> i
     const float* r_in = feedback ? residual_in.data() + first : nullptr;
     float* r_out = feedback ? residual_out.data() + first : nullptr;
     if (stochastic)
-      encode_group<Kernels, true>(options, x, r_in, r_out, g, streams.group(first, g), record);
+      encode_group<Kernels, true>(options, x, r_in, r_out, g, make_group_stream(options.seed, position, first, g), record);
     else
       encode_group<Kernels, false>(options, x, r_in, r_out, g, group_stream{}, record);
   });
@@ -328,4 +311,4 @@ void decode(const quantizers::k_level_options& options, const std::byte* records
 }
 
 }  // namespace k_level_detail
-QCOLL_CPU_KERNELS_END
+QCOLL_KERNELS_END

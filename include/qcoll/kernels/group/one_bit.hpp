@@ -10,8 +10,8 @@
 #include <qcoll/kernels/group/abi.hpp>
 #include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/kernels/group/lanes.hpp>
-#include <qcoll/quantizers/format/options.hpp>
-#include <qcoll/quantizers/format/wire.hpp>
+#include <qcoll/core/quantizer_options.hpp>
+#include <qcoll/core/wire.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -20,32 +20,21 @@
 #include <limits>
 #include <span>
 
-QCOLL_CPU_KERNELS_BEGIN
+QCOLL_KERNELS_BEGIN
 namespace one_bit_detail {
 
 /// A group record: [bin 0 value: f32][bin 1 value: f32][ceil(g/8) bytes of bits].
-inline constexpr quantizers::wire::record_layout layout(std::size_t group) noexcept {
+QCOLL_HOST_DEVICE inline constexpr quantizers::wire::record_layout layout(std::size_t group) noexcept {
   return quantizers::wire::one_bit_layout(group);
 }
 
-/// The value fed to the quantizer: x + residual_in, or x alone without error feedback
-/// (null). Every read of a residual is of residual_in, the old one; kernels write the
-/// new one to residual_out, the same array (in place) or a disjoint one.
-inline float fed(const float* x, const float* residual_in, std::size_t i) noexcept {
-  return residual_in ? x[i] + residual_in[i] : x[i];
-}
-
-inline bool has_nonfinite(const float* x, const float* residual_in, std::size_t g) noexcept {
-  for (std::size_t i = 0; i < g; ++i)
-    if (!is_finite(fed(x, residual_in, i))) return true;
-  return false;
-}
-
-/// The group-mean threshold when the float sum overflowed although every value is finite.
-inline float mean_in_double(const float* x, const float* residual_in, std::size_t g) noexcept {
+/// The group-mean threshold when the float sum overflowed although every value is
+/// finite: the values added in order, in double.
+template <class In>
+QCOLL_HOST_DEVICE inline float mean_in_double(const In* x, const float* residual_in, std::size_t g) noexcept {
   double sum = 0;
-  for (std::size_t i = 0; i < g; ++i) sum += fed(x, residual_in, i);
-  return static_cast<float>(sum / static_cast<double>(g));
+  for (std::size_t i = 0; i < g; ++i) sum = add(sum, static_cast<double>(fed(x, residual_in, i)));
+  return static_cast<float>(divide(sum, static_cast<double>(g)));
 }
 
 struct table {
@@ -56,8 +45,7 @@ struct table {
 
 /// A group holding NaN or Inf encodes as {NaN, NaN}, so every value decodes to
 /// NaN (a loss scaler downstream sees it) and keeps its residual (keep_residual).
-inline constexpr table nonfinite_table{std::numeric_limits<float>::quiet_NaN(),
-                                       std::numeric_limits<float>::quiet_NaN(), true};
+QCOLL_HOST_DEVICE inline table nonfinite_table() noexcept { return {quiet_nan(), quiet_nan(), true}; }
 
 struct bin_statistics {
   float sum0 = 0, sum1 = 0;  // folded lane sums of the values in each bin
@@ -65,35 +53,61 @@ struct bin_statistics {
   float low = 0, high = 0;   // group minimum and maximum (min_max only)
 };
 
-/// The reconstruction values of one group. An empty bin decodes to 0.
-inline table finish(const quantizers::one_bit_options& options, const bin_statistics& stats, float threshold,
-                    const float* x, const float* residual_in, std::size_t g) noexcept {
-  const std::size_t count0 = g - stats.count1;
-  if (!is_finite(stats.sum0) || !is_finite(stats.sum1)) {
-    if (has_nonfinite(x, residual_in, g)) return nonfinite_table;
-    if (options.reconstruction == quantizers::reconstruction::bin_means) {
-      // Every value is finite but a float sum overflowed: sum in double instead.
-      double sum0 = 0, sum1 = 0;
-      for (std::size_t i = 0; i < g; ++i) {
-        const float v = fed(x, residual_in, i);
-        (v >= threshold ? sum1 : sum0) += v;
-      }
-      return {count0 ? static_cast<float>(sum0 / static_cast<double>(count0)) : 0.0f,
-              stats.count1 ? static_cast<float>(sum1 / static_cast<double>(stats.count1)) : 0.0f};
-    }
+/// The bin means of a finite group whose float sums overflowed, from sums in
+/// double of the values in order.
+template <class In>
+QCOLL_HOST_DEVICE inline table bin_means_in_double(const In* x, const float* residual_in, std::size_t g,
+                                                   float threshold, std::size_t count1) noexcept {
+  const std::size_t count0 = g - count1;
+  double sum0 = 0, sum1 = 0;
+  for (std::size_t i = 0; i < g; ++i) {
+    const float v = fed(x, residual_in, i);
+    if (v >= threshold) sum1 = add(sum1, static_cast<double>(v));
+    else sum0 = add(sum0, static_cast<double>(v));
   }
+  return {count0 ? static_cast<float>(divide(sum0, static_cast<double>(count0))) : 0.0f,
+          count1 ? static_cast<float>(divide(sum1, static_cast<double>(count1))) : 0.0f};
+}
+
+/// The table from the folded statistics, for a group whose bin sums are finite, or
+/// any finite group with min_max. An empty bin decodes to 0.
+QCOLL_HOST_DEVICE inline table table_from(const quantizers::one_bit_options& options, const bin_statistics& stats,
+                                          std::size_t g) noexcept {
+  const std::size_t count0 = g - stats.count1;
   if (options.reconstruction == quantizers::reconstruction::min_max) {
     // + 0.0f turns -0 into +0, so the order the minimum was found in cannot matter.
-    return {count0 ? stats.low + 0.0f : 0.0f, stats.count1 ? stats.high + 0.0f : 0.0f};
+    return {count0 ? add(stats.low, 0.0f) : 0.0f, stats.count1 ? add(stats.high, 0.0f) : 0.0f};
   }
-  return {count0 ? stats.sum0 / static_cast<float>(count0) : 0.0f,
-          stats.count1 ? stats.sum1 / static_cast<float>(stats.count1) : 0.0f};
+  return {count0 ? divide(stats.sum0, static_cast<float>(count0)) : 0.0f,
+          stats.count1 ? divide(stats.sum1, static_cast<float>(stats.count1)) : 0.0f};
+}
+
+/// Whether the table needs more than the folded statistics: a bin sum that is not
+/// finite means a non-finite value, or (bin means only) a float sum that overflowed.
+QCOLL_HOST_DEVICE inline bool sums_overflowed(const bin_statistics& stats) noexcept {
+  return !is_finite(stats.sum0) || !is_finite(stats.sum1);
+}
+
+/// The reconstruction values of one group.
+inline table finish(const quantizers::one_bit_options& options, const bin_statistics& stats, float threshold,
+                    const float* x, const float* residual_in, std::size_t g) noexcept {
+  if (sums_overflowed(stats)) {
+    if (has_nonfinite(x, residual_in, 0, g)) return nonfinite_table();
+    if (options.reconstruction == quantizers::reconstruction::bin_means)
+      return bin_means_in_double(x, residual_in, g, threshold, stats.count1);
+  }
+  return table_from(options, stats, g);
+}
+
+/// Stores a table's two values at the start of a record.
+QCOLL_HOST_DEVICE inline void store_values(std::byte* record, const table& values) noexcept {
+  store(record, values.zero);
+  store(record + sizeof(float), values.one);
 }
 
 /// A group holding NaN or Inf, found while computing the group-mean threshold.
 inline void store_nonfinite(std::byte* record, std::size_t g) noexcept {
-  store(record, nonfinite_table.zero);
-  store(record + sizeof(float), nonfinite_table.one);
+  store_values(record, nonfinite_table());
   std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
 }
 
@@ -106,10 +120,10 @@ inline void classify(const float* x, const float* residual_in, std::size_t from,
     const float v = fed(x, residual_in, i);
     if (v >= threshold) {
       bits[i / 8] |= std::byte{1} << (i % 8);
-      sum1[i % summation_lanes] += v;
+      sum1[i % summation_lanes] = add(sum1[i % summation_lanes], v);
       ++stats.count1;
     } else {
-      sum0[i % summation_lanes] += v;
+      sum0[i % summation_lanes] = add(sum0[i % summation_lanes], v);
     }
     stats.low = v < stats.low ? v : stats.low;
     stats.high = v > stats.high ? v : stats.high;
@@ -124,10 +138,14 @@ inline table store_table(const quantizers::one_bit_options& options, bin_statist
   stats.sum0 = fold_lanes(sum0);
   stats.sum1 = fold_lanes(sum1);
   const table values = finish(options, stats, threshold, x, residual_in, g);
-  store(record, values.zero);
-  store(record + sizeof(float), values.one);
+  store_values(record, values);
   if (values.nonfinite) std::memset(record + 2 * sizeof(float), 0, layout(g).codes_bytes(g));
   return values;
+}
+
+/// What was fed minus what it decodes to: the new residual of one value.
+QCOLL_HOST_DEVICE inline float new_residual(float v, float threshold, const table& values) noexcept {
+  return sub(v, v >= threshold ? values.one : values.zero);
 }
 
 /// The new error of values [from, to): what was fed (x + residual_in) minus what it
@@ -135,8 +153,8 @@ inline table store_table(const quantizers::one_bit_options& options, bin_statist
 inline void update_residual(const float* x, const float* residual_in, float* residual_out, std::size_t from,
                             std::size_t to, float threshold, const table& values) noexcept {
   for (std::size_t i = from; i < to; ++i) {
-    const float v = x[i] + residual_in[i];
-    residual_out[i] = v - (v >= threshold ? values.one : values.zero);
+    const float v = add(x[i], residual_in[i]);
+    residual_out[i] = new_residual(v, threshold, values);
   }
 }
 
@@ -145,7 +163,7 @@ inline void decode_values(const std::byte* bits, std::size_t from, std::size_t t
                           bool accumulate) noexcept {
   for (std::size_t i = from; i < to; ++i) {
     const float value = ((bits[i / 8] >> (i % 8)) & std::byte{1}) != std::byte{0} ? one : zero;
-    y[i] = accumulate ? y[i] + value : value;
+    y[i] = accumulate ? add(y[i], value) : value;
   }
 }
 
@@ -169,14 +187,13 @@ inline void decode_values(const std::byte* bits, std::size_t from, std::size_t t
 /// none yet): the group is sent with the
 /// table its values had at the previous encode (memory_in) when there is one, and
 /// this encode's own table becomes the memory (memory_out). Returns the table sent.
-inline table use_previous(const table& current, const float* memory_in, float* memory_out,
-                          std::byte* record) noexcept {
+QCOLL_HOST_DEVICE inline table use_previous(const table& current, const float* memory_in, float* memory_out,
+                                            std::byte* record) noexcept {
   const table previous{memory_in[0], memory_in[1], false};  // read before memory_out may overwrite it
   memory_out[0] = current.zero;
   memory_out[1] = current.one;
   if (current.nonfinite || !is_finite(previous.zero) || !is_finite(previous.one)) return current;
-  store(record, previous.zero);
-  store(record + sizeof(float), previous.one);
+  store_values(record, previous);
   return previous;
 }
 
@@ -191,12 +208,12 @@ QCOLL_KERNEL_INLINE void encode_group(const quantizers::one_bit_options& options
   float threshold = 0;
   if (options.threshold == quantizers::threshold::group_mean) {
     const float total = fold_lanes(Kernels::sum(x, residual_in, g));
-    if (!is_finite(total) && has_nonfinite(x, residual_in, g)) {
+    if (!is_finite(total) && has_nonfinite(x, residual_in, 0, g)) {
       keep_residual(residual_in, residual_out, g);
-      if (memory_out) use_previous(nonfinite_table, memory_in, memory_out, record);
+      if (memory_out) use_previous(nonfinite_table(), memory_in, memory_out, record);
       return store_nonfinite(record, g);
     }
-    threshold = is_finite(total) ? total / static_cast<float>(g) : mean_in_double(x, residual_in, g);
+    threshold = is_finite(total) ? divide(total, static_cast<float>(g)) : mean_in_double(x, residual_in, g);
   }
   lane_sums sum0{}, sum1{};
   bin_statistics stats;
@@ -240,4 +257,4 @@ void decode(const quantizers::one_bit_options& options, const std::byte* records
 }
 
 }  // namespace one_bit_detail
-QCOLL_CPU_KERNELS_END
+QCOLL_KERNELS_END

@@ -34,7 +34,7 @@ struct bfp_kernels {
   }
 
   QCOLL_KERNEL_INLINE static void fill_nan(float* y, std::size_t g) noexcept {
-    for (std::size_t i = 0; i < g; ++i) y[i] = bfp_detail::quiet_nan();
+    for (std::size_t i = 0; i < g; ++i) y[i] = kernels::quiet_nan();
   }
 
   QCOLL_KERNEL_INLINE static void decode_chunk(const std::uint32_t* fields, std::size_t count, unsigned bits,

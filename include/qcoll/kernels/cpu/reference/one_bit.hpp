@@ -18,7 +18,7 @@ namespace reference {
 struct one_bit_kernels {
   QCOLL_KERNEL_INLINE static lane_sums sum(const float* x, const float* residual_in, std::size_t g) noexcept {
     lane_sums lanes{};
-    for (std::size_t i = 0; i < g; ++i) lanes[i % summation_lanes] += one_bit_detail::fed(x, residual_in, i);
+    for (std::size_t i = 0; i < g; ++i) lanes[i % summation_lanes] += kernels::fed(x, residual_in, i);
     return lanes;
   }
 

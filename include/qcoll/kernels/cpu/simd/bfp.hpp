@@ -95,9 +95,9 @@ struct bfp_kernels {
 
   QCOLL_KERNEL_INLINE static void fill_nan(float* y, std::size_t g) noexcept {
     const std::size_t body = g / width * width;
-    const batch nan_lanes(bfp_detail::quiet_nan());
+    const batch nan_lanes(kernels::quiet_nan());
     for (std::size_t i = 0; i < body; i += width) nan_lanes.store_unaligned(y + i);
-    for (std::size_t i = body; i < g; ++i) y[i] = bfp_detail::quiet_nan();
+    for (std::size_t i = body; i < g; ++i) y[i] = kernels::quiet_nan();
   }
 
   QCOLL_KERNEL_INLINE static void decode_chunk(const std::uint32_t* fields, std::size_t count, unsigned bits,

@@ -48,7 +48,7 @@ struct one_bit_kernels {
     for (std::size_t i = 0; i < body; i += summation_lanes)
       for (std::size_t k = 0; k < registers; ++k) sums[k] += fed(x, residual_in, i + k * width);
     lane_sums lanes = spill(sums);
-    for (std::size_t i = body; i < g; ++i) lanes[i % summation_lanes] += one_bit_detail::fed(x, residual_in, i);
+    for (std::size_t i = body; i < g; ++i) lanes[i % summation_lanes] += kernels::fed(x, residual_in, i);
     return lanes;
   }
 

@@ -1,0 +1,71 @@
+#pragma once
+/// @file
+/// The kernels the exact collectives and the plans run between their steps —
+/// reduce, the average's division, the 16-bit conversions — for each memory space:
+/// the host forms on the CPU backend, the device_stream forms on the CUDA backend
+/// (dispatch.hpp). Algorithms call these, never a backend by name.
+
+#include <qcoll/core/half.hpp>
+#include <qcoll/core/types.hpp>
+#include <qcoll/execution/dispatch.hpp>
+#include <qcoll/execution/memory.hpp>
+#include <qcoll/kernels/cpu/convert.hpp>
+#include <qcoll/kernels/cpu/reduce.hpp>
+
+#include <cstddef>
+#include <span>
+
+namespace qcoll::execution {
+
+/// out[i] = a[i] ⊕ b[i] (avg as sum); `out` may be `a` or `b`. Host memory.
+template <arithmetic_element T>
+void reduce(reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) noexcept {
+  kernels::cpu::reduce<T>(op, a, b, out);
+}
+
+/// out[i] = a[i] ⊕ float(b[i]): a float partial and 16-bit values. Host memory.
+template <half_element Half>
+void reduce_widened(reduce_op op, std::span<const float> a, std::span<const Half> b, std::span<float> out) noexcept {
+  kernels::cpu::reduce_widened(op, a, b, out);
+}
+
+/// values[i] /= contributions, turning a sum into an average. Host memory.
+template <arithmetic_element T>
+void finish_avg(std::span<T> values, std::size_t contributions) noexcept {
+  kernels::cpu::finish_avg(values, contributions);
+}
+
+/// 16-bit values to float (exact) and float to 16 bits (nearest even). Host memory.
+template <half_element Half>
+void widen(std::span<const Half> in, std::span<float> out) noexcept {
+  kernels::cpu::widen(in, out);
+}
+template <half_element Half>
+void narrow(std::span<const float> in, std::span<Half> out) noexcept {
+  kernels::cpu::narrow(in, out);
+}
+
+/// The same on device memory, queued on `where`'s stream.
+/// @throws qcoll::error: invalid_argument without the CUDA backend or a GPU, or for
+/// a buffer in host memory; device_error when CUDA refuses the launch.
+template <arithmetic_element T>
+void reduce(device_stream where, reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) {
+  const auto& cuda = cuda_kernels("reduce");
+  require_space("reduce", memory_space::device, {{"a", a}, {"b", b}, {"out", out}});
+  check_cuda(cuda, cuda.reduce(op, dtype_of<T>::value, a.data(), b.data(), out.data(), out.size(), where.stream),
+             "reduce");
+}
+template <half_element Half>
+void widen(device_stream where, std::span<const Half> in, std::span<float> out) {
+  const auto& cuda = cuda_kernels("widen");
+  require_space("widen", memory_space::device, {{"in", in}, {"out", out}});
+  check_cuda(cuda, cuda.widen(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "widen");
+}
+template <half_element Half>
+void narrow(device_stream where, std::span<const float> in, std::span<Half> out) {
+  const auto& cuda = cuda_kernels("narrow");
+  require_space("narrow", memory_space::device, {{"in", in}, {"out", out}});
+  check_cuda(cuda, cuda.narrow(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "narrow");
+}
+
+}  // namespace qcoll::execution
