@@ -23,10 +23,11 @@ class QcollConan(ConanFile):
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
     no_copy_source = True
-    # No CUDA option: the CUDA kernels are templates in include/qcoll/kernels/cuda/ that a
-    # consumer's own nvcc compiles, taking cuda_runtime.h from its own toolkit (which Conan
-    # Center does not package). The package holds the same files with or without CUDA, so an
-    # option would only split package ids without changing a byte.
+    # No CUDA option: the CUDA backend (src/cuda_kernels.cu, target qcoll::cuda) is shipped as
+    # source and compiled by the consumer's own nvcc when its project enables CUDA, taking
+    # cuda_runtime.h from its own toolkit (which Conan Center does not package). The package
+    # holds the same files with or without CUDA, so an option would only split package ids
+    # without changing a byte.
     #
     # The quantizer kernels (src/kernels.cpp) are shipped as source and compiled in the
     # consumer's build, once per instruction set, by the CMake build module below, exactly as
@@ -36,6 +37,7 @@ class QcollConan(ConanFile):
     exports_sources = (
         "include/*",
         "src/kernels.cpp",
+        "src/cuda_kernels.cu",
         "cmake/qcollKernels.cmake",
         "cmake/qcollDependencies.cmake",
         "cmake/qcollConanKernels.cmake",
@@ -89,7 +91,8 @@ class QcollConan(ConanFile):
         copy(self, "LICENSE*", self.source_folder, os.path.join(self.package_folder, "licenses"))
         copy(self, "*", os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
         cmake_dir = os.path.join(self.package_folder, self._cmake_dir)
-        copy(self, "kernels.cpp", os.path.join(self.source_folder, "src"), os.path.join(cmake_dir, "src"))
+        for source in ("kernels.cpp", "cuda_kernels.cu"):
+            copy(self, source, os.path.join(self.source_folder, "src"), os.path.join(cmake_dir, "src"))
         for module in ("qcollKernels.cmake", "qcollDependencies.cmake", "qcollConanKernels.cmake",
                        "qcollConanSystemDependencies.cmake"):
             copy(self, module, os.path.join(self.source_folder, "cmake"), cmake_dir)

@@ -10,6 +10,10 @@ include("${CMAKE_CURRENT_LIST_DIR}/qcollKernels.cmake")
 # This file lies in <package>/lib/cmake/qcoll; the headers in <package>/include.
 get_filename_component(qcoll_conan_include_dir "${CMAKE_CURRENT_LIST_DIR}/../../../include" ABSOLUTE)
 qcoll_add_kernels("${CMAKE_CURRENT_LIST_DIR}/src" "${qcoll_conan_include_dir}")  # once per build
+# The CUDA backend, qcoll::cuda, where the consumer's project has enabled CUDA.
+if(CMAKE_CUDA_COMPILER)
+  qcoll_add_cuda_kernels("${CMAKE_CURRENT_LIST_DIR}/src" "${qcoll_conan_include_dir}")
+endif()
 unset(qcoll_conan_include_dir)
 # qcoll::qcoll is created anew by each directory that finds qcoll; link the kernels into each.
 get_target_property(qcoll_conan_links qcoll::qcoll INTERFACE_LINK_LIBRARIES)

@@ -42,3 +42,28 @@ function(qcoll_add_kernels source_dir)
   endforeach()
   set_target_properties(qcoll_kernels PROPERTIES LINKER_LANGUAGE CXX POSITION_INDEPENDENT_CODE ON)
 endfunction()
+
+# qcoll_add_cuda_kernels(<source dir> <include dirs…>): the CUDA backend, when the
+# project has enabled CUDA: qcoll_cuda_kernels compiles src/cuda_kernels.cu once
+# with nvcc, and the target qcoll::cuda — qcoll::qcoll plus these kernels and the
+# CUDA runtime — is what a program links to run qcoll on device memory
+# (execution/dispatch.hpp finds the table through QCOLL_CUDA_KERNELS_COMPILED).
+# Programs that link only qcoll::qcoll neither need nor get the CUDA runtime.
+function(qcoll_add_cuda_kernels source_dir)
+  if(TARGET qcoll_cuda_kernels OR NOT CMAKE_CUDA_COMPILER)
+    return()
+  endif()
+  find_package(CUDAToolkit REQUIRED)
+  add_library(qcoll_cuda_kernels STATIC ${source_dir}/cuda_kernels.cu)
+  target_include_directories(qcoll_cuda_kernels PRIVATE ${ARGN})
+  # CMake 3.25 does not know nvcc's C++20 flag, so it is given directly. No
+  # --use_fast_math and no -ftz: the kernels must match the CPU bit for bit.
+  target_compile_options(qcoll_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  target_compile_definitions(qcoll_cuda_kernels PRIVATE QCOLL_KERNEL_ABI=abi_cuda)
+  target_link_libraries(qcoll_cuda_kernels PUBLIC CUDA::cudart_static)
+  set_target_properties(qcoll_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_RUNTIME_LIBRARY Static)
+  add_library(qcoll_cuda INTERFACE)
+  add_library(qcoll::cuda ALIAS qcoll_cuda)
+  target_link_libraries(qcoll_cuda INTERFACE qcoll::qcoll qcoll_cuda_kernels)
+  target_compile_definitions(qcoll_cuda INTERFACE QCOLL_CUDA_KERNELS_COMPILED)
+endfunction()

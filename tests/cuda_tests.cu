@@ -1,29 +1,53 @@
-// The CUDA kernels against the scalar reference, bit for bit: the reduce kernel (NaN
-// payloads aside: the GPU canonicalises them) and the 16-bit conversions (NaNs
-// included: both run core/half.hpp's rule). Without a CUDA device it reports itself
-// skipped (exit 77, which ctest shows as skipped).
+// The CUDA kernels against the CPU, bit for bit, on a GPU:
+// - the reduce kernel (NaN payloads aside: the GPU canonicalises them) and the
+//   16-bit conversions (NaNs included: both run core/half.hpp's rule);
+// - every quantizer's encode, decode and decode_accumulate through the public API
+//   on device memory (a device_stream first argument), against the same calls on
+//   host memory: frames byte for byte, residuals and memories bit for bit, over the
+//   quantizer suites' inputs (sizes 0, 1, not a multiple of the group, 2^26 values;
+//   NaN and Inf; residuals carried over many steps), 16-bit inputs, frames decoded
+//   on the other side;
+// - bad input: a host pointer to a device call, a device pointer to a host call, a
+//   corrupted frame (an error, `out` untouched).
+// Without a CUDA device it reports itself skipped (exit 77, which ctest shows as
+// skipped). tools/gpu-check runs it, also under compute-sanitizer.
 
 #include <qcoll/core/half.hpp>
+#include <qcoll/execution/device_memory.hpp>
+#include <qcoll/execution/kernels.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
 #include <qcoll/kernels/cuda/convert.cuh>
 #include <qcoll/kernels/cuda/reduce.cuh>
+#include <qcoll/quantizers/bfp.hpp>
+#include <qcoll/quantizers/identity.hpp>
+#include <qcoll/quantizers/k_level.hpp>
+#include <qcoll/quantizers/one_bit.hpp>
 
 #include "support/half_inputs.hpp"
+#include "support/quantizer_inputs.hpp"
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
 
-int passed = 0, failed = 0;
+using qcoll::execution::device_memory;
+using qcoll::execution::device_stream;
 
-void check(bool ok, const char* what, std::size_t n, qcoll::reduce_op op) {
+int passed = 0, failed = 0;
+/// QCOLL_CUDA_TESTS_SMALL: the run under compute-sanitizer, which slows kernels a
+/// hundredfold: fewer inputs per size, no 2^20 or 2^26 values.
+const bool small_run = std::getenv("QCOLL_CUDA_TESTS_SMALL") != nullptr;
+
+void check(bool ok, const std::string& what) {
   ++(ok ? passed : failed);
-  if (!ok) std::printf("FAILED: %s (n=%zu, op=%s)\n", what, n, qcoll::to_string(op));
+  if (!ok) std::printf("FAILED: %s\n", what.c_str());
 }
 
 template <class T>
@@ -34,6 +58,21 @@ bool same_bits_or_both_nan(const std::vector<T>& a, const std::vector<T>& b) {
   }
   return true;
 }
+
+template <class T>
+device_memory<T> on_device(const std::vector<T>& values) {
+  device_memory<T> memory(values.size());
+  memory.upload(values);
+  return memory;
+}
+template <class T>
+std::vector<T> to_host(const device_memory<T>& memory) {
+  std::vector<T> values(memory.size());
+  memory.download(values);
+  return values;
+}
+
+// ---- the reduce kernel and the 16-bit conversions
 
 template <class T>
 void compare_with_reference(std::size_t n, qcoll::reduce_op op) {
@@ -51,71 +90,243 @@ void compare_with_reference(std::size_t n, qcoll::reduce_op op) {
     a[i] = specials[i % 6];
     b[i] = specials[(i / 6) % 6];
   }
-  std::vector<T> expected(n), got(n);
+  std::vector<T> expected(n);
   qcoll::kernels::cpu::reduce<T>(op, a, b, expected);
-
-  T *da = nullptr, *db = nullptr;
-  bool ok = cudaMalloc(&da, n * sizeof(T) + 1) == cudaSuccess && cudaMalloc(&db, n * sizeof(T) + 1) == cudaSuccess;
-  ok = ok && cudaMemcpy(da, a.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
-  ok = ok && cudaMemcpy(db, b.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
-  ok = ok && qcoll::kernels::cuda::reduce<T>(op, da, db, da, n) == cudaSuccess;  // in place, as the ring does
-  ok = ok && cudaMemcpy(got.data(), da, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess;
-  cudaFree(da);
-  cudaFree(db);
-  check(ok && same_bits_or_both_nan(got, expected), sizeof(T) == 4 ? "float" : "double", n, op);
-}
-
-/// Copies `in` to the device, runs `convert` there and returns the result.
-template <class Out, class In, class Convert>
-bool on_device(const std::vector<In>& in, std::vector<Out>& out, Convert convert) {
-  In* device_in = nullptr;
-  Out* device_out = nullptr;
-  out.assign(in.size(), Out{});
-  bool ok = cudaMalloc(&device_in, in.size() * sizeof(In) + 1) == cudaSuccess &&
-            cudaMalloc(&device_out, in.size() * sizeof(Out) + 1) == cudaSuccess;
-  ok = ok && cudaMemcpy(device_in, in.data(), in.size() * sizeof(In), cudaMemcpyHostToDevice) == cudaSuccess;
-  ok = ok && convert(device_in, device_out, in.size()) == cudaSuccess;
-  ok = ok && cudaMemcpy(out.data(), device_out, in.size() * sizeof(Out), cudaMemcpyDeviceToHost) == cudaSuccess;
-  cudaFree(device_in);
-  cudaFree(device_out);
-  return ok;
+  const auto da = on_device(a), db = on_device(b);
+  // In place, as the ring does, through the execution layer.
+  qcoll::execution::reduce<T>(device_stream{}, op, da.span(), db.span(), da.span());
+  check(same_bits_or_both_nan(to_host(da), expected),
+        std::string("reduce ") + (sizeof(T) == 4 ? "float" : "double") + " n=" + std::to_string(n) + " op=" +
+            qcoll::to_string(op));
 }
 
 template <class Half>
 void conversions_match_the_cpu(const char* name) {
-  namespace cuda = qcoll::kernels::cuda;
   const std::vector<float> floats = test::narrowing_inputs();
-  std::vector<Half> narrowed;
-  bool ok = on_device(floats, narrowed, [](const float* in, Half* out, std::size_t n) { return cuda::narrow(in, out, n); });
-  for (std::size_t i = 0; ok && i < floats.size(); ++i) ok = narrowed[i].bits == Half(floats[i]).bits;
-  check(ok, name, floats.size(), qcoll::reduce_op::sum);
+  const auto in = on_device(floats);
+  device_memory<Half> narrowed(floats.size());
+  qcoll::execution::narrow<Half>(device_stream{}, in.span(), narrowed.span());
+  const std::vector<Half> got = to_host(narrowed);
+  bool ok = true;
+  for (std::size_t i = 0; ok && i < floats.size(); ++i) ok = got[i].bits == Half(floats[i]).bits;
+  check(ok, std::string(name) + " narrowing");
 
   std::vector<Half> every(0x10000);
   for (std::uint32_t h = 0; h < 0x10000; ++h) every[h] = Half::from_bits(static_cast<std::uint16_t>(h));
-  std::vector<float> widened;
-  ok = on_device(every, widened, [](const Half* in, float* out, std::size_t n) { return cuda::widen(in, out, n); });
+  const auto halves = on_device(every);
+  device_memory<float> widened(every.size());
+  qcoll::execution::widen<Half>(device_stream{}, halves.span(), widened.span());
+  const std::vector<float> wide = to_host(widened);
+  ok = true;
   for (std::size_t i = 0; ok && i < every.size(); ++i) {
     const float expected = float(every[i]);
-    ok = std::memcmp(&widened[i], &expected, sizeof expected) == 0;
+    ok = std::memcmp(&wide[i], &expected, sizeof expected) == 0;
   }
-  check(ok, name, every.size(), qcoll::reduce_op::sum);
+  check(ok, std::string(name) + " widening");
+}
+
+// ---- quantizers: device calls against host calls
+
+/// Encodes `in` (with a residual carried over `steps` encodes when feedback is on)
+/// on the device and on the host, and compares frames and residuals after each
+/// step, then the decodes of the last frame both ways (GPU frame decoded on the
+/// device, CPU frame decoded on the device, into outs that hold other values).
+template <class Q>
+void device_matches_host(const Q& q, const std::vector<float>& in, bool feedback, int steps, const std::string& what) {
+  const std::size_t n = in.size();
+  std::vector<float> residual(feedback ? n : 0);
+  for (std::size_t i = 0; i < residual.size(); ++i) residual[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+  const auto d_in = on_device(in);
+  auto d_residual = on_device(residual);
+  std::vector<std::byte> frame(q.encoded_size(n));
+  device_memory<std::byte> d_frame(frame.size());
+  bool ok = true;
+  for (int step = 0; ok && step < steps; ++step) {
+    const qcoll::quantizers::encode_position position{.sequence = static_cast<std::uint64_t>(step), .offset = 11};
+    q.encode(in, std::span<const float>(residual), std::span<float>(residual), frame, position);
+    q.encode(device_stream{}, std::span<const float>(d_in.span()), std::span<const float>(d_residual.span()),
+             d_residual.span(), d_frame.span(), position);
+    ok = test::same_bytes(to_host(d_frame), frame) && test::same_bits(to_host(d_residual), residual);
+  }
+  check(ok, what + ": encode");
+
+  std::vector<float> base(n, 0.5f), expected(n, 2.0f), expected_sum = base;
+  q.decode(frame, expected);
+  q.decode_accumulate(frame, expected_sum);
+  const auto d_cpu_frame = on_device(frame);
+  const device_memory<std::byte>* const frames[] = {&d_frame, &d_cpu_frame};
+  for (const device_memory<std::byte>* source : frames) {
+    auto d_out = on_device(std::vector<float>(n, 2.0f));
+    auto d_sum = on_device(base);
+    const bool decoded = !q.decode(device_stream{}, source->span(), d_out.span()) &&
+                         !q.decode_accumulate(device_stream{}, source->span(), d_sum.span());
+    check(decoded && test::same_bits(to_host(d_out), expected) && test::same_bits(to_host(d_sum), expected_sum),
+          what + (source == &d_frame ? ": GPU frame decoded on the GPU" : ": CPU frame decoded on the GPU"));
+  }
+}
+
+/// Sizes around a group of `group` values, and one large one.
+std::vector<std::size_t> sizes(std::size_t group, bool large) {
+  std::vector<std::size_t> all{0, 1, 7, 100, group - 1, group + 1, 3 * group + 17};
+  if (large && !small_run) all.push_back((std::size_t{1} << 20) + 3);
+  return all;
+}
+
+/// The quantizer suites' inputs of n values (four kinds in a small run).
+std::vector<test::named_input> inputs(std::size_t n, unsigned seed) {
+  std::vector<test::named_input> all = test::edge_case_inputs(n, seed);
+  if (small_run)
+    std::erase_if(all, [](const test::named_input& input) {
+      return input.name != "normal" && input.name != "huge" && input.name != "one NaN" && input.name != "-Inf and +Inf";
+    });
+  return all;
+}
+
+void quantizers_match_the_cpu() {
+  using namespace qcoll::quantizers;
+  for (std::size_t group : {8u, 64u, 2048u})
+    for (auto threshold : {threshold::zero, threshold::group_mean})
+      for (auto reconstruction : {reconstruction::bin_means, reconstruction::min_max})
+        for (std::size_t n : sizes(group, group == 2048))
+          for (const auto& input : inputs(n, static_cast<unsigned>(n + group)))
+            device_matches_host(one_bit({.group_size = group, .threshold = threshold, .reconstruction = reconstruction}),
+                                input.values, n % 2 == 0 || group == 8, 3,
+                                "one_bit G=" + std::to_string(group) + " n=" + std::to_string(n) + " " + input.name);
+  for (unsigned levels : {2u, 5u, 16u, 256u})
+    for (auto rounding : {rounding::nearest, rounding::stochastic})
+      for (std::size_t n : sizes(64, levels == 16))
+        for (const auto& input : inputs(n, static_cast<unsigned>(n + levels)))
+          device_matches_host(k_level({.levels = levels, .group_size = 64, .rounding = rounding, .seed = 77}),
+                              input.values, true, 3,
+                              "k_level L=" + std::to_string(levels) + " n=" + std::to_string(n) + " " + input.name);
+  for (unsigned bits : {2u, 3u, 8u, 16u, 32u})
+    for (std::size_t block : {std::size_t{8}, std::size_t{32}, bfp_options::whole_tensor})
+      for (std::size_t n : sizes(32, bits == 8 && block == 32))
+        for (const auto& input : inputs(n, static_cast<unsigned>(n + bits)))
+          device_matches_host(bfp({.mantissa_bits = bits, .block_size = block}), input.values, true, 3,
+                              "bfp b=" + std::to_string(bits) + " block=" + std::to_string(block) + " n=" +
+                                  std::to_string(n) + " " + input.name);
+  for (std::size_t n : {0u, 1u, 1000u}) {
+    std::vector<float> values(n);
+    for (std::size_t i = 0; i < n; ++i) values[i] = std::sin(static_cast<float>(i));
+    device_matches_host(identity<float>(), values, false, 1, "identity<float> n=" + std::to_string(n));
+  }
+}
+
+/// Error feedback over many steps, where residuals grow into every group's range.
+void residuals_carried_over_many_steps() {
+  std::vector<float> in(5000);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = std::cos(0.37f * static_cast<float>(i)) * (1.0f + float(i % 13));
+  using namespace qcoll::quantizers;
+  device_matches_host(one_bit({.group_size = 256, .threshold = threshold::group_mean}), in, true, 50, "one_bit, 50 steps");
+  device_matches_host(k_level({.levels = 4, .group_size = 256, .rounding = rounding::stochastic, .seed = 5}), in, true,
+                      50, "k_level, 50 steps");
+  device_matches_host(bfp({.mantissa_bits = 4, .block_size = 32}), in, true, 50, "bfp, 50 steps");
+}
+
+/// 2^26 values (256 MiB of float), each quantizer once.
+void sixty_four_mebi_values() {
+  const std::size_t n = std::size_t{1} << 26;
+  std::vector<float> in(n);
+  std::mt19937 generator(64);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : in) v = normal(generator);
+  using namespace qcoll::quantizers;
+  device_matches_host(one_bit(), in, true, 1, "one_bit, 2^26 values");
+  device_matches_host(k_level({.levels = 16, .rounding = rounding::stochastic}), in, true, 1, "k_level, 2^26 values");
+  device_matches_host(bfp(), in, true, 1, "bfp, 2^26 values");
+}
+
+/// A 16-bit input gives the frame of its float values.
+template <class Half>
+void sixteen_bit_inputs(const char* name) {
+  std::vector<float> floats(3000);
+  for (std::size_t i = 0; i < floats.size(); ++i) floats[i] = float(Half(std::sin(0.1f * float(i)) * 7.0f));
+  std::vector<Half> halves(floats.size());
+  for (std::size_t i = 0; i < floats.size(); ++i) halves[i] = Half(floats[i]);
+  const auto d_halves = on_device(halves);
+  const auto compare = [&](const auto& q, const std::string& what) {
+    std::vector<std::byte> frame(q.encoded_size(floats.size()));
+    q.encode(floats, std::span<float>(), frame);
+    device_memory<std::byte> d_frame(frame.size());
+    q.encode(device_stream{}, std::span<const Half>(d_halves.span()), std::span<const float>(), std::span<float>(),
+             d_frame.span());
+    check(test::same_bytes(to_host(d_frame), frame), std::string(name) + " input: " + what);
+  };
+  using namespace qcoll::quantizers;
+  compare(one_bit({.group_size = 64}), "one_bit");
+  compare(k_level({.levels = 16, .group_size = 64, .rounding = rounding::stochastic}), "k_level");
+  compare(bfp(), "bfp");
+  compare(identity<float>(), "identity");
+}
+
+/// A host pointer given to a device call and a device pointer to a host call are
+/// invalid_argument; a corrupted frame is an error on the device and leaves `out` alone.
+void bad_input_is_refused() {
+  const qcoll::quantizers::one_bit q({.group_size = 64});
+  std::vector<float> host(100, 1.0f);
+  std::vector<std::byte> frame(q.encoded_size(host.size()));
+  const auto d_values = on_device(host);
+  device_memory<std::byte> d_frame(frame.size());
+  const auto throws_invalid_argument = [](auto&& call) {
+    try {
+      call();
+    } catch (const qcoll::error& e) {
+      return e.code() == qcoll::errc::invalid_argument;
+    }
+    return false;
+  };
+  check(throws_invalid_argument([&] {
+          q.encode(device_stream{}, std::span<const float>(host), std::span<const float>(), std::span<float>(),
+                   d_frame.span());
+        }),
+        "a host input given to a device encode is invalid_argument");
+  check(throws_invalid_argument([&] { q.encode(std::span<const float>(d_values.span()), std::span<float>(), frame); }),
+        "a device input given to a host encode is invalid_argument");
+  check(q.decode(std::span<const std::byte>(d_frame.span()), std::span<float>(host)) == qcoll::errc::invalid_argument,
+        "a device frame given to a host decode is invalid_argument");
+
+  q.encode(host, std::span<float>(), frame);
+  std::vector<std::byte> corrupted = frame;
+  corrupted[16] ^= std::byte{1};  // the count
+  const auto d_corrupted = on_device(corrupted);
+  auto d_out = on_device(std::vector<float>(100, 3.0f));
+  check(q.decode(device_stream{}, d_corrupted.span(), d_out.span()) == qcoll::errc::count_mismatch &&
+            to_host(d_out) == std::vector<float>(100, 3.0f),
+        "a frame for another count is count_mismatch on the device, out untouched");
+  corrupted = frame;
+  corrupted.back() |= std::byte{0x80};  // a padding bit of the last group (100 = 64 + 36 values)
+  const auto d_padded = on_device(corrupted);
+  check(q.decode_accumulate(device_stream{}, d_padded.span(), d_out.span()) == qcoll::errc::protocol_error &&
+            to_host(d_out) == std::vector<float>(100, 3.0f),
+        "a padding bit set is protocol_error on the device, out untouched");
 }
 
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  if (qcoll::execution::gpu_count() == 0) {
     std::printf("cuda_tests: no CUDA device here, skipped\n");
     return 77;
   }
-  for (std::size_t n : {0ul, 1ul, 37ul, 1000ul, (1ul << 20) + 3})
-    for (auto op : {qcoll::reduce_op::sum, qcoll::reduce_op::avg, qcoll::reduce_op::min, qcoll::reduce_op::max}) {
-      compare_with_reference<float>(n, op);
-      compare_with_reference<double>(n, op);
-    }
-  conversions_match_the_cpu<qcoll::bfloat16>("bfloat16 conversions");
-  conversions_match_the_cpu<qcoll::float16>("float16 conversions");
+  try {
+    for (std::size_t n : {0ul, 1ul, 37ul, 1000ul, (1ul << 20) + 3})
+      for (auto op : {qcoll::reduce_op::sum, qcoll::reduce_op::avg, qcoll::reduce_op::min, qcoll::reduce_op::max}) {
+        compare_with_reference<float>(n, op);
+        compare_with_reference<double>(n, op);
+      }
+    conversions_match_the_cpu<qcoll::bfloat16>("bfloat16");
+    conversions_match_the_cpu<qcoll::float16>("float16");
+    quantizers_match_the_cpu();
+    residuals_carried_over_many_steps();
+    sixteen_bit_inputs<qcoll::bfloat16>("bfloat16");
+    sixteen_bit_inputs<qcoll::float16>("float16");
+    bad_input_is_refused();
+    if (!small_run) sixty_four_mebi_values();
+  } catch (const std::exception& e) {
+    std::printf("FAILED: %s\n", e.what());
+    ++failed;
+  }
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

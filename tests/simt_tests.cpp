@@ -1,0 +1,307 @@
+// The GPU's quantizer kernels run on the CPU: kernels/simt/'s code — the code
+// kernels/cuda/ runs on half warps — executed by 16 threads in lockstep
+// (support/threaded_tile.hpp), with its frames, residuals, memories and decodes
+// compared bit for bit with the CPU reference, and its checks of received frames
+// with the quantizers'. What this cannot test — the CUDA intrinsics behind a tile,
+// launches, device memory — cuda_tests.cu tests on a GPU.
+
+#include <boost/test/unit_test.hpp>
+
+#include "support/half_inputs.hpp"
+#include "support/quantizer_inputs.hpp"
+#include "support/threaded_tile.hpp"
+
+#include <qcoll/core/half.hpp>
+#include <qcoll/kernels/simt/bfp.hpp>
+#include <qcoll/kernels/simt/k_level.hpp>
+#include <qcoll/kernels/simt/one_bit.hpp>
+#include <qcoll/quantizers/bfp.hpp>
+#include <qcoll/quantizers/k_level.hpp>
+#include <qcoll/quantizers/one_bit.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+using namespace qcoll;
+namespace simt = qcoll::kernels::simt;
+namespace wire = qcoll::quantizers::wire;
+
+namespace {
+
+/// Counts around the boundaries a tile cares about: its 16 lanes, bytes of codes,
+/// and groups of `group` values.
+std::vector<std::size_t> tile_counts(std::size_t group) {
+  std::vector<std::size_t> counts{0, 1, 7, 8, 9, 15, 16, 17, 33, 100};
+  for (std::size_t n : {group - 1, group, group + 1, 2 * group + 17}) counts.push_back(n);
+  std::sort(counts.begin(), counts.end());
+  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+  return counts;
+}
+
+/// Residuals to start from, or none.
+std::vector<float> residual_for(std::size_t n, bool feedback) {
+  std::vector<float> residual(feedback ? n : 0);
+  for (std::size_t i = 0; i < residual.size(); ++i) residual[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+  return residual;
+}
+
+template <class Half>
+std::vector<Half> narrowed(std::span<const float> values) {
+  std::vector<Half> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = Half(values[i]);
+  return out;
+}
+template <class Half>
+std::vector<float> widened(std::span<const Half> values) {
+  std::vector<float> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = float(values[i]);
+  return out;
+}
+
+/// Out buffers for decode_accumulate: ordinary values, and an Inf whose sum with a
+/// non-finite group's NaN must be that NaN. (A NaN out plus a NaN decoded value
+/// keeps either payload: compilers commute the addition, so even the CPU backends
+/// do not promise which.)
+std::vector<float> accumulate_base(std::size_t n) {
+  std::vector<float> base(n, 0.5f);
+  for (std::size_t i = 0; i < n; i += 5) base[i] = -1.25f * static_cast<float>(i % 11);
+  if (n > 3) base[2] = std::numeric_limits<float>::infinity();
+  return base;
+}
+
+/// The simt decode of `records` (both modes) against the reference table's.
+template <class Value, class Reference>
+bool decodes_match(const std::byte* records, std::size_t n, const Value& value_of, Reference&& reference) {
+  std::vector<float> expected(n, 9.0f), got(n, 9.0f);
+  reference(std::span<float>(expected), false);
+  simt::decode_values(0, 1, records, n, got.data(), false, value_of);
+  std::vector<float> expected_sum = accumulate_base(n), got_sum = expected_sum;
+  reference(std::span<float>(expected_sum), true);
+  simt::decode_values(0, 1, records, n, got_sum.data(), true, value_of);
+  return test::same_bits(got, expected) && test::same_bits(got_sum, expected_sum);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(gpu_kernels_on_the_cpu)
+
+BOOST_AUTO_TEST_CASE(one_bit_tiles_write_the_references_records_residuals_and_memories) {
+  const auto& reference = test::reference_kernels();
+  std::size_t compared = 0;
+  for (std::size_t group : {8u, 64u, 2048u})
+    for (auto threshold : {quantizers::threshold::zero, quantizers::threshold::group_mean})
+      for (auto reconstruction : {quantizers::reconstruction::bin_means, quantizers::reconstruction::min_max})
+        for (std::size_t n : tile_counts(group))
+          for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(n + group)))
+            for (int mode : {0, 1, 2, 3}) {
+              // 0: no feedback; 1: feedback, in place; 2: split residuals and a memory
+              // of previous tables (every third group without one yet); 3: feedback in
+              // place with a fresh memory.
+              if (group == 2048 && mode == 3) continue;  // mode 2 covers memories at this size
+              const quantizers::one_bit_options options{
+                  .group_size = group, .threshold = threshold, .reconstruction = reconstruction};
+              const auto layout = wire::one_bit_layout(group);
+              const std::vector<float> residual0 = residual_for(n, mode >= 1);
+              const std::size_t groups = (n + group - 1) / group;
+              std::vector<float> memory0(mode >= 2 ? 2 * groups : 0, std::numeric_limits<float>::quiet_NaN());
+              for (std::size_t k = 0; mode == 2 && k < groups; ++k)
+                if (k % 3 != 1) {
+                  memory0[2 * k] = -0.5f + 0.1f * static_cast<float>(k);
+                  memory0[2 * k + 1] = 0.7f - 0.05f * static_cast<float>(k);
+                }
+              std::vector<float> expected_residual = residual0, expected_memory = memory0;
+              std::vector<std::byte> expected(layout.payload_bytes(n), std::byte{0xa5});
+              reference.one_bit_encode(options, input.values, expected_residual, expected_residual, expected_memory,
+                                       expected_memory, expected.data());
+
+              const bool split = mode == 2;
+              std::vector<float> residual_in = residual0, residual_out(split ? n : 0, test::unwritten);
+              std::vector<float> memory_in = memory0, memory_out(split ? memory0.size() : 0, test::unwritten);
+              float* r_out = split ? residual_out.data() : (residual_in.empty() ? nullptr : residual_in.data());
+              float* m_out = split ? memory_out.data() : (memory_in.empty() ? nullptr : memory_in.data());
+              std::vector<std::byte> records(expected.size(), std::byte{0x5a});
+              test::run_on_tile([&](const test::threaded_tile& tile) {
+                simt::one_bit_encode(tile, 0, 1, options, input.values.data(), n,
+                                     residual_in.empty() ? nullptr : residual_in.data(), r_out,
+                                     memory_in.empty() ? nullptr : memory_in.data(), m_out, records.data());
+              });
+              const bool same_residual =
+                  split ? test::same_bits(residual_out, expected_residual) && test::same_bits(residual_in, residual0)
+                        : test::same_bits(residual_in, expected_residual);
+              const bool same_memory =
+                  split ? test::same_bits(memory_out, expected_memory) : test::same_bits(memory_in, expected_memory);
+              BOOST_TEST_REQUIRE((test::same_bytes(records, expected) && same_residual && same_memory),
+                                 input.name << ", n = " << n << ", group = " << group << ", mean threshold = "
+                                            << int(threshold) << ", min_max = " << int(reconstruction)
+                                            << ", mode = " << mode);
+              BOOST_TEST_REQUIRE(decodes_match(expected.data(), n, simt::one_bit_value{layout},
+                                               [&](std::span<float> out, bool accumulate) {
+                                                 reference.one_bit_decode(options, expected.data(), out, accumulate);
+                                               }),
+                                 "decode: " << input.name << ", n = " << n << ", group = " << group);
+              ++compared;
+            }
+  BOOST_TEST_MESSAGE(compared << " one_bit encodes compared");
+}
+
+BOOST_AUTO_TEST_CASE(k_level_tiles_write_the_references_records_and_residuals) {
+  const auto& reference = test::reference_kernels();
+  std::size_t compared = 0;
+  // Offsets whose values cross a multiple of 2^32 inside a group switch the random key there.
+  const quantizers::encode_position positions[] = {{.sequence = 3, .offset = 0},
+                                                   {.sequence = 9, .offset = (std::uint64_t{1} << 32) - 5}};
+  for (std::size_t group : {8u, 64u, 2048u})
+    for (unsigned levels : {2u, 5u, 16u, 256u})
+      for (auto rounding : {quantizers::rounding::nearest, quantizers::rounding::stochastic})
+        for (std::size_t n : tile_counts(group))
+          for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(3 * n + levels)))
+            for (bool feedback : {false, true}) {
+              if (group == 2048 && (levels == 5 || input.name.find("equal") != std::string::npos)) continue;
+              const quantizers::k_level_options options{
+                  .levels = levels, .group_size = group, .rounding = rounding, .seed = 0x5eed + levels};
+              const auto position = positions[(n + levels) % 2];
+              const auto layout = kernels::k_level_detail::layout(options);
+              std::vector<float> expected_residual = residual_for(n, feedback), residual = expected_residual;
+              std::vector<std::byte> expected(layout.payload_bytes(n), std::byte{0xa5});
+              reference.k_level_encode(options, input.values, expected_residual, expected_residual, position,
+                                       expected.data());
+              std::vector<std::byte> records(expected.size(), std::byte{0x5a});
+              float* r = residual.empty() ? nullptr : residual.data();
+              test::run_on_tile([&](const test::threaded_tile& tile) {
+                simt::k_level_encode(tile, 0, 1, options, position, input.values.data(), n, r, r, records.data());
+              });
+              BOOST_TEST_REQUIRE((test::same_bytes(records, expected) && test::same_bits(residual, expected_residual)),
+                                 input.name << ", n = " << n << ", group = " << group << ", levels = " << levels
+                                            << ", stochastic = " << int(rounding) << ", feedback = " << feedback);
+              BOOST_TEST_REQUIRE(decodes_match(expected.data(), n, simt::k_level_value{layout},
+                                               [&](std::span<float> out, bool accumulate) {
+                                                 reference.k_level_decode(options, expected.data(), out, accumulate);
+                                               }),
+                                 "decode: " << input.name << ", n = " << n << ", levels = " << levels);
+              ++compared;
+            }
+  BOOST_TEST_MESSAGE(compared << " k_level encodes compared");
+}
+
+BOOST_AUTO_TEST_CASE(bfp_tiles_write_the_references_records_and_residuals) {
+  const auto& reference = test::reference_kernels();
+  std::size_t compared = 0;
+  for (std::size_t block : {std::size_t{8}, std::size_t{32}, quantizers::bfp_options::whole_tensor})
+    for (unsigned bits : {2u, 3u, 7u, 8u, 12u, 16u, 32u})
+      for (std::size_t n : tile_counts(block == 0 ? 64 : block))
+        for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(5 * n + bits)))
+          for (bool feedback : {false, true}) {
+            const quantizers::bfp_options options{.mantissa_bits = bits, .block_size = block};
+            const auto layout =
+                kernels::bfp_detail::layout(kernels::bfp_detail::block_values(options, n), options.mantissa_bits);
+            std::vector<float> expected_residual = residual_for(n, feedback), residual = expected_residual;
+            std::vector<std::byte> expected(layout.payload_bytes(n), std::byte{0xa5});
+            reference.bfp_encode(options, input.values, expected_residual, expected_residual, expected.data());
+            std::vector<std::byte> records(expected.size(), std::byte{0x5a});
+            float* r = residual.empty() ? nullptr : residual.data();
+            test::run_on_tile([&](const test::threaded_tile& tile) {
+              simt::bfp_encode(tile, 0, 1, options, input.values.data(), n, r, r, records.data());
+            });
+            BOOST_TEST_REQUIRE((test::same_bytes(records, expected) && test::same_bits(residual, expected_residual)),
+                               input.name << ", n = " << n << ", block = " << block << ", bits = " << bits
+                                          << ", feedback = " << feedback);
+            BOOST_TEST_REQUIRE(decodes_match(expected.data(), n, simt::bfp_value{layout},
+                                             [&](std::span<float> out, bool accumulate) {
+                                               reference.bfp_decode(options, expected.data(), out, accumulate);
+                                             }),
+                               "decode: " << input.name << ", n = " << n << ", bits = " << bits);
+            ++compared;
+          }
+  BOOST_TEST_MESSAGE(compared << " bfp encodes compared");
+}
+
+// A 16-bit input is encoded as its float values: the GPU widens as it reads, the
+// CPU path (plans) widens first; both give the same frame.
+BOOST_AUTO_TEST_CASE(sixteen_bit_inputs_give_the_frames_of_their_float_values) {
+  const auto& reference = test::reference_kernels();
+  const std::size_t n = 300;
+  std::vector<float> source = test::narrowing_inputs();
+  source.resize(n, 0.25f);
+  const auto check = [&](const char* what, std::span<const float> floats, auto&& encode_simt) {
+    const quantizers::one_bit_options one_bit{.group_size = 64, .threshold = quantizers::threshold::group_mean};
+    const quantizers::k_level_options k_level{.levels = 16, .group_size = 64, .rounding = quantizers::rounding::stochastic};
+    const quantizers::bfp_options bfp{.mantissa_bits = 8, .block_size = 32};
+    std::vector<std::byte> a(wire::one_bit_layout(64).payload_bytes(n)), b(a.size());
+    std::vector<std::byte> c(kernels::k_level_detail::layout(k_level).payload_bytes(n)), d(c.size());
+    std::vector<std::byte> e(wire::bfp_layout(32, 8).payload_bytes(n)), f(e.size());
+    reference.one_bit_encode(one_bit, floats, {}, {}, {}, {}, a.data());
+    reference.k_level_encode(k_level, floats, {}, {}, {.sequence = 1, .offset = 7}, c.data());
+    reference.bfp_encode(bfp, floats, {}, {}, e.data());
+    encode_simt(one_bit, k_level, bfp, b.data(), d.data(), f.data());
+    BOOST_TEST(test::same_bytes(a, b), what << ": one_bit");
+    BOOST_TEST(test::same_bytes(c, d), what << ": k_level");
+    BOOST_TEST(test::same_bytes(e, f), what << ": bfp");
+  };
+  const auto run = [&](const auto* values) {
+    return [values, n](const auto& one_bit, const auto& k_level, const auto& bfp, std::byte* a, std::byte* c,
+                       std::byte* e) {
+      test::run_on_tile([&](const test::threaded_tile& tile) {
+        simt::one_bit_encode(tile, 0, 1, one_bit, values, n, nullptr, nullptr, nullptr, nullptr, a);
+        simt::k_level_encode(tile, 0, 1, k_level, {.sequence = 1, .offset = 7}, values, n, nullptr, nullptr, c);
+        simt::bfp_encode(tile, 0, 1, bfp, values, n, nullptr, nullptr, e);
+      });
+    };
+  };
+  const auto bf16 = narrowed<bfloat16>(source);
+  const auto f16 = narrowed<float16>(source);
+  check("bfloat16", widened<bfloat16>(bf16), run(bf16.data()));
+  check("float16", widened<float16>(f16), run(f16.data()));
+}
+
+// The device decoders check a received frame first (its header, then every record)
+// with the same rules as the quantizers' check_records: every frame a quantizer
+// accepts, the simt checks accept, and every one it refuses, they refuse.
+BOOST_AUTO_TEST_CASE(record_checks_agree_with_the_quantizers_on_corrupted_frames) {
+  std::mt19937 generator(2026);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::size_t refused = 0, accepted = 0;
+  const auto agree = [&](const auto& q, std::size_t n, const auto& value_valid, const auto& group_valid,
+                         const auto& layout) {
+    std::vector<float> values(n);
+    for (float& v : values) v = normal(generator);
+    std::vector<std::byte> frame(q.encoded_size(n));
+    q.encode(values, {}, frame);
+    std::uniform_int_distribution<std::size_t> byte(wire::header_size, frame.size() - 1);
+    std::uniform_int_distribution<int> bit(0, 7);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<std::byte> corrupted = frame;
+      for (int flips = 0; flips <= trial % 3; ++flips) corrupted[byte(generator)] ^= std::byte{1} << bit(generator);
+      std::vector<float> out(n);
+      const bool cpu_accepts = !q.decode(corrupted, out);
+      const bool simt_accepts =
+          simt::records_valid(0, 1, layout, corrupted.data() + wire::header_size, n, value_valid, group_valid);
+      BOOST_TEST_REQUIRE(cpu_accepts == simt_accepts, q.name << ", n = " << n << ", trial " << trial);
+      ++(cpu_accepts ? accepted : refused);
+    }
+  };
+  for (std::size_t n : {5u, 100u, 263u}) {
+    const quantizers::one_bit one_bit({.group_size = 64});
+    agree(one_bit, n, simt::always_valid{}, simt::always_valid{}, wire::one_bit_layout(64));
+    for (unsigned levels : {5u, 16u}) {
+      const quantizers::k_level_options options{.levels = levels, .group_size = 64};
+      const auto layout = kernels::k_level_detail::layout(options);
+      agree(quantizers::k_level(options), n, simt::k_level_code_valid{layout, levels}, simt::always_valid{}, layout);
+    }
+    for (unsigned bits : {3u, 8u, 16u})
+      for (std::size_t block : {std::size_t{32}, quantizers::bfp_options::whole_tensor}) {
+        const quantizers::bfp_options options{.mantissa_bits = bits, .block_size = block};
+        const auto layout = kernels::bfp_detail::layout(kernels::bfp_detail::block_values(options, n), bits);
+        agree(quantizers::bfp(options), n, simt::bfp_mantissa_valid{layout}, simt::bfp_exponent_valid{layout}, layout);
+      }
+  }
+  BOOST_TEST_MESSAGE(accepted << " corrupted frames accepted by both, " << refused << " refused by both");
+  BOOST_TEST(refused > 0);
+  BOOST_TEST(accepted > 0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
