@@ -91,13 +91,45 @@ class threaded_tile {
   mutable unsigned parity_ = 0;
 };
 
+/// The 16 lane threads, kept from one tile's run to the next (starting 16 threads per
+/// encode cost more than the encodes).
+class tile_pool {
+ public:
+  tile_pool() {
+    for (unsigned lane = 0; lane < threaded_tile::lanes; ++lane)
+      lanes_.emplace_back([this, lane] {
+        for (;;) {
+          start_.arrive_and_wait();
+          if (stop_) return;
+          (*body_)(threaded_tile(state_, lane));
+          done_.arrive_and_wait();
+        }
+      });
+  }
+  ~tile_pool() {
+    stop_ = true;
+    start_.arrive_and_wait();
+  }
+
+  /// Runs body(tile) on every lane and returns when all have.
+  void run(const std::function<void(const threaded_tile&)>& body) {
+    body_ = &body;
+    start_.arrive_and_wait();
+    done_.arrive_and_wait();
+  }
+
+ private:
+  threaded_tile::shared state_;
+  std::barrier<> start_{threaded_tile::lanes + 1}, done_{threaded_tile::lanes + 1};
+  const std::function<void(const threaded_tile&)>* body_ = nullptr;
+  bool stop_ = false;
+  std::vector<std::jthread> lanes_;  // last: they stop before the barriers go
+};
+
 /// Runs body(tile) on the 16 lanes of one tile, each a thread, and returns when all have.
 inline void run_on_tile(const std::function<void(const threaded_tile&)>& body) {
-  threaded_tile::shared state;
-  std::vector<std::jthread> lanes;
-  lanes.reserve(threaded_tile::lanes);
-  for (unsigned lane = 0; lane < threaded_tile::lanes; ++lane)
-    lanes.emplace_back([&state, &body, lane] { body(threaded_tile(state, lane)); });
+  static tile_pool pool;
+  pool.run(body);
 }
 
 }  // namespace test
