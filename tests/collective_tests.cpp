@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <chrono>
 #include <limits>
 #include <numeric>
@@ -626,6 +627,56 @@ BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
   for (const char* name : {"QCOLL_ALLREDUCE_ALGO", "QCOLL_BARRIER_ALGO", "QCOLL_RING_SLICE_BYTES", "QCOLL_SINGLE_COPY_BYTES",
                            "QCOLL_BROADCAST_SMALL_BYTES", "QCOLL_ALLREDUCE_HALVING_BYTES", "QCOLL_SINGLE_COPY_KERNEL_BYTES"})
     ::unsetenv(name);
+}
+
+BOOST_AUTO_TEST_CASE(every_rule_chooses_from_plain_data) {
+  // tuning/choose.hpp decides without a communicator: each rule, with the words
+  // QCOLL_DEBUG=INFO prints after the call.
+  const tuning table;
+  const auto chose = [](choose::choice made, algorithm expected, std::string_view rule) {
+    return made.algorithm == expected && std::string_view(made.rule) == rule;
+  };
+  const choose::world four{.size = 4, .fully_linked = true, .reads_peers_memory = true};
+  const choose::world pipes{.size = 4, .fully_linked = true, .reads_peers_memory = false};
+  const choose::world ring_of_five{.size = 5, .fully_linked = false};
+  const std::size_t small = table.allreduce_small_bytes, medium = small + 1, large = 4 * table.single_copy_bytes,
+                    huge = table.allreduce_halving_bytes + 4;
+  const char* halving = "bytes <= allreduce_halving_bytes, 2^k >= 4 ranks, steps through the transport";
+  const char* single_copy = "steps of >= single_copy_bytes, and the transport reads peers' memory";
+  BOOST_TEST(chose(choose::allreduce(table, four, small, small / 4), algorithm::recursive_doubling,
+                   "bytes <= allreduce_small_bytes"));
+  BOOST_TEST(chose(choose::allreduce(table, four, medium, medium / 4), algorithm::halving_doubling, halving));
+  BOOST_TEST(chose(choose::allreduce(table, four, large, large / 4), algorithm::ring_single_copy, single_copy));
+  BOOST_TEST(chose(choose::allreduce(table, pipes, large, large / 4), algorithm::halving_doubling, halving));
+  BOOST_TEST(chose(choose::allreduce(table, pipes, huge, huge / 4), algorithm::ring, "bytes > allreduce_halving_bytes"));
+  BOOST_TEST(chose(choose::allreduce(table, {.size = 3}, medium, medium / 3), algorithm::ring,
+                   "bytes > allreduce_small_bytes, and halving-doubling needs 2^k >= 4 ranks"));
+  BOOST_TEST(chose(choose::allreduce(table, {.size = 1}, small, small), algorithm::ring, "the only algorithm"));
+  BOOST_TEST(chose(choose::allreduce(table, ring_of_five, small, small / 5), algorithm::ring,
+                   "the topology does not link every pair"));
+  BOOST_TEST(chose(choose::broadcast(table, four, table.broadcast_small_bytes), algorithm::binomial_tree,
+                   "bytes <= broadcast_small_bytes"));
+  BOOST_TEST(chose(choose::broadcast(table, four, table.broadcast_small_bytes + 1), algorithm::ring,
+                   "bytes > broadcast_small_bytes"));
+  BOOST_TEST(chose(choose::broadcast(table, ring_of_five, 64), algorithm::ring, "the topology does not link every pair"));
+  BOOST_TEST(chose(choose::barrier(table, four), algorithm::dissemination, "every pair linked"));
+  BOOST_TEST(chose(choose::barrier(table, ring_of_five), algorithm::ring, "the topology does not link every pair"));
+  // reduce_scatter and all_gather run the ring, read from the peer's memory where they can.
+  BOOST_TEST(chose(choose::ring(table, table.single_copy_bytes, true), algorithm::ring_single_copy, single_copy));
+  BOOST_TEST(chose(choose::ring(table, table.single_copy_bytes - 1, true), algorithm::ring, "the only algorithm"));
+  BOOST_TEST(chose(choose::ring(table, table.single_copy_bytes, false), algorithm::ring, "the only algorithm"));
+
+  tuning forced = table;
+  forced.allreduce = algorithm::ring;  // still read from the peer's memory where it can
+  forced.broadcast = algorithm::ring;
+  forced.barrier = algorithm::ring;
+  BOOST_TEST(chose(choose::allreduce(forced, four, large, large / 4), algorithm::ring_single_copy,
+                   "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"));
+  BOOST_TEST(chose(choose::broadcast(forced, four, 64), algorithm::ring, "forced (QCOLL_BROADCAST_ALGO or set_tuning)"));
+  BOOST_TEST(chose(choose::barrier(forced, four), algorithm::ring, "forced (QCOLL_BARRIER_ALGO or set_tuning)"));
+  forced.allreduce = algorithm::halving_doubling;  // on any world, where every pair is linked or not
+  BOOST_TEST(chose(choose::allreduce(forced, ring_of_five, huge, huge / 5), algorithm::halving_doubling,
+                   "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"));
 }
 
 BOOST_AUTO_TEST_CASE(qcoll_debug_info_names_the_algorithm_of_each_call) {

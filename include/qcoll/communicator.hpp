@@ -49,6 +49,7 @@
 #include <qcoll/topologies/graph.hpp>
 #include <qcoll/transports/subgroup.hpp>
 #include <qcoll/tuning/table.hpp>
+#include <qcoll/tuning/choose.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/describe.hpp>
 
@@ -216,7 +217,7 @@ class communicator {
   /// (ring reduce-scatter, then ring all-gather).
   template <element T>
   void allreduce(std::span<const T> in, std::span<T> out, reduce_op op) {
-    const choice way = choose_allreduce(in.size_bytes(), largest_block(in.size()) * sizeof(T));
+    const choose::choice way = choose::allreduce(tuning_, world(), in.size_bytes(), largest_block(in.size()) * sizeof(T));
     auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
     if (in.size() != out.size())
       step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
@@ -266,7 +267,7 @@ class communicator {
   template <element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     auto step = begin(collective::reduce_scatter, dtype_of<T>::value, op, in.size(), 0,
-                      ring_for(largest_block(in.size()) * sizeof(T)));
+                      choose::ring(tuning_, largest_block(in.size()) * sizeof(T), reads_peers_memory()));
     const block_range mine = block_of(in.size(), size(), rank());
     if (out.size() != mine.size)
       step.fail(errc::invalid_argument, "output has {} elements but block {} of {} has {}", out.size(), rank(),
@@ -308,7 +309,7 @@ class communicator {
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     auto step = begin(collective::all_gather, dtype_of<T>::value, reduce_op::sum, out.size(), 0,
-                      ring_for(largest_block(out.size()) * sizeof(T)));
+                      choose::ring(tuning_, largest_block(out.size()) * sizeof(T), reads_peers_memory()));
     const block_range mine = block_of(out.size(), size(), rank());
     if (in.size() != mine.size)
       step.fail(errc::invalid_argument, "input has {} elements but block {} of {} has {}", in.size(), rank(),
@@ -327,7 +328,7 @@ class communicator {
   /// scatter, and every rank sends (n − 1)/n · count in the all-gather.
   template <element T>
   void broadcast(std::span<T> data, rank_t root) {
-    const choice way = choose_broadcast(data.size_bytes());
+    const choose::choice way = choose::broadcast(tuning_, world(), data.size_bytes());
     auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root, way);
     if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
     if (way.algorithm == algorithm::binomial_tree)
@@ -341,7 +342,7 @@ class communicator {
   /// @par Complexity
   /// n − 1 steps of header-only messages (an all-gather of nothing).
   void barrier() {
-    const choice way = choose_barrier();
+    const choose::choice way = choose::barrier(tuning_, world());
     auto step = begin(collective::barrier, dtype::f32, reduce_op::sum, 0, 0, way);
     if (way.algorithm == algorithm::dissemination) return algorithms::dissemination_barrier(step, rank(), size());
     algorithms::ring_all_gather<channel_type, float>(step, ring(), std::span<float>());
@@ -651,64 +652,21 @@ class communicator {
       detail::throw_error(errc::invalid_argument, "communicator: timeout must be positive");
   }
 
-  /// An algorithm and the rule that chose it (for the QCOLL_DEBUG=INFO line).
-  struct choice {
-    qcoll::algorithm algorithm = qcoll::algorithm::unspecified;
-    const char* rule = "";
-  };
-
-  /// Where every pair of ranks is linked: small buffers by recursive doubling, medium
-  /// ones on 2^k ≥ 4 ranks by halving-doubling unless the ring's steps would be read
-  /// straight from the peers' memory; the ring otherwise. The same on every rank, given
-  /// the same tuning: it depends on the buffer's size, the world and the topology only.
-  /// Like begin(), the choices first let started calls finish: they read (and fill in)
-  /// what those calls use.
-  choice choose_allreduce(std::size_t bytes, std::size_t step_bytes) {
+  /// What the choices (tuning/choose.hpp) know of this communicator. Like begin(), it
+  /// first lets started calls finish: they read (and fill in) what those calls use.
+  choose::world world() {
     if (!shared_.is_progress_thread()) quiesce();
-    if (tuning_.allreduce == algorithm::recursive_doubling || tuning_.allreduce == algorithm::halving_doubling)
-      return {tuning_.allreduce, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
-    if (tuning_.allreduce == algorithm::ring) return {ring_for(step_bytes).algorithm, "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"};
-    if (size() == 1) return ring_choice();
-    if (!group().fully_linked) return {ring_for(step_bytes).algorithm, "the topology does not link every pair"};
-    if (bytes <= tuning_.allreduce_small_bytes) return {algorithm::recursive_doubling, "bytes <= allreduce_small_bytes"};
-    const choice ring = ring_for(step_bytes);
-    if (bytes > tuning_.allreduce_halving_bytes) return {ring.algorithm, "bytes > allreduce_halving_bytes"};
-    if (ring.algorithm == algorithm::ring_single_copy) return ring;
-    if (size() < 4 || !std::has_single_bit(size()))
-      return {ring.algorithm, "bytes > allreduce_small_bytes, and halving-doubling needs 2^k >= 4 ranks"};
-    return {algorithm::halving_doubling, "bytes <= allreduce_halving_bytes, 2^k >= 4 ranks, steps through the transport"};
+    return {size(), group().fully_linked, reads_peers_memory()};
   }
-  choice choose_broadcast(std::size_t bytes) {
-    if (!shared_.is_progress_thread()) quiesce();
-    if (tuning_.broadcast != algorithm::unspecified) return {tuning_.broadcast, "forced (QCOLL_BROADCAST_ALGO or set_tuning)"};
-    if (bytes > tuning_.broadcast_small_bytes) return {ring_choice().algorithm, "bytes > broadcast_small_bytes"};
-    if (!group().fully_linked) return {ring_choice().algorithm, "the topology does not link every pair"};
-    return {algorithm::binomial_tree, "bytes <= broadcast_small_bytes"};
-  }
-  choice choose_barrier() {
-    if (!shared_.is_progress_thread()) quiesce();
-    if (tuning_.barrier != algorithm::unspecified) return {tuning_.barrier, "forced (QCOLL_BARRIER_ALGO or set_tuning)"};
-    if (!group().fully_linked) return {algorithm::ring, "the topology does not link every pair"};
-    return {algorithm::dissemination, "every pair linked"};
-  }
-  static choice ring_choice() { return {algorithm::ring, "the only algorithm"}; }
-
-  /// The ring, its steps read from the peer's memory where the transport can and a
-  /// step moves at least single_copy_bytes (the same on every rank: the transport's
-  /// join agreed on single_copy(), and the block size follows from the count).
-  choice ring_for(std::size_t step_bytes) const {
-    if constexpr (single_copy_transport<channel_type>) {
-      if (step_bytes >= tuning_.single_copy_bytes && channel_.single_copy())
-        return {algorithm::ring_single_copy, "steps of >= single_copy_bytes, and the transport reads peers' memory"};
-    }
-    (void)step_bytes;
-    return ring_choice();
+  bool reads_peers_memory() const {
+    if constexpr (single_copy_transport<channel_type>) return channel_.single_copy();
+    else return false;
   }
 
   /// Starts a collective: numbers it and refuses to run on an aborted communicator.
   /// Called from the caller's thread, it first lets started calls finish.
   algorithms::primitives<channel_type> begin(collective kind, dtype type, reduce_op op, std::size_t count,
-                                             rank_t root, choice way = {}) {
+                                             rank_t root, choose::choice way = {}) {
     if (!shared_.is_progress_thread()) quiesce();
     auto step = step_for({sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, way.algorithm});
     if (way.algorithm == algorithm::ring) step.slice_reductions(tuning_.ring_slice_bytes, tuning_table::ring_slices_in_flight);
@@ -953,7 +911,7 @@ class communicator {
   std::shared_ptr<void> staging_owner_;  // the transport's shared memory behind staging_
   std::span<std::byte> staging_;
   bool staging_refused_ = false;
-  std::optional<bool> fully_linked_;  // found by the first plan call
+  std::optional<bool> fully_linked_;  // found by the first call that needs it
 };
 
 /// comm.allocate<T>(count), spelled so generic code (a lambda over `auto transport`)
