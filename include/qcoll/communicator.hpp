@@ -33,6 +33,7 @@
 #include <qcoll/algorithms/halving_doubling.hpp>
 #include <qcoll/algorithms/recursive_doubling.hpp>
 #include <qcoll/algorithms/ring.hpp>
+#include <qcoll/algorithms/workspace.hpp>
 #include <qcoll/collective_handle.hpp>
 #include <qcoll/buffer.hpp>
 #include <qcoll/core/concepts.hpp>
@@ -248,7 +249,7 @@ class communicator {
         std::span<const T> own(block_range b) const { return b.of(data); }
         std::span<T> incoming(std::size_t, block_range b) const { return incoming_block.first(b.size); }
         std::span<T> partial(std::size_t, block_range b) const { return b.of(data); }
-      } buffers{out, scratch<T>(0, largest_block(out.size()))};
+      } buffers{out, workspace_.scratch<T>(0, largest_block(out.size()))};
       algorithms::ring_reduce_scatter<channel_type, T>(step, ring, out.size(), op, buffers);
       algorithms::ring_all_gather<channel_type, T>(step, ring, out);
     }
@@ -296,7 +297,9 @@ class communicator {
         std::span<T> partial(std::size_t s, block_range b) const {
           return s == last_step ? out : scratch[s % 2].first(b.size);
         }
-      } buffers{in, out, {scratch<T>(0, largest_block(in.size())), scratch<T>(1, largest_block(in.size()))},
+      } buffers{in,
+                out,
+                {workspace_.scratch<T>(0, largest_block(in.size())), workspace_.scratch<T>(1, largest_block(in.size()))},
                 last_step};
       algorithms::ring_reduce_scatter<channel_type, T>(step, ring, in.size(), op, buffers);
     }
@@ -670,22 +673,9 @@ class communicator {
     if (!shared_.is_progress_thread()) quiesce();
     auto step = step_for({sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, way.algorithm});
     if (way.algorithm == algorithm::ring) step.slice_reductions(tuning_.ring_slice_bytes, tuning_table::ring_slices_in_flight);
-    if (way.algorithm == algorithm::ring_single_copy) {
-      // Slices of the pipelined ring's size (at least 64 bytes), 8-byte aligned.
-      const std::size_t words = std::max<std::size_t>(tuning_.ring_slice_bytes, 64) / sizeof(double);
-      step.read_directly(std::as_writable_bytes(scratch<double>(2, words)));
-      if constexpr (shared_memory_transport<channel_type>) {
-        // The largest block a step sends (partials of 16-bit values travel as float),
-        // with a spare of the same size where reduce-scatter has intermediate partials.
-        const std::size_t step_bytes = largest_block(count) * std::max(size_of(type), sizeof(float));
-        if (step_bytes < tuning_.single_copy_kernel_bytes) {
-          const std::size_t half = (step_bytes + 63) / 64 * 64;  // the spare starts 64-byte aligned
-          const std::span<std::byte> room = staging(size() > 2 ? 2 * half : step_bytes);
-          if (room.size() >= 2 * half) step.stage_outgoing(room.first(half), room.subspan(half));
-          else step.stage_outgoing(room);
-        }
-      }
-    }
+    if (way.algorithm == algorithm::ring_single_copy)
+      workspace_.prepare_single_copy(step, channel_, count, type, tuning_.ring_slice_bytes,
+                                     tuning_.single_copy_kernel_bytes);
     if (log_choices_ && way.algorithm != algorithm::unspecified)
       detail::log_info("qcoll: rank {} of {}: {} ({} bytes): {}", rank(), size(), detail::describe(step.header()),
                        count * size_of(type), way.rule);
@@ -699,13 +689,13 @@ class communicator {
   void by_exchanges(algorithms::primitives<channel_type>& step, std::span<const T> in, std::span<T> out, reduce_op op,
                     Algorithm run) {
     if constexpr (half_element<T>) {
-      const std::span<float> values = scratch<float>(0, in.size());
+      const std::span<float> values = workspace_.scratch<float>(0, in.size());
       kernels::cpu::widen(in, values);
-      run(step, rank(), size(), values, scratch<float>(1, in.size()), op);
+      run(step, rank(), size(), values, workspace_.scratch<float>(1, in.size()), op);
       kernels::cpu::narrow(std::span<const float>(values), out);
     } else {
       if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
-      run(step, rank(), size(), out, scratch<T>(0, in.size()), op);
+      run(step, rank(), size(), out, workspace_.scratch<T>(0, in.size()), op);
     }
   }
 
@@ -756,51 +746,13 @@ class communicator {
       std::span<const T> contribution(block_range b) const { return b.of(input); }
       std::span<float> incoming(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
       std::span<float> partial(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
-    } buffers{in, {scratch<float>(0, block), scratch<float>(1, block)}};
+    } buffers{in, {workspace_.scratch<float>(0, block), workspace_.scratch<float>(1, block)}};
     algorithms::ring_reduce_scatter<channel_type, float>(step, ring, in.size(), op, buffers);
     return buffers.partial(size() - 2, ring.block_at(in.size(), 0));
   }
 
   /// Block 0 is never smaller than any other block.
   std::size_t largest_block(std::size_t count) const noexcept { return block_of(count, size(), 0).size; }
-
-  /// Scratch space for one block, grown once and reused by later calls.
-  template <element T>
-  std::span<T> scratch(std::size_t slot, std::size_t elements) {
-    std::vector<std::byte>& bytes = scratch_[slot];
-    const std::size_t needed = elements * sizeof(T) + alignof(T);
-    if (bytes.size() < needed) bytes.resize(needed);
-    void* start = bytes.data();
-    std::size_t space = bytes.size();
-    start = std::align(alignof(T), elements * sizeof(T), start, space);
-    return {static_cast<T*>(start), elements};
-  }
-
-  /// Memory the peers map, where single-copy steps stage blocks of ordinary memory;
-  /// grown once and reused by later calls, like scratch(). Empty where the system
-  /// refuses it (said once; not asked again): the steps then go through the kernel's copy.
-  std::span<std::byte> staging(std::size_t bytes) {
-    if constexpr (shared_memory_transport<channel_type>) {
-      if (staging_.size() >= bytes) return staging_.first(bytes);
-      if (staging_refused_) return {};
-      staging_ = {};
-      staging_owner_.reset();  // before the new one: at most one is held
-      try {
-        auto memory = std::make_shared<decltype(channel_.allocate_shared(bytes))>(channel_.allocate_shared(bytes));
-        staging_ = memory->bytes();
-        staging_owner_ = std::move(memory);
-      } catch (const error& refused) {
-        staging_refused_ = true;
-        detail::log_warning("qcoll: rank {}: no staging buffer of {} bytes ({}); single-copy steps of ordinary "
-                            "memory go through the kernel's copy",
-                            rank(), bytes, refused.what());
-      }
-      return staging_;
-    } else {
-      (void)bytes;
-      return {};
-    }
-  }
 
   void quiesce() noexcept { shared_.wait_idle(); }
 
@@ -907,10 +859,7 @@ class communicator {
   bool log_choices_ = detail::debug_info_enabled();  // QCOLL_DEBUG=INFO: a line per exact collective
   std::uint64_t sequence_ = 0;
   std::vector<std::uint64_t> sent_to_, received_from_;  // point-to-point messages per peer
-  std::vector<std::byte> scratch_[3];  // two blocks, and single-copy's bounce buffer
-  std::shared_ptr<void> staging_owner_;  // the transport's shared memory behind staging_
-  std::span<std::byte> staging_;
-  bool staging_refused_ = false;
+  algorithms::workspace workspace_;  // scratch and staging, kept for later calls
   std::optional<bool> fully_linked_;  // found by the first call that needs it
 };
 
