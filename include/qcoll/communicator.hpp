@@ -44,7 +44,6 @@
 #include <qcoll/detail/format.hpp>
 #include <qcoll/detail/log.hpp>
 #include <qcoll/detail/progress_thread.hpp>
-#include <qcoll/kernels/cpu/convert.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
@@ -226,33 +225,14 @@ class communicator {
       step.fail(errc::invalid_argument, "input and output overlap without being the same range");
 
     if (way.algorithm == algorithm::recursive_doubling)
-      return by_exchanges(step, in, out, op, [](auto&&... a) { algorithms::recursive_doubling_allreduce(a...); });
+      return workspace_.allreduce_by_exchanges(step, rank(), size(), in, out, op, [](auto&&... a) {
+        algorithms::recursive_doubling_allreduce(a...);
+      });
     if (way.algorithm == algorithm::halving_doubling)
-      return by_exchanges(step, in, out, op, [](auto&&... a) { algorithms::halving_doubling_allreduce(a...); });
-    const algorithms::ring_view ring = this->ring();
-    if constexpr (half_element<T>) {
-      // Reduce in float, round this rank's block once, then gather the rounded blocks.
-      // The input is read only before this rank's block of `out` is written. One rank
-      // copies the bits, as reduce_scatter does (no rounding: nothing was added).
-      if (size() == 1) {
-        if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
-        return;
-      }
-      const block_range mine = block_of(in.size(), size(), rank());
-      kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
-      algorithms::ring_all_gather<channel_type, T>(step, ring, out);
-    } else {
-      if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
-      struct in_place {
-        std::span<T> data;
-        std::span<T> incoming_block;
-        std::span<const T> own(block_range b) const { return b.of(data); }
-        std::span<T> incoming(std::size_t, block_range b) const { return incoming_block.first(b.size); }
-        std::span<T> partial(std::size_t, block_range b) const { return b.of(data); }
-      } buffers{out, workspace_.scratch<T>(0, largest_block(out.size()))};
-      algorithms::ring_reduce_scatter<channel_type, T>(step, ring, out.size(), op, buffers);
-      algorithms::ring_all_gather<channel_type, T>(step, ring, out);
-    }
+      return workspace_.allreduce_by_exchanges(step, rank(), size(), in, out, op, [](auto&&... a) {
+        algorithms::halving_doubling_allreduce(a...);
+      });
+    workspace_.allreduce_by_ring(step, ring(), in, out, op);
   }
 
   /// In-place allreduce.
@@ -276,33 +256,7 @@ class communicator {
     if (detail::overlaps(in, out) && !detail::same_range(mine.of(in), out))
       step.fail(errc::invalid_argument, "output overlaps the input other than as exactly block {}", rank());
 
-    if (size() == 1) {  // the whole input is this rank's block, already checked to fit `out`
-      if (!detail::same_range(in, out)) std::copy_n(in.begin(), out.size(), out.begin());
-      return;
-    }
-    const algorithms::ring_view ring = this->ring();
-    if constexpr (half_element<T>) {
-      kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), out);
-    } else {
-      // Partials alternate between two scratch blocks: step s sends one while receiving
-      // into the other. The last step writes the result straight into `out`.
-      const std::size_t last_step = size() - 2;
-      struct out_of_place {
-        std::span<const T> input;
-        std::span<T> out;
-        std::span<T> scratch[2];
-        std::size_t last_step;
-        std::span<const T> own(block_range b) const { return b.of(input); }
-        std::span<T> incoming(std::size_t s, block_range b) const { return scratch[s % 2].first(b.size); }
-        std::span<T> partial(std::size_t s, block_range b) const {
-          return s == last_step ? out : scratch[s % 2].first(b.size);
-        }
-      } buffers{in,
-                out,
-                {workspace_.scratch<T>(0, largest_block(in.size())), workspace_.scratch<T>(1, largest_block(in.size()))},
-                last_step};
-      algorithms::ring_reduce_scatter<channel_type, T>(step, ring, in.size(), op, buffers);
-    }
+    workspace_.reduce_scatter_by_ring(step, ring(), in, out, op);
   }
 
   /// Every rank contributes block r of `out` (`in`, of block_of(out.size(), size(), r)'s size)
@@ -682,23 +636,6 @@ class communicator {
     return step;
   }
 
-  /// allreduce by an algorithm of pairwise exchanges over the whole world (recursive or
-  /// halving-doubling: `run(step, rank, n, data, scratch, op)`); 16-bit values are
-  /// widened into float scratch, reduced there and rounded once.
-  template <element T, class Algorithm>
-  void by_exchanges(algorithms::primitives<channel_type>& step, std::span<const T> in, std::span<T> out, reduce_op op,
-                    Algorithm run) {
-    if constexpr (half_element<T>) {
-      const std::span<float> values = workspace_.scratch<float>(0, in.size());
-      kernels::cpu::widen(in, values);
-      run(step, rank(), size(), values, workspace_.scratch<float>(1, in.size()), op);
-      kernels::cpu::narrow(std::span<const float>(values), out);
-    } else {
-      if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
-      run(step, rank(), size(), out, workspace_.scratch<T>(0, in.size()), op);
-    }
-  }
-
   /// The primitives of one message of a point-to-point exchange with `peer`: numbered
   /// per pair and direction (`counters`), so the collectives' numbering is untouched.
   template <element T>
@@ -720,35 +657,6 @@ class communicator {
       throw error(failed.code, qcoll::detail::format("qcoll {} on rank {} of {}: the communicator was aborted: {}",
                                            qcoll::detail::describe(header), rank(), size(), failed.reason));
     return algorithms::primitives<channel_type>(channel_, header, options_.timeout);
-  }
-
-  /// The ring reduce-scatter of 16-bit values, in float: the block sent at step 0 is
-  /// widened (exactly) into scratch, every later contribution is widened as it is
-  /// added (reduce_widened), partials travel and add as float, so the float result
-  /// returned — this rank's block, avg divided — is the float reduction of the widened
-  /// inputs, in the documented order, still to be rounded once. Scratch: two float
-  /// blocks (8/n bytes per element). n ≥ 2.
-  template <half_element T>
-  std::span<const float> reduce_scatter_in_float(algorithms::primitives<channel_type>& step,
-                                                 const algorithms::ring_view& ring, std::span<const T> in,
-                                                 reduce_op op) {
-    const std::size_t block = largest_block(in.size());
-    struct widening {
-      std::span<const T> input;
-      std::span<float> partials[2];  // step s receives and reduces into partials[s % 2]
-      // Asked once, for the block step 0 sends: it goes where partial(−1) would be,
-      // which step 0 leaves alone.
-      std::span<const float> own(block_range b) const {
-        const std::span<float> into = partials[1].first(b.size);
-        kernels::cpu::widen(b.of(input), into);
-        return into;
-      }
-      std::span<const T> contribution(block_range b) const { return b.of(input); }
-      std::span<float> incoming(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
-      std::span<float> partial(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
-    } buffers{in, {workspace_.scratch<float>(0, block), workspace_.scratch<float>(1, block)}};
-    algorithms::ring_reduce_scatter<channel_type, float>(step, ring, in.size(), op, buffers);
-    return buffers.partial(size() - 2, ring.block_at(in.size(), 0));
   }
 
   /// Block 0 is never smaller than any other block.

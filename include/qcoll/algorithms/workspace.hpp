@@ -3,16 +3,21 @@
 /// workspace: the memory a communicator's exact collectives reuse from call to call —
 /// scratch blocks, and where the transport lets peers map memory (shm), the staging
 /// buffer single-copy steps offer blocks of ordinary memory from — with the setup of a
-/// step that reads the ring's blocks from the peer's memory. The memory grows once and
-/// is kept for later calls, as fresh memory costs page faults. Not a template: only the
-/// members that touch a transport are.
+/// step that reads the ring's blocks from the peer's memory, and the scripts whose
+/// blocks live here: the ring allreduce and reduce-scatter (16-bit values reduced in
+/// float and rounded once) and the allreduce by pairwise exchanges. The memory grows
+/// once and is kept for later calls, as fresh memory costs page faults. Not a template:
+/// only the members that touch a transport are.
 
 #include <qcoll/algorithms/primitives.hpp>
+#include <qcoll/algorithms/ring.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/partition.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/detail/check.hpp>
 #include <qcoll/detail/log.hpp>
+#include <qcoll/kernels/cpu/convert.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -25,19 +30,6 @@ namespace qcoll::algorithms {
 
 class workspace {
  public:
-  /// Scratch space for `elements` values of T in `slot` (0 and 1: blocks; 2: the
-  /// single-copy bounce buffer), grown once and reused by later calls.
-  template <class T>
-  std::span<T> scratch(std::size_t slot, std::size_t elements) {
-    std::vector<std::byte>& bytes = scratch_[slot];
-    const std::size_t needed = elements * sizeof(T) + alignof(T);
-    if (bytes.size() < needed) bytes.resize(needed);
-    void* start = bytes.data();
-    std::size_t space = bytes.size();
-    start = std::align(alignof(T), elements * sizeof(T), start, space);
-    return {static_cast<T*>(start), elements};
-  }
-
   /// Sets `step` (a call of `count` values of `type` over `channel`) up to read each
   /// ring step from the peer's memory (algorithm::ring_single_copy): reductions go
   /// through a bounce buffer of the pipelined ring's slice (`slice_bytes`, at least 64
@@ -63,9 +55,128 @@ class workspace {
     }
   }
 
+  /// allreduce by the ring, `in` into `out` (the same range or disjoint): reduce-scatter,
+  /// then all-gather, in place in `out` with one scratch block.
+  template <transport Channel, element T>
+  void allreduce_by_ring(primitives<Channel>& step, const ring_view& ring, std::span<const T> in, std::span<T> out,
+                         reduce_op op) {
+    if constexpr (half_element<T>) {
+      // Reduce in float, round this rank's block once, then gather the rounded blocks.
+      // The input is read only before this rank's block of `out` is written. One rank
+      // copies the bits, as reduce_scatter does (no rounding: nothing was added).
+      if (ring.size() == 1) {
+        if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+        return;
+      }
+      const block_range mine = ring.block_at(in.size(), 0);
+      kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
+      ring_all_gather<Channel, T>(step, ring, out);
+    } else {
+      if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+      struct in_place {
+        std::span<T> data;
+        std::span<T> incoming_block;
+        std::span<const T> own(block_range b) const { return b.of(data); }
+        std::span<T> incoming(std::size_t, block_range b) const { return incoming_block.first(b.size); }
+        std::span<T> partial(std::size_t, block_range b) const { return b.of(data); }
+      } buffers{out, scratch<T>(0, largest_block(out.size(), ring.size()))};
+      ring_reduce_scatter<Channel, T>(step, ring, out.size(), op, buffers);
+      ring_all_gather<Channel, T>(step, ring, out);
+    }
+  }
+
+  /// reduce-scatter by the ring: this rank's block of the reduced `in` into `out` (that
+  /// block's size; exactly that block of `in`, or disjoint from it).
+  template <transport Channel, element T>
+  void reduce_scatter_by_ring(primitives<Channel>& step, const ring_view& ring, std::span<const T> in,
+                              std::span<T> out, reduce_op op) {
+    if (ring.size() == 1) {  // the whole input is this rank's block, already checked to fit `out`
+      if (!detail::same_range(in, out)) std::copy_n(in.begin(), out.size(), out.begin());
+      return;
+    }
+    if constexpr (half_element<T>) {
+      kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), out);
+    } else {
+      // Partials alternate between two scratch blocks: step s sends one while receiving
+      // into the other. The last step writes the result straight into `out`.
+      const std::size_t last_step = ring.size() - 2;
+      const std::size_t block = largest_block(in.size(), ring.size());
+      struct out_of_place {
+        std::span<const T> input;
+        std::span<T> out;
+        std::span<T> scratch[2];
+        std::size_t last_step;
+        std::span<const T> own(block_range b) const { return b.of(input); }
+        std::span<T> incoming(std::size_t s, block_range b) const { return scratch[s % 2].first(b.size); }
+        std::span<T> partial(std::size_t s, block_range b) const {
+          return s == last_step ? out : scratch[s % 2].first(b.size);
+        }
+      } buffers{in, out, {scratch<T>(0, block), scratch<T>(1, block)}, last_step};
+      ring_reduce_scatter<Channel, T>(step, ring, in.size(), op, buffers);
+    }
+  }
+
+  /// allreduce by an algorithm of pairwise exchanges over the whole world (recursive or
+  /// halving-doubling: `run(step, rank, n, data, scratch, op)`); 16-bit values are
+  /// widened into float scratch, reduced there and rounded once.
+  template <transport Channel, element T, class Algorithm>
+  void allreduce_by_exchanges(primitives<Channel>& step, rank_t rank, std::size_t n, std::span<const T> in,
+                              std::span<T> out, reduce_op op, Algorithm run) {
+    if constexpr (half_element<T>) {
+      const std::span<float> values = scratch<float>(0, in.size());
+      kernels::cpu::widen(in, values);
+      run(step, rank, n, values, scratch<float>(1, in.size()), op);
+      kernels::cpu::narrow(std::span<const float>(values), out);
+    } else {
+      if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+      run(step, rank, n, out, scratch<T>(0, in.size()), op);
+    }
+  }
+
  private:
+  /// Scratch space for `elements` values of T in `slot` (0 and 1: blocks; 2: the
+  /// single-copy bounce buffer), grown once and reused by later calls.
+  template <class T>
+  std::span<T> scratch(std::size_t slot, std::size_t elements) {
+    std::vector<std::byte>& bytes = scratch_[slot];
+    const std::size_t needed = elements * sizeof(T) + alignof(T);
+    if (bytes.size() < needed) bytes.resize(needed);
+    void* start = bytes.data();
+    std::size_t space = bytes.size();
+    start = std::align(alignof(T), elements * sizeof(T), start, space);
+    return {static_cast<T*>(start), elements};
+  }
+
   /// Block 0 is never smaller than any other block.
   static std::size_t largest_block(std::size_t count, std::size_t n) noexcept { return block_of(count, n, 0).size; }
+
+  /// The ring reduce-scatter of 16-bit values, in float: the block sent at step 0 is
+  /// widened (exactly) into scratch, every later contribution is widened as it is
+  /// added (reduce_widened), partials travel and add as float, so the float result
+  /// returned — this rank's block, avg divided — is the float reduction of the widened
+  /// inputs, in the documented order, still to be rounded once. Scratch: two float
+  /// blocks (8/n bytes per element). n ≥ 2.
+  template <transport Channel, half_element T>
+  std::span<const float> reduce_scatter_in_float(primitives<Channel>& step, const ring_view& ring,
+                                                 std::span<const T> in, reduce_op op) {
+    const std::size_t block = largest_block(in.size(), ring.size());
+    struct widening {
+      std::span<const T> input;
+      std::span<float> partials[2];  // step s receives and reduces into partials[s % 2]
+      // Asked once, for the block step 0 sends: it goes where partial(−1) would be,
+      // which step 0 leaves alone.
+      std::span<const float> own(block_range b) const {
+        const std::span<float> into = partials[1].first(b.size);
+        kernels::cpu::widen(b.of(input), into);
+        return into;
+      }
+      std::span<const T> contribution(block_range b) const { return b.of(input); }
+      std::span<float> incoming(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
+      std::span<float> partial(std::size_t s, block_range b) const { return partials[s % 2].first(b.size); }
+    } buffers{in, {scratch<float>(0, block), scratch<float>(1, block)}};
+    ring_reduce_scatter<Channel, float>(step, ring, in.size(), op, buffers);
+    return buffers.partial(ring.size() - 2, ring.block_at(in.size(), 0));
+  }
 
   /// Memory the peers map, where single-copy steps stage blocks of ordinary memory;
   /// grown once and reused by later calls, like scratch(). Empty where the system
