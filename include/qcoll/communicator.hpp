@@ -44,6 +44,8 @@
 #include <qcoll/detail/format.hpp>
 #include <qcoll/detail/log.hpp>
 #include <qcoll/detail/progress_thread.hpp>
+#include <qcoll/detail/shared_connection.hpp>
+#include <qcoll/detail/split.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
@@ -54,7 +56,6 @@
 #include <qcoll/detail/describe.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -173,6 +174,7 @@ class communicator {
   /// passes a color below 0 other than no_color, or when the transport has no
   /// context left; as any collective (aborting) when the ranks disagree about the call.
   std::optional<communicator> split(std::int64_t color, std::int64_t key) {
+    using detail::split_record;
     auto step = begin(collective::split, dtype::f64, reduce_op::sum, split_record::fields * size(), 0);
     // Each rank's record, gathered in rank order; integers travel bit-cast in doubles.
     std::vector<double> records(split_record::fields * size());
@@ -180,30 +182,14 @@ class communicator {
     mine.store(block_of(records.size(), size(), rank()).of(std::span<double>(records)));
     algorithms::ring_all_gather<channel_type, double>(step, ring(), std::span<double>(records));
 
-    std::vector<split_record> all(size());
-    for (rank_t r = 0; r < size(); ++r) all[r] = split_record::load(std::span<const double>(records), r);
-    for (rank_t r = 0; r < size(); ++r)
-      if (all[r].color < 0 && all[r].color != no_color)
-        detail::throw_error(errc::invalid_argument,
-                            "qcoll split on rank {} of {}: rank {} passed color {}; a color is ≥ 0, or no_color",
-                            rank(), size(), r, all[r].color);
+    detail::split_group together = detail::split_group_of(records, color, no_color, rank());  // checks every color
     if (color == no_color) return std::nullopt;
-
-    // Members in (key, rank) order; the context is one no member uses yet with any rank.
-    std::vector<rank_t> members;
-    std::uint64_t context = 0;
-    for (rank_t r = 0; r < size(); ++r)
-      if (all[r].color == color) {
-        members.push_back(r);
-        context = std::max(context, all[r].next_context);
-      }
-    std::stable_sort(members.begin(), members.end(), [&](rank_t a, rank_t b) { return all[a].key < all[b].key; });
-    if (context >= transports::max_contexts)
+    if (together.context >= transports::max_contexts)
       detail::throw_error(errc::invalid_argument, "qcoll split on rank {} of {}: the transport's {} contexts are used up",
                           rank(), size(), transports::max_contexts);
-    shared_->next_context = context + 1;
-    for (rank_t& m : members) m = channel_.base_rank(m);
-    channel_type channel(shared_->transport, std::move(members), static_cast<std::uint32_t>(context));
+    shared_->next_context = together.context + 1;
+    for (rank_t& m : together.members) m = channel_.base_rank(m);
+    channel_type channel(shared_->transport, std::move(together.members), static_cast<std::uint32_t>(together.context));
     const rank_t child_size = channel.size();
     communicator child(shared_, std::move(channel), topologies::fully_connected(child_size), options_);
     child.tuning_ = tuning_;  // as this one has it, which every member has
@@ -533,71 +519,12 @@ class communicator {
   }
 
  private:
-  /// What a communicator shares with those split from it: the transport, the
-  /// progress thread that runs the started calls of all of them (so one thread at a
-  /// time posts to the transport), and the next context no split has used here.
-  struct shared_connection {
-    explicit shared_connection(Transport t) : transport(std::move(t)) {}
-    detail::progress_thread& progress() {
-      if (!progress_thread) progress_thread = std::make_unique<detail::progress_thread>();
-      return *progress_thread;
-    }
-    Transport transport;
-    std::unique_ptr<detail::progress_thread> progress_thread;  // after the transport: stops first
-    std::uint64_t next_context = 1;
-  };
-
-  /// The shared connection, held by each communicator. Moving a communicator first
-  /// lets the started calls finish (they point at it).
-  class connection_ref {
-   public:
-    explicit connection_ref(Transport transport) : connection_(std::make_shared<shared_connection>(std::move(transport))) {}
-    explicit connection_ref(std::shared_ptr<shared_connection> connection) : connection_(std::move(connection)) {}
-    connection_ref(connection_ref&& other) noexcept : connection_((other.wait_idle(), std::move(other.connection_))) {}
-    connection_ref& operator=(connection_ref&& other) noexcept {
-      wait_idle();
-      other.wait_idle();
-      connection_ = std::move(other.connection_);
-      return *this;
-    }
-    shared_connection* operator->() const noexcept { return connection_.get(); }
-    const std::shared_ptr<shared_connection>& get() const noexcept { return connection_; }
-    void wait_idle() noexcept {
-      if (connection_ && connection_->progress_thread) connection_->progress_thread->wait_idle();
-    }
-    bool is_progress_thread() const noexcept {
-      return connection_ && connection_->progress_thread && connection_->progress_thread->is_current_thread();
-    }
-
-   private:
-    std::shared_ptr<shared_connection> connection_;
-  };
-
   /// A split's product: ranks of `shared`'s transport.
-  communicator(const connection_ref& shared, channel_type channel, topologies::graph topology,
+  communicator(const detail::connection_ref<Transport>& shared, channel_type channel, topologies::graph topology,
                communicator_options options)
       : shared_(shared.get()), channel_(std::move(channel)), topology_(std::move(topology)), options_(options) {
     validate();
   }
-
-  /// What each rank contributes to a split.
-  struct split_record {
-    static constexpr std::size_t fields = 3;
-    std::int64_t color = 0;
-    std::int64_t key = 0;
-    std::uint64_t next_context = 0;
-
-    void store(std::span<double> into) const {
-      into[0] = std::bit_cast<double>(color);
-      into[1] = std::bit_cast<double>(key);
-      into[2] = std::bit_cast<double>(next_context);
-    }
-    static split_record load(std::span<const double> records, rank_t r) {
-      const std::span<const double> from = records.subspan(r * fields, fields);
-      return {std::bit_cast<std::int64_t>(from[0]), std::bit_cast<std::int64_t>(from[1]),
-              std::bit_cast<std::uint64_t>(from[2])};
-    }
-  };
 
   algorithms::ring_view ring() const { return algorithms::ring_view(topology_.ring_order(), rank()); }
 
@@ -759,7 +686,7 @@ class communicator {
 
 
   // Declared first: it is moved (after the started calls have run) before the rest.
-  connection_ref shared_;
+  detail::connection_ref<Transport> shared_;
   channel_type channel_;  // into shared_'s transport, which never moves
   topologies::graph topology_;
   communicator_options options_;
