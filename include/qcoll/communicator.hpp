@@ -6,11 +6,11 @@
 ///
 /// @par Errors
 /// Every collective has a throwing form (qcoll::error) and a form that reports
-/// through `std::error_code&`. Any failure during a collective — a bad argument on
-/// one rank, ranks that disagree about the call, a timeout, a lost peer — aborts the
-/// communicator: every rank's pending call fails with the same code, and the
-/// message says which rank saw what. An aborted communicator stays aborted; make a
-/// new one (and a new transport) to go on.
+/// through `std::error_code&` (error_code_forms.hpp). Any failure during a
+/// collective — a bad argument on one rank, ranks that disagree about the call, a
+/// timeout, a lost peer — aborts the communicator: every rank's pending call fails
+/// with the same code, and the message says which rank saw what. An aborted
+/// communicator stays aborted; make a new one (and a new transport) to go on.
 ///
 /// @par Sub-communicators
 /// split(color, key) makes a communicator over some of the ranks, as MPI_Comm_split
@@ -43,10 +43,12 @@
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/format.hpp>
 #include <qcoll/detail/log.hpp>
+#include <qcoll/detail/outcome.hpp>
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/detail/shared_connection.hpp>
 #include <qcoll/detail/split.hpp>
 #include <qcoll/plan.hpp>
+#include <qcoll/error_code_forms.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
 #include <qcoll/transports/subgroup.hpp>
@@ -82,7 +84,9 @@ struct communicator_options {
 /// transports do: exact collectives run their ring in rank order over it, and
 /// compressed ones send each stripe straight to its owner.
 template <transport Transport>
-class communicator {
+class communicator : public error_code_forms<Transport> {
+  using forms = error_code_forms<Transport>;  // the std::error_code forms of the calls below
+
  public:
   using transport_type = Transport;
   /// What the collectives send through: this communicator's ranks of the transport.
@@ -423,100 +427,10 @@ class communicator {
   /// with their plans and handles).
   void wait_all() { quiesce(); }
 
-  // The std::error_code forms: the same calls, reporting instead of throwing.
-  template <element T>
-  void allreduce(std::span<const T> in, std::span<T> out, reduce_op op, std::error_code& ec) noexcept {
-    ec = capture([&] { allreduce(in, out, op); });
-  }
-  template <element T>
-  void allreduce(std::span<T> data, reduce_op op, std::error_code& ec) noexcept {
-    ec = capture([&] { allreduce(data, op); });
-  }
-  template <element T>
-  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, std::error_code& ec) noexcept {
-    ec = capture([&] { reduce_scatter(in, out, op); });
-  }
-  template <element T>
-  void all_gather(std::span<const T> in, std::span<T> out, std::error_code& ec) noexcept {
-    ec = capture([&] { all_gather(in, out); });
-  }
-  template <element T>
-  void broadcast(std::span<T> data, rank_t root, std::error_code& ec) noexcept {
-    ec = capture([&] { broadcast(data, root); });
-  }
-  void barrier(std::error_code& ec) noexcept {
-    ec = capture([&] { barrier(); });
-  }
-  template <element T>
-  void send(std::span<const T> data, rank_t to, std::error_code& ec) noexcept {
-    ec = capture([&] { send(data, to); });
-  }
-  template <element T>
-  void recv(std::span<T> data, rank_t from, std::error_code& ec) noexcept {
-    ec = capture([&] { recv(data, from); });
-  }
-  template <element T>
-  void send_recv(std::span<const T> outgoing, rank_t to, std::span<T> incoming, rank_t from,
-                 std::error_code& ec) noexcept {
-    ec = capture([&] { send_recv(outgoing, to, incoming, from); });
-  }
-  template <allreduce_plan<channel_type> Plan>
-  void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
-                 reduce_op op, std::error_code& ec) noexcept {
-    ec = capture([&] { allreduce(plan, in, out, op); });
-  }
-  template <allreduce_plan<channel_type> Plan>
-  void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op, std::error_code& ec) noexcept {
-    ec = capture([&] { allreduce(plan, data, op); });
-  }
-  template <allreduce_plan<channel_type> Plan>
-  void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
-                       std::span<typename Plan::value_type> out, reduce_op op, std::error_code& ec) noexcept {
-    ec = capture([&] { start_allreduce(plan, in, out, op); });
-  }
-  template <allreduce_plan<channel_type> Plan>
-  void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op,
-                       std::error_code& ec) noexcept {
-    ec = capture([&] { start_allreduce(plan, data, op); });
-  }
-  template <allreduce_plan<channel_type> Plan>
-  void allreduce(Plan& plan, std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op,
-                 std::error_code& ec) noexcept {
-    ec = capture([&] { allreduce(plan, tensors, op); });
-  }
-  template <allreduce_plan<channel_type> Plan>
-  void start_allreduce(Plan& plan, std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op,
-                       std::error_code& ec) noexcept {
-    ec = capture([&] { start_allreduce(plan, tensors, op); });
-  }
-  template <element T>
-  void start_allreduce(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle,
-                       std::error_code& ec) noexcept {
-    ec = capture([&] { start_allreduce(in, out, op, handle); });
-  }
-  template <element T>
-  void start_allreduce(std::span<T> data, reduce_op op, collective_handle& handle, std::error_code& ec) noexcept {
-    ec = capture([&] { start_allreduce(data, op, handle); });
-  }
-  template <element T>
-  void start_reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle,
-                            std::error_code& ec) noexcept {
-    ec = capture([&] { start_reduce_scatter(in, out, op, handle); });
-  }
-  template <element T>
-  void start_all_gather(std::span<const T> in, std::span<T> out, collective_handle& handle,
-                        std::error_code& ec) noexcept {
-    ec = capture([&] { start_all_gather(in, out, handle); });
-  }
-  template <element T>
-  void start_broadcast(std::span<T> data, rank_t root, collective_handle& handle, std::error_code& ec) noexcept {
-    ec = capture([&] { start_broadcast(data, root, handle); });
-  }
-  std::optional<communicator> split(std::int64_t color, std::int64_t key, std::error_code& ec) noexcept {
-    std::optional<communicator> result;
-    ec = capture([&] { result = split(color, key); });
-    return result;
-  }
+  // The std::error_code forms: the same calls, reporting instead of throwing (error_code_forms.hpp).
+  using forms::allreduce, forms::reduce_scatter, forms::all_gather, forms::broadcast, forms::barrier, forms::send,
+      forms::recv, forms::send_recv, forms::split, forms::start_allreduce, forms::start_reduce_scatter,
+      forms::start_all_gather, forms::start_broadcast;
 
  private:
   /// A split's product: ranks of `shared`'s transport.
@@ -605,7 +519,7 @@ class communicator {
   /// The progress thread's side of start_allreduce(plan, …).
   template <class Plan>
   static std::error_code run_started(void* self, void* subject, std::string& message) noexcept {
-    return report(message, [&] {
+    return detail::report(message, [&] {
       auto& plan = *static_cast<Plan*>(subject);
       static_cast<communicator*>(self)->run_plan(plan, plan.queued_call());
     });
@@ -614,7 +528,7 @@ class communicator {
   /// The progress thread's side of start_allreduce(in, out, op, handle) and the others.
   template <element T, collective Kind>
   static std::error_code run_started_collective(void* self, void* subject, std::string& message) noexcept {
-    return report(message, [&] {
+    return detail::report(message, [&] {
       auto& comm = *static_cast<communicator*>(self);
       const auto& handle = *static_cast<const collective_handle*>(subject);
       const std::span<const T> in = handle.in<T>();
@@ -625,24 +539,6 @@ class communicator {
       else if constexpr (Kind == collective::all_gather) comm.all_gather(in, out);
       else comm.broadcast(out, handle.call_.root);
     });
-  }
-
-  /// Runs a started call's body: its outcome, and on failure the words that say why.
-  template <class Body>
-  static std::error_code report(std::string& message, Body&& body) noexcept {
-    try {
-      body();
-      return {};
-    } catch (const std::system_error& e) {
-      message = e.what();
-      return e.code();
-    } catch (const std::bad_alloc&) {
-      message = "out of memory";
-      return std::make_error_code(std::errc::not_enough_memory);
-    } catch (const std::exception& e) {
-      message = e.what();
-      return make_error_code(errc::invalid_argument);
-    }
   }
 
   /// One call of a plan: the checks every plan shares, then the plan's own, then the call.
@@ -669,21 +565,6 @@ class communicator {
     plan.check(step, facts);
     plan.run(step, call);
   }
-
-  template <class Call>
-  static std::error_code capture(Call&& call) noexcept {
-    try {
-      call();
-      return {};
-    } catch (const std::system_error& e) {
-      return e.code();
-    } catch (const std::bad_alloc&) {
-      return std::make_error_code(std::errc::not_enough_memory);
-    } catch (...) {
-      return make_error_code(errc::invalid_argument);
-    }
-  }
-
 
   // Declared first: it is moved (after the started calls have run) before the rest.
   detail::connection_ref<Transport> shared_;
