@@ -9,15 +9,18 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/call_handle.hpp>
+#include <qcoll/detail/outcome.hpp>
 
 #include <cstddef>
 #include <span>
+#include <string>
+#include <system_error>
 #include <utility>
 
 namespace qcoll {
 
 template <transport Transport>
-class communicator;
+class started_calls;
 
 class collective_handle : public detail::call_handle {
  public:
@@ -36,9 +39,9 @@ class collective_handle : public detail::call_handle {
 
  private:
   template <transport Transport>
-  friend class communicator;
+  friend class started_calls;
 
-  /// The started call, type-erased; the communicator that queued it reads it back.
+  /// The started call, type-erased; run() reads it back.
   struct arguments {
     collective kind = collective::barrier;
     const void* in = nullptr;
@@ -63,6 +66,23 @@ class collective_handle : public detail::call_handle {
   template <element T>
   std::span<T> out() const noexcept {
     return {static_cast<T*>(call_.out), call_.out_count};
+  }
+
+  /// The progress thread's side of a started call (a detail::pending_operation::runner):
+  /// the blocking form of the call on `context`, the Communicator that queued it.
+  template <class Communicator, element T, collective Kind>
+  static std::error_code run(void* context, void* subject, std::string& message) noexcept {
+    return detail::report(message, [&] {
+      auto& comm = *static_cast<Communicator*>(context);
+      const auto& handle = *static_cast<const collective_handle*>(subject);
+      const std::span<const T> in = handle.in<T>();
+      const std::span<T> out = handle.out<T>();
+      const reduce_op op = handle.call_.op;
+      if constexpr (Kind == collective::allreduce) comm.allreduce(in, out, op);
+      else if constexpr (Kind == collective::reduce_scatter) comm.reduce_scatter(in, out, op);
+      else if constexpr (Kind == collective::all_gather) comm.all_gather(in, out);
+      else comm.broadcast(out, handle.call_.root);
+    });
   }
 
   arguments call_{};  // read by the progress thread

@@ -22,10 +22,10 @@
 /// @par Thread safety
 /// One thread at a time per communicator and the communicators split from it (they
 /// share one transport); unrelated communicators are independent. Calls started
-/// without waiting (start_allreduce, start_all_gather, …) run on one progress thread
-/// that a communicator shares with those split from it, in the order they were
-/// started; any other call first waits until they have run, so every rank still runs
-/// its collectives in program order.
+/// without waiting (start_allreduce, start_all_gather, …: started_calls.hpp) run on
+/// one progress thread that a communicator shares with those split from it, in the
+/// order they were started; any other call first waits until they have run, so every
+/// rank still runs its collectives in program order.
 
 #include <qcoll/algorithms/binomial_tree.hpp>
 #include <qcoll/algorithms/dissemination.hpp>
@@ -43,12 +43,11 @@
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/format.hpp>
 #include <qcoll/detail/log.hpp>
-#include <qcoll/detail/outcome.hpp>
-#include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/detail/shared_connection.hpp>
 #include <qcoll/detail/split.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/error_code_forms.hpp>
+#include <qcoll/started_calls.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
 #include <qcoll/transports/subgroup.hpp>
@@ -84,8 +83,10 @@ struct communicator_options {
 /// transports do: exact collectives run their ring in rank order over it, and
 /// compressed ones send each stripe straight to its owner.
 template <transport Transport>
-class communicator : public error_code_forms<Transport> {
+class communicator : public started_calls<Transport>, public error_code_forms<Transport> {
+  using started = started_calls<Transport>;   // the forms that start a call and return at once
   using forms = error_code_forms<Transport>;  // the std::error_code forms of the calls below
+  friend started;
 
  public:
   using transport_type = Transport;
@@ -336,29 +337,6 @@ class communicator : public error_code_forms<Transport> {
     run_plan(plan, {.tensors = tensors, .op = op});
   }
 
-  /// Starts the same call on the communicator's progress thread and returns at once;
-  /// plan.test() and plan.wait() finish it. `in` and `out` must stay valid and
-  /// untouched until then. Several plans may be in flight; they run one after
-  /// another in start order, which must be the same on every rank.
-  /// @par Errors
-  /// invalid_argument at once for a plan already in flight; everything else is
-  /// reported by plan.wait().
-  template <allreduce_plan<channel_type> Plan>
-  void start_allreduce(Plan& plan, std::span<const typename Plan::value_type> in,
-                       std::span<typename Plan::value_type> out, reduce_op op) {
-    plan.require_idle("start_allreduce");
-    shared_->progress().submit(plan.queue_call({.in = in, .out = out, .op = op}), &run_started<Plan>, this, &plan);
-  }
-  template <allreduce_plan<channel_type> Plan>
-  void start_allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
-    start_allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
-  }
-  template <allreduce_plan<channel_type> Plan>
-  void start_allreduce(Plan& plan, std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op) {
-    plan.require_idle("start_allreduce");
-    shared_->progress().submit(plan.queue_call({.tensors = tensors, .op = op}), &run_started<Plan>, this, &plan);
-  }
-
   /// Point to point: sends `data` to rank `to`, which takes it with a recv (or
   /// send_recv) from this rank of the same size and type. Messages between a pair of
   /// ranks arrive in the order they were sent, and are numbered per pair, so a receive
@@ -393,41 +371,10 @@ class communicator : public error_code_forms<Transport> {
     sending.complete_send(sent, to, outgoing.size_bytes());
   }
 
-  /// The exact collectives, started on the progress thread: each returns at once and
-  /// `handle` finishes it (handle.test(), handle.wait()). Arguments and results are
-  /// those of the blocking call; `in`, `out` and `data` must stay valid and untouched
-  /// until wait() returns, and are the caller's again after it. Started calls run one
-  /// after another in start order, which must be the same on every rank, and before
-  /// any later blocking call of this communicator (or one sharing its transport).
-  /// @par Errors
-  /// invalid_argument at once for a handle already in flight; everything else,
-  /// argument checks included, is reported by handle.wait().
-  template <element T>
-  void start_allreduce(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle) {
-    start<T, collective::allreduce>(handle, in, out, op, 0);
-  }
-  template <element T>
-  void start_allreduce(std::span<T> data, reduce_op op, collective_handle& handle) {
-    start<T, collective::allreduce>(handle, std::span<const T>(data), data, op, 0);
-  }
-  template <element T>
-  void start_reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, collective_handle& handle) {
-    start<T, collective::reduce_scatter>(handle, in, out, op, 0);
-  }
-  template <element T>
-  void start_all_gather(std::span<const T> in, std::span<T> out, collective_handle& handle) {
-    start<T, collective::all_gather>(handle, in, out, reduce_op::sum, 0);
-  }
-  template <element T>
-  void start_broadcast(std::span<T> data, rank_t root, collective_handle& handle) {
-    start<T, collective::broadcast>(handle, std::span<const T>(data), data, reduce_op::sum, root);
-  }
-
-  /// Blocks until every call started without waiting has run (their outcomes stay
-  /// with their plans and handles).
-  void wait_all() { quiesce(); }
-
-  // The std::error_code forms: the same calls, reporting instead of throwing (error_code_forms.hpp).
+  // Calls started without waiting (started_calls.hpp: start_allreduce, …, wait_all), and
+  // the std::error_code forms of every call: the same calls, reporting instead of
+  // throwing (error_code_forms.hpp).
+  using started::start_allreduce, started::start_reduce_scatter, started::start_all_gather, started::start_broadcast;
   using forms::allreduce, forms::reduce_scatter, forms::all_gather, forms::broadcast, forms::barrier, forms::send,
       forms::recv, forms::send_recv, forms::split, forms::start_allreduce, forms::start_reduce_scatter,
       forms::start_all_gather, forms::start_broadcast;
@@ -509,36 +456,6 @@ class communicator : public error_code_forms<Transport> {
   group_view group() {
     if (!fully_linked_) fully_linked_ = topology_.fully_linked();
     return {rank(), size(), topology_.ring_order(), *fully_linked_};
-  }
-
-  template <element T, collective Kind>
-  void start(collective_handle& handle, std::span<const T> in, std::span<T> out, reduce_op op, rank_t root) {
-    shared_->progress().submit(handle.queue(Kind, in, out, op, root), &run_started_collective<T, Kind>, this, &handle);
-  }
-
-  /// The progress thread's side of start_allreduce(plan, …).
-  template <class Plan>
-  static std::error_code run_started(void* self, void* subject, std::string& message) noexcept {
-    return detail::report(message, [&] {
-      auto& plan = *static_cast<Plan*>(subject);
-      static_cast<communicator*>(self)->run_plan(plan, plan.queued_call());
-    });
-  }
-
-  /// The progress thread's side of start_allreduce(in, out, op, handle) and the others.
-  template <element T, collective Kind>
-  static std::error_code run_started_collective(void* self, void* subject, std::string& message) noexcept {
-    return detail::report(message, [&] {
-      auto& comm = *static_cast<communicator*>(self);
-      const auto& handle = *static_cast<const collective_handle*>(subject);
-      const std::span<const T> in = handle.in<T>();
-      const std::span<T> out = handle.out<T>();
-      const reduce_op op = handle.call_.op;
-      if constexpr (Kind == collective::allreduce) comm.allreduce(in, out, op);
-      else if constexpr (Kind == collective::reduce_scatter) comm.reduce_scatter(in, out, op);
-      else if constexpr (Kind == collective::all_gather) comm.all_gather(in, out);
-      else comm.broadcast(out, handle.call_.root);
-    });
   }
 
   /// One call of a plan: the checks every plan shares, then the plan's own, then the call.
