@@ -29,32 +29,32 @@
 
 #include <qcoll/algorithms/binomial_tree.hpp>
 #include <qcoll/algorithms/dissemination.hpp>
-#include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/halving_doubling.hpp>
+#include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/recursive_doubling.hpp>
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/algorithms/workspace.hpp>
-#include <qcoll/collective_handle.hpp>
 #include <qcoll/buffer.hpp>
+#include <qcoll/collective_handle.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
+#include <qcoll/core/message.hpp>
 #include <qcoll/core/partition.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/describe.hpp>
 #include <qcoll/detail/format.hpp>
 #include <qcoll/detail/log.hpp>
 #include <qcoll/detail/shared_connection.hpp>
 #include <qcoll/detail/split.hpp>
-#include <qcoll/plan.hpp>
 #include <qcoll/error_code_forms.hpp>
+#include <qcoll/plan.hpp>
 #include <qcoll/started_calls.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
 #include <qcoll/transports/subgroup.hpp>
-#include <qcoll/tuning/table.hpp>
 #include <qcoll/tuning/choose.hpp>
-#include <qcoll/core/message.hpp>
-#include <qcoll/detail/describe.hpp>
+#include <qcoll/tuning/table.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -62,8 +62,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <string_view>
 #include <span>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -210,10 +210,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   void allreduce(std::span<const T> in, std::span<T> out, reduce_op op) {
     const choose::choice way = choose::allreduce(tuning_, world(), in.size_bytes(), largest_block(in.size()) * sizeof(T));
     auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
-    if (in.size() != out.size())
-      step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
-    if (!detail::same_range(in, out) && detail::overlaps(in, out))
-      step.fail(errc::invalid_argument, "input and output overlap without being the same range");
+    detail::check_same_or_disjoint(step, in, out);
 
     if (way.algorithm == algorithm::recursive_doubling)
       return workspace_.allreduce_by_exchanges(step, rank(), size(), in, out, op, [](auto&&... a) {
@@ -458,29 +455,12 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     return {rank(), size(), topology_.ring_order(), *fully_linked_};
   }
 
-  /// One call of a plan: the checks every plan shares, then the plan's own, then the call.
+  /// One call of a plan (plan.hpp, run_plan_call).
   template <class Plan>
   void run_plan(Plan& plan, const plan_call<typename Plan::value_type>& call) {
-    using T = typename Plan::value_type;
-    std::size_t count = call.in.size();
-    for (const std::span<T>& t : call.tensors) count += t.size();
-    auto step = begin(Plan::collective_kind, dtype_of<T>::value, call.op, count, plan.header_root());
-    const group_view facts = group();
-    plan.refuse_if_excluded(facts);  // after begin: the rank's later collectives stay numbered like everyone's
-    if (call.fused()) {
-      plan.check_tensors(step, call.tensors);
-    } else {
-      if (call.in.size() != call.out.size())
-        step.fail(errc::invalid_argument, "input has {} elements but output has {}", call.in.size(), call.out.size());
-      if (!detail::same_range(call.in, call.out) && detail::overlaps(call.in, call.out))
-        step.fail(errc::invalid_argument, "input and output overlap without being the same range");
-    }
-    if (call.op != reduce_op::sum && call.op != reduce_op::avg)
-      step.fail(errc::invalid_argument, "a quantized allreduce sums or averages; {} is not supported",
-                to_string(call.op));
-    if (count != plan.count()) step.fail(errc::invalid_argument, "the plan was made for {} elements", plan.count());
-    plan.check(step, facts);
-    plan.run(step, call);
+    auto step = begin(Plan::collective_kind, dtype_of<typename Plan::value_type>::value, call.op, call.count(),
+                      plan.header_root());
+    run_plan_call(plan, step, group(), call);
   }
 
   // Declared first: it is moved (after the started calls have run) before the rest.

@@ -56,6 +56,12 @@ struct plan_call {
   reduce_op op = reduce_op::sum;
 
   bool fused() const noexcept { return !tensors.empty(); }
+  /// How many values the call reduces.
+  std::size_t count() const noexcept {
+    std::size_t values = in.size();
+    for (const std::span<T>& t : tensors) values += t.size();
+    return values;
+  }
 };
 
 /// What a communicator needs of a plan. The communicator numbers the call (its
@@ -87,6 +93,24 @@ concept allreduce_plan =
       { plan.queue_call(call) } -> std::same_as<detail::pending_operation&>;
       { cplan.queued_call() } -> std::same_as<plan_call<typename P::value_type>>;
     };
+
+/// One call of `plan` on `step`, which the communicator began for it (numbered, with
+/// header_root() in its header), on a rank of `group`: the plan refuses a rank it
+/// excludes, then come the checks every plan shares, the plan's own, and the call.
+template <class Plan, class Transport>
+  requires allreduce_plan<Plan, Transport>
+void run_plan_call(Plan& plan, algorithms::primitives<Transport>& step, const group_view& group,
+                   const plan_call<typename Plan::value_type>& call) {
+  plan.refuse_if_excluded(group);  // after begin: the rank's later collectives stay numbered like everyone's
+  if (call.fused()) plan.check_tensors(step, call.tensors);
+  else detail::check_same_or_disjoint(step, call.in, call.out);
+  if (call.op != reduce_op::sum && call.op != reduce_op::avg)
+    step.fail(errc::invalid_argument, "a quantized allreduce sums or averages; {} is not supported",
+              to_string(call.op));
+  if (call.count() != plan.count()) step.fail(errc::invalid_argument, "the plan was made for {} elements", plan.count());
+  plan.check(step, group);
+  plan.run(step, call);
+}
 
 /// The element types a plan over quantizer Q takes: Q's own, or a 16-bit type when
 /// Q works in float (the plan widens, reduces through Q in float, rounds once).

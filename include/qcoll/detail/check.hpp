@@ -40,4 +40,14 @@ bool same_range(std::span<A> a, std::span<B> b) noexcept {
          static_cast<const void*>(a.data()) == static_cast<const void*>(b.data());
 }
 
+/// Fails `step` (a call's primitives) with invalid_argument unless `in` and `out` have
+/// the same size and are the same range or disjoint, as an allreduce takes them.
+template <class Step, class In, class Out>
+void check_same_or_disjoint(Step& step, std::span<In> in, std::span<Out> out) {
+  if (in.size() != out.size())
+    step.fail(errc::invalid_argument, "input has {} elements but output has {}", in.size(), out.size());
+  if (!same_range(in, out) && overlaps(in, out))
+    step.fail(errc::invalid_argument, "input and output overlap without being the same range");
+}
+
 }  // namespace qcoll::detail
