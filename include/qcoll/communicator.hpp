@@ -48,6 +48,7 @@
 #include <qcoll/detail/shared_connection.hpp>
 #include <qcoll/detail/split.hpp>
 #include <qcoll/error_code_forms.hpp>
+#include <qcoll/execution/dispatch.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/started_calls.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
@@ -211,6 +212,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     const choose::choice way = choose::allreduce(tuning_, world(), in.size_bytes(), largest_block(in.size()) * sizeof(T));
     auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
     detail::check_same_or_disjoint(step, in, out);
+    execution::require_host(step, {{"the input", in}, {"the output", out}});
 
     if (way.algorithm == algorithm::recursive_doubling)
       return workspace_.allreduce_by_exchanges(step, rank(), size(), in, out, op, [](auto&&... a) {
@@ -243,6 +245,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
                 in.size(), mine.size);
     if (detail::overlaps(in, out) && !detail::same_range(mine.of(in), out))
       step.fail(errc::invalid_argument, "output overlaps the input other than as exactly block {}", rank());
+    execution::require_host(step, {{"the input", in}, {"the output", out}});
 
     workspace_.reduce_scatter_by_ring(step, ring(), in, out, op);
   }
@@ -261,6 +264,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
                 out.size(), mine.size);
     if (detail::overlaps(in, out) && !detail::same_range(in, mine.of(out)))
       step.fail(errc::invalid_argument, "input overlaps the output other than as exactly block {}", rank());
+    execution::require_host(step, {{"the input", in}, {"the output", out}});
     if (!detail::same_range(in, mine.of(out))) std::copy(in.begin(), in.end(), mine.of(out).begin());
     algorithms::ring_all_gather<channel_type, T>(step, ring(), out);
   }
@@ -276,6 +280,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     const choose::choice way = choose::broadcast(tuning_, world(), data.size_bytes());
     auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root, way);
     if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
+    execution::require_host(step, {{"the data", data}});
     if (way.algorithm == algorithm::binomial_tree)
       return algorithms::binomial_tree_broadcast<channel_type, T>(step, rank(), size(), root, data);
     const algorithms::ring_view ring = this->ring();
@@ -344,6 +349,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void send(std::span<const T> data, rank_t to) {
     auto step = begin_point_to_point<T>(sent_to_, to, data.size());
+    execution::require_host(step, {{"the data", data}});
     step.send(to, data);
   }
 
@@ -351,6 +357,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void recv(std::span<T> data, rank_t from) {
     auto step = begin_point_to_point<T>(received_from_, from, data.size());
+    execution::require_host(step, {{"the data", data}});
     step.recv(from, data);
   }
 
@@ -361,6 +368,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   void send_recv(std::span<const T> outgoing, rank_t to, std::span<T> incoming, rank_t from) {
     auto receiving = begin_point_to_point<T>(received_from_, from, incoming.size());
     auto sending = begin_point_to_point<T>(sent_to_, to, outgoing.size());
+    execution::require_host(receiving, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}});
     typename channel_type::request received, sent;
     receiving.post_recv(received, from, 0, incoming);
     sending.post_send(sent, to, 0, outgoing);

@@ -102,8 +102,13 @@ template <class Plan, class Transport>
 void run_plan_call(Plan& plan, algorithms::primitives<Transport>& step, const group_view& group,
                    const plan_call<typename Plan::value_type>& call) {
   plan.refuse_if_excluded(group);  // after begin: the rank's later collectives stay numbered like everyone's
-  if (call.fused()) plan.check_tensors(step, call.tensors);
-  else detail::check_same_or_disjoint(step, call.in, call.out);
+  if (call.fused()) {
+    plan.check_tensors(step, call.tensors);
+    for (const auto& tensor : call.tensors) execution::require_host(step, {{"a tensor", tensor}});
+  } else {
+    detail::check_same_or_disjoint(step, call.in, call.out);
+    execution::require_host(step, {{"the input", call.in}, {"the output", call.out}});
+  }
   if (call.op != reduce_op::sum && call.op != reduce_op::avg)
     step.fail(errc::invalid_argument, "a quantized allreduce sums or averages; {} is not supported",
               to_string(call.op));

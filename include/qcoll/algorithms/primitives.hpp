@@ -7,12 +7,10 @@
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
-#include <qcoll/kernels/cpu/convert.hpp>
-#include <qcoll/kernels/cpu/reduce.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/describe.hpp>
-
 #include <qcoll/detail/format.hpp>
+#include <qcoll/execution/kernels.hpp>
 
 #include <algorithm>
 #include <array>
@@ -66,7 +64,7 @@ class primitives {
                                    const std::span<std::byte> into = std::as_writable_bytes(incoming).subspan(offset, bytes);
                                    const std::span<const std::byte> mapped = map_peer(from, region, address + offset, bytes);
                                    if (mapped.empty()) return transport_.read_peer(from, address + offset, into);
-                                   std::memcpy(into.data(), mapped.data(), bytes);
+                                   execution::copy(into, mapped);
                                    return std::error_code();
                                  });
     }
@@ -122,8 +120,8 @@ class primitives {
   /// result = incoming ⊕ own, own widened to float first when it holds 16-bit values.
   template <arithmetic_element T, element Own>
   static void reduce_into(reduce_op op, std::span<const T> incoming, std::span<const Own> own, std::span<T> result) {
-    if constexpr (std::same_as<T, Own>) kernels::cpu::reduce<T>(op, incoming, own, result);
-    else kernels::cpu::reduce_widened(op, incoming, own, result);
+    if constexpr (std::same_as<T, Own>) execution::reduce<T>(op, incoming, own, result);
+    else execution::reduce_widened(op, incoming, own, result);
   }
 
   /// True when ring phases go as pipelines of slices (slice_reductions() asked for it
@@ -485,7 +483,7 @@ class primitives {
       for (std::size_t k_staged = 0, k_read = 0; k_staged < staged || k_read < to_read;) {
         if (k_staged < staged) {
           const std::size_t offset = k_staged * stage_slice, bytes = std::min(stage_slice, source.size() - offset);
-          std::memcpy(staging_[0].data() + offset, source.data() + offset, bytes);  // fresh blocks go to half 0
+          execution::copy(staging_[0].subspan(offset, bytes), source.subspan(offset, bytes));  // fresh blocks go to half 0
           post_send(readies_sent.emplace_back(), to, tag_, std::span<const std::byte>());
           ++k_staged;
         }

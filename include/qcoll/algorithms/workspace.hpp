@@ -17,7 +17,7 @@
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/log.hpp>
-#include <qcoll/kernels/cpu/convert.hpp>
+#include <qcoll/execution/kernels.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -69,7 +69,7 @@ class workspace {
         return;
       }
       const block_range mine = ring.block_at(in.size(), 0);
-      kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
+      execution::narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
       ring_all_gather<Channel, T>(step, ring, out);
     } else {
       if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
@@ -95,7 +95,7 @@ class workspace {
       return;
     }
     if constexpr (half_element<T>) {
-      kernels::cpu::narrow(reduce_scatter_in_float(step, ring, in, op), out);
+      execution::narrow(reduce_scatter_in_float(step, ring, in, op), out);
     } else {
       // Partials alternate between two scratch blocks: step s sends one while receiving
       // into the other. The last step writes the result straight into `out`.
@@ -124,9 +124,9 @@ class workspace {
                               std::span<T> out, reduce_op op, Algorithm run) {
     if constexpr (half_element<T>) {
       const std::span<float> values = scratch<float>(0, in.size());
-      kernels::cpu::widen(in, values);
+      execution::widen(in, values);
       run(step, rank, n, values, scratch<float>(1, in.size()), op);
-      kernels::cpu::narrow(std::span<const float>(values), out);
+      execution::narrow(std::span<const float>(values), out);
     } else {
       if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
       run(step, rank, n, out, scratch<T>(0, in.size()), op);
@@ -167,7 +167,7 @@ class workspace {
       // which step 0 leaves alone.
       std::span<const float> own(block_range b) const {
         const std::span<float> into = partials[1].first(b.size);
-        kernels::cpu::widen(b.of(input), into);
+        execution::widen(b.of(input), into);
         return into;
       }
       std::span<const T> contribution(block_range b) const { return b.of(input); }

@@ -116,4 +116,13 @@ inline void require_space(const char* what, memory_space expected, std::initiali
                                                        : " (a call on device memory takes device pointers)");
 }
 
+/// For collectives and plans: fails `step` — aborting the call, so every rank hears
+/// of it — unless every buffer lives in host memory, where their kernels run.
+template <class Step>
+void require_host(Step& step, std::initializer_list<named_buffer> buffers) {
+  if (const named_buffer* wrong = misplaced(memory_space::host, buffers))
+    step.fail(errc::invalid_argument,
+              "{} is in device memory; this call takes host memory (device buffers: docs/gpu.md)", wrong->name);
+}
+
 }  // namespace qcoll::execution

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// The kernels the exact collectives and the plans run between their steps —
-/// reduce, the average's division, the 16-bit conversions — for each memory space:
+/// reduce, the average's division, the 16-bit conversions, copies — for each memory space:
 /// the host forms on the CPU backend, the device_stream forms on the CUDA backend
 /// (dispatch.hpp). Algorithms call these, never a backend by name.
 
@@ -13,6 +13,7 @@
 #include <qcoll/kernels/cpu/reduce.hpp>
 
 #include <cstddef>
+#include <cstring>
 #include <span>
 
 namespace qcoll::execution {
@@ -43,6 +44,12 @@ void widen(std::span<const Half> in, std::span<float> out) noexcept {
 template <half_element Half>
 void narrow(std::span<const float> in, std::span<Half> out) noexcept {
   kernels::cpu::narrow(in, out);
+}
+
+/// into = from, both `into.size()` bytes (a step's read of a peer's mapped block, or
+/// its staging). Host memory.
+inline void copy(std::span<std::byte> into, std::span<const std::byte> from) noexcept {
+  if (!into.empty()) std::memcpy(into.data(), from.data(), into.size());
 }
 
 /// The same on device memory, queued on `where`'s stream.
