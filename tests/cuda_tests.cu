@@ -8,10 +8,12 @@
 //   NaN and Inf; residuals carried over many steps), 16-bit inputs, frames decoded
 //   on the other side;
 // - bad input: a host pointer to a device call, a device pointer to a host call, a
-//   corrupted frame (an error, `out` untouched).
+//   corrupted frame (an error, `out` untouched), device memory given to a collective
+//   (invalid_argument on every rank).
 // Without a CUDA device it reports itself skipped (exit 77, which ctest shows as
 // skipped). tools/gpu-check runs it, also under compute-sanitizer.
 
+#include <qcoll/communicator.hpp>
 #include <qcoll/core/half.hpp>
 #include <qcoll/execution/device_memory.hpp>
 #include <qcoll/execution/kernels.hpp>
@@ -22,6 +24,7 @@
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
+#include <qcoll/transports/inproc.hpp>
 
 #include "support/half_inputs.hpp"
 #include "support/quantizer_inputs.hpp"
@@ -33,6 +36,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -302,6 +306,26 @@ void bad_input_is_refused() {
         "a padding bit set is protocol_error on the device, out untouched");
 }
 
+/// An exact collective given device memory on one rank fails on every rank with
+/// invalid_argument (the collectives run on host memory until device collectives exist).
+void collectives_refuse_device_buffers() {
+  const qcoll::rank_t ranks = 2;
+  qcoll::transports::inproc::world world(ranks);
+  const auto device_values = on_device(std::vector<float>(64, 1.0f));
+  std::error_code codes[ranks];
+  {
+    std::vector<std::jthread> threads;
+    for (qcoll::rank_t r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] {
+        qcoll::communicator comm(world.endpoint(r));
+        std::vector<float> host(64, 1.0f);
+        comm.allreduce(r == 0 ? device_values.span() : std::span<float>(host), qcoll::reduce_op::sum, codes[r]);
+      });
+  }
+  check(codes[0] == qcoll::errc::invalid_argument && codes[1] == qcoll::errc::invalid_argument,
+        "an allreduce given device memory on rank 0 fails with invalid_argument on both ranks");
+}
+
 }  // namespace
 
 int main() {
@@ -322,6 +346,7 @@ int main() {
     sixteen_bit_inputs<qcoll::bfloat16>("bfloat16");
     sixteen_bit_inputs<qcoll::float16>("float16");
     bad_input_is_refused();
+    collectives_refuse_device_buffers();
     if (!small_run) sixty_four_mebi_values();
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());

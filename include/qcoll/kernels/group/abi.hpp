@@ -75,17 +75,13 @@ QCOLL_HOST_DEVICE inline T load(const std::byte* at) noexcept {
   return value;
 }
 
-QCOLL_HOST_DEVICE inline std::uint32_t bits_of(float value) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
+/// This build's own copy of the 16-bit float conversions (core/half.hpp): the tag
+/// lives in the ABI namespace, so each instruction set's copy has its own symbols.
+struct abi_tag {};
+using half_bits = qcoll::detail::half_bits<abi_tag>;
 
-QCOLL_HOST_DEVICE inline float float_of(std::uint32_t bits) noexcept {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
+QCOLL_HOST_DEVICE inline std::uint32_t bits_of(float value) noexcept { return half_bits::bits_of(value); }
+QCOLL_HOST_DEVICE inline float float_of(std::uint32_t bits) noexcept { return half_bits::float_from(bits); }
 
 /// Neither NaN nor ±Inf, from the bits (immune to -ffast-math).
 QCOLL_HOST_DEVICE inline bool is_finite(float value) noexcept { return (bits_of(value) & 0x7f800000u) != 0x7f800000u; }
@@ -179,10 +175,6 @@ QCOLL_HOST_DEVICE inline float accumulate(float out, float value) noexcept {
   return sum;
 }
 
-/// This build's own copy of the 16-bit float conversions (core/half.hpp): the tag
-/// lives in the ABI namespace, so each instruction set's copy has its own symbols.
-struct abi_tag {};
-using half_bits = qcoll::detail::half_bits<abi_tag>;
 
 /// Value i of an input of type In, as float (16-bit values widen exactly).
 QCOLL_HOST_DEVICE inline float widened(const float* x, std::size_t i) noexcept { return x[i]; }
