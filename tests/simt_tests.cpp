@@ -12,6 +12,7 @@
 #include "support/threaded_tile.hpp"
 
 #include <qcoll/core/half.hpp>
+#include <qcoll/execution/device_memory.hpp>
 #include <qcoll/kernels/simt/bfp.hpp>
 #include <qcoll/kernels/simt/k_level.hpp>
 #include <qcoll/kernels/simt/one_bit.hpp>
@@ -302,6 +303,26 @@ BOOST_AUTO_TEST_CASE(record_checks_agree_with_the_quantizers_on_corrupted_frames
   BOOST_TEST_MESSAGE(accepted << " corrupted frames accepted by both, " << refused << " refused by both");
   BOOST_TEST(refused > 0);
   BOOST_TEST(accepted > 0);
+}
+
+// quantizer_tests links qcoll::qcoll without the CUDA backend: a call on device memory
+// is a clear error naming what is missing, never a crash; host calls are unaffected.
+BOOST_AUTO_TEST_CASE(a_device_call_without_the_cuda_backend_is_a_clear_error) {
+  const quantizers::one_bit q;
+  std::vector<float> values(100, 1.0f), out(100);
+  std::vector<std::byte> frame(q.encoded_size(values.size()));
+  const auto names_the_target = [](const qcoll::error& e) {
+    return e.code() == errc::invalid_argument && std::string(e.what()).find("qcoll::cuda") != std::string::npos;
+  };
+  BOOST_CHECK_EXCEPTION(q.encode(execution::device_stream{}, std::span<const float>(values), std::span<const float>(),
+                                 std::span<float>(), std::span<std::byte>(frame)),
+                        qcoll::error, names_the_target);
+  BOOST_CHECK_EXCEPTION((void)q.decode(execution::device_stream{}, frame, std::span<float>(out)), qcoll::error,
+                        names_the_target);
+  BOOST_CHECK_EXCEPTION(execution::device_memory<float>(16), qcoll::error, names_the_target);
+  q.encode(values, std::span<float>(), frame);
+  BOOST_TEST(!q.decode(frame, std::span<float>(out)));
+  BOOST_TEST(out[0] == 1.0f);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
