@@ -335,7 +335,8 @@ int main() {
   }
   try {
     for (std::size_t n : {0ul, 1ul, 37ul, 1000ul, (1ul << 20) + 3})
-      for (auto op : {qcoll::reduce_op::sum, qcoll::reduce_op::avg, qcoll::reduce_op::min, qcoll::reduce_op::max}) {
+      for (auto op : {qcoll::reduce_op::sum, qcoll::reduce_op::avg, qcoll::reduce_op::min, qcoll::reduce_op::max,
+                      qcoll::reduce_op::product}) {
         compare_with_reference<float>(n, op);
         compare_with_reference<double>(n, op);
       }

@@ -15,7 +15,8 @@
 
 namespace qcoll::test {
 
-inline constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max};
+inline constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
+                                       reduce_op::product};
 
 /// 0, 1, …, n − 1: the ring order of topologies::ring(n) and fully_connected(n).
 inline std::vector<rank_t> natural_order(std::size_t n) {
@@ -31,6 +32,7 @@ T apply(reduce_op op, T a, T b) {
     case reduce_op::avg: return a + b;
     case reduce_op::min: return std::isnan(a) ? a : std::isnan(b) ? b : (a < b ? a : b);
     case reduce_op::max: return std::isnan(a) ? a : std::isnan(b) ? b : (a > b ? a : b);
+    case reduce_op::product: return a * b;
   }
   return a;
 }

@@ -44,7 +44,7 @@ concept half_element = element<T> && !std::is_floating_point_v<T>;
 /// - sum: IEEE addition in the documented fixed order (see docs/algorithms.md).
 /// - avg: the sum divided by the number of ranks, once, by the rank that owns the block.
 /// - min/max: `a < b` (`a > b`) picks a, else b; a NaN in either operand propagates.
-enum class reduce_op : std::uint8_t { sum = 1, avg = 2, min = 3, max = 4 };
+enum class reduce_op : std::uint8_t { sum = 1, avg = 2, min = 3, max = 4, product = 5 };
 
 /// The collective a message belongs to; part of every message header so that
 /// ranks calling different collectives are detected instead of exchanging garbage.
@@ -77,7 +77,7 @@ enum class algorithm : std::uint8_t {
 /// The largest value of each wire enum, for decoders that check what a peer sent
 /// (every enum starts at 1 and has no gaps).
 inline constexpr std::uint8_t max_dtype = static_cast<std::uint8_t>(dtype::f16);
-inline constexpr std::uint8_t max_reduce_op = static_cast<std::uint8_t>(reduce_op::max);
+inline constexpr std::uint8_t max_reduce_op = static_cast<std::uint8_t>(reduce_op::product);
 inline constexpr std::uint8_t max_collective = static_cast<std::uint8_t>(collective::point_to_point);
 inline constexpr std::uint8_t max_algorithm = static_cast<std::uint8_t>(algorithm::halving_doubling);  // from 0
 
@@ -97,6 +97,7 @@ constexpr const char* to_string(reduce_op op) noexcept {
     case reduce_op::avg: return "avg";
     case reduce_op::min: return "min";
     case reduce_op::max: return "max";
+    case reduce_op::product: return "product";
   }
   return "reduce_op?";
 }

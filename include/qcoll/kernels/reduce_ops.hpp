@@ -15,6 +15,13 @@ struct add {
   }
 };
 
+struct multiply {
+  template <class T>
+  QCOLL_HOST_DEVICE T operator()(T a, T b) const noexcept {
+    return a * b;
+  }
+};
+
 // `a != a` keeps a NaN in either operand: a NaN in b fails `a < b` and yields b.
 struct minimum {
   template <class T>
@@ -38,6 +45,7 @@ decltype(auto) with_operator(reduce_op op, Fn&& fn) {
   switch (op) {
     case reduce_op::min: return fn(minimum{});
     case reduce_op::max: return fn(maximum{});
+    case reduce_op::product: return fn(multiply{});
     case reduce_op::sum:
     case reduce_op::avg: break;
   }
