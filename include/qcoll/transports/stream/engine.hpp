@@ -27,6 +27,7 @@
 #include <qcoll/tuning/table.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -241,6 +242,11 @@ class engine {
   /// The first abort's code and reason, this rank's or a peer's; empty while intact.
   transports::failure failure() const { return failure_; }
 
+  /// Bytes this rank has written into its pipes or sockets, record headers included:
+  /// what it sent, measured where it leaves (a single-copy step's block, which the peer
+  /// reads from this rank's memory, is not among them).
+  std::uint64_t bytes_written() const noexcept { return bytes_written_.load(std::memory_order_relaxed); }
+
   /// Why the stream from or to `peer` broke; empty while it is intact.
   std::string_view lost_reason(rank_t peer) const noexcept {
     return peers_[peer].in.broken ? std::string_view(peers_[peer].in.why) : std::string_view(peers_[peer].out.why);
@@ -357,6 +363,7 @@ class engine {
     std::string lost;
     const std::size_t n = pipes_->write_some_gathered(p, first, second, lost);
     if (!lost.empty()) break_out(p, make_error_code(errc::peer_lost), "peer " + std::to_string(p) + ": " + lost);
+    bytes_written_.fetch_add(n, std::memory_order_relaxed);
     return n;
   }
 
@@ -682,6 +689,7 @@ class engine {
   engine_options options_;
   std::vector<peer_state> peers_;
   transports::failure failure_;
+  std::atomic<std::uint64_t> bytes_written_{0};  // written by the engine's thread, read by anyone
   std::vector<char> want_read_ = std::vector<char>(size_);
   std::vector<char> want_write_ = std::vector<char>(size_);
   std::array<std::byte, 64 << 10> discard_{};  // where dropped payload is read to
@@ -706,6 +714,8 @@ class endpoint {
   std::error_code wait(request& r, deadline until) { return engine_->wait(r, until); }
   void abort(std::error_code code, std::string_view reason) { engine_->abort(code, reason); }
   transports::failure failure() const { return engine_->failure(); }
+  /// Bytes this rank has sent through the transport (engine::bytes_written).
+  std::uint64_t bytes_written() const noexcept { return engine_->bytes_written(); }
 
  protected:
   explicit endpoint(std::unique_ptr<engine> core) : engine_(std::move(core)) {}
