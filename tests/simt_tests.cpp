@@ -35,10 +35,13 @@ namespace wire = qcoll::quantizers::wire;
 namespace {
 
 /// Counts around the boundaries a tile cares about: its 16 lanes, bytes of codes,
-/// and groups of `group` values.
+/// and groups of `group` values. Large groups get only the counts around them (the
+/// small counts are one short group, as with the small groups): a threaded tile takes
+/// a barrier per 16 values, and the suite runs in every CI configuration.
 std::vector<std::size_t> tile_counts(std::size_t group) {
-  std::vector<std::size_t> counts{0, 1, 7, 8, 9, 15, 16, 17, 33, 100};
-  for (std::size_t n : {group - 1, group, group + 1, 2 * group + 17}) counts.push_back(n);
+  std::vector<std::size_t> counts{group - 1, group + 1, 2 * group + 17};
+  if (group <= 64)
+    for (std::size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 100}) counts.push_back(n);
   std::sort(counts.begin(), counts.end());
   counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
   return counts;
@@ -103,7 +106,7 @@ BOOST_AUTO_TEST_CASE(one_bit_tiles_write_the_references_records_residuals_and_me
               // 0: no feedback; 1: feedback, in place; 2: split residuals and a memory
               // of previous tables (every third group without one yet); 3: feedback in
               // place with a fresh memory.
-              if (group == 2048 && mode == 3) continue;  // mode 2 covers memories at this size
+              if (group == 2048 && (mode == 0 || mode == 3)) continue;  // modes 1 and 2 cover the paths
               const quantizers::one_bit_options options{
                   .group_size = group, .threshold = threshold, .reconstruction = reconstruction};
               const auto layout = wire::one_bit_layout(group);
@@ -160,9 +163,10 @@ BOOST_AUTO_TEST_CASE(k_level_tiles_write_the_references_records_and_residuals) {
     for (unsigned levels : {2u, 5u, 16u, 256u})
       for (auto rounding : {quantizers::rounding::nearest, quantizers::rounding::stochastic})
         for (std::size_t n : tile_counts(group))
-          for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(3 * n + levels)))
-            for (bool feedback : {false, true}) {
-              if (group == 2048 && (levels == 5 || input.name.find("equal") != std::string::npos)) continue;
+          for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(3 * n + levels))) {
+              if (group == 2048 && levels != 16) continue;
+              // With and without feedback in turn: each input and setting meets both over the counts.
+              const bool feedback = (n + input.name.size()) % 2 == 0;
               const quantizers::k_level_options options{
                   .levels = levels, .group_size = group, .rounding = rounding, .seed = 0x5eed + levels};
               const auto position = positions[(n + levels) % 2];
@@ -193,10 +197,10 @@ BOOST_AUTO_TEST_CASE(bfp_tiles_write_the_references_records_and_residuals) {
   const auto& reference = test::reference_kernels();
   std::size_t compared = 0;
   for (std::size_t block : {std::size_t{8}, std::size_t{32}, quantizers::bfp_options::whole_tensor})
-    for (unsigned bits : {2u, 3u, 7u, 8u, 12u, 16u, 32u})
+    for (unsigned bits : {2u, 3u, 7u, 8u, 16u, 32u})
       for (std::size_t n : tile_counts(block == 0 ? 64 : block))
-        for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(5 * n + bits)))
-          for (bool feedback : {false, true}) {
+        for (const auto& input : test::edge_case_inputs(n, static_cast<unsigned>(5 * n + bits))) {
+            const bool feedback = (n + input.name.size()) % 2 == 1;
             const quantizers::bfp_options options{.mantissa_bits = bits, .block_size = block};
             const auto layout =
                 kernels::bfp_detail::layout(kernels::bfp_detail::block_values(options, n), options.mantissa_bits);
