@@ -1,0 +1,438 @@
+// The torch.distributed backend "qcoll" and the DDP hook's communicator (backend.hpp).
+
+#include "backend.hpp"
+
+#include <qcoll/detail/format.hpp>
+
+#include <ATen/core/ivalue.h>
+#include <Python.h>
+
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+namespace qcoll_torch {
+
+using qcoll::errc;
+
+// ---- work and worker
+
+work::work(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+void work::complete(std::exception_ptr error) {
+  finish(error);  // Work::wait() returns or throws from here on
+  if (error) future_->setError(error);
+  else future_->markCompleted(c10::IValue(outputs_));
+}
+
+namespace {
+
+/// The live workers, for stop_all.
+std::mutex workers_mutex;
+std::set<worker*>& live_workers() {
+  static std::set<worker*> workers;
+  return workers;
+}
+
+}  // namespace
+
+worker::worker(std::unique_ptr<group> owned) : group_(std::move(owned)), thread_([this] { run(); }) {
+  std::lock_guard lock(workers_mutex);
+  live_workers().insert(this);
+}
+
+worker::~worker() {
+  {
+    std::lock_guard lock(workers_mutex);
+    live_workers().erase(this);
+  }
+  stop();
+}
+
+void worker::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopped_) return;
+    stopping_ = true;
+  }
+  ready_.notify_all();
+  // The worker may need the GIL to finish its last call (completing a future runs and
+  // drops Python callbacks), and the thread stopping it may hold the GIL (Python freeing
+  // the hook's state or a process group): joining with it held would deadlock.
+  PyThreadState* released = PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+  thread_.join();
+  if (released) PyEval_RestoreThread(released);
+  std::lock_guard lock(mutex_);
+  stopped_ = true;
+}
+
+void worker::stop_all() {
+  std::lock_guard lock(workers_mutex);
+  for (worker* each : live_workers()) each->stop();
+}
+
+c10::intrusive_ptr<work> worker::submit(c10d::OpType type, std::vector<at::Tensor> outputs, std::string what,
+                                        std::function<void(group&)> task) {
+  auto done = c10::make_intrusive<work>(group_->rank(), type, std::move(outputs));
+  {
+    std::lock_guard lock(mutex_);
+    if (!stopping_) {
+      queue_.push_back({done, std::move(what), std::move(task)});
+      ready_.notify_one();
+      return done;
+    }
+  }
+  done->complete(std::make_exception_ptr(
+      std::runtime_error(qcoll::detail::format("qcoll {} failed: the process is shutting down", what))));
+  return done;
+}
+
+void worker::run() {
+  for (;;) {
+    job next;
+    {
+      std::unique_lock lock(mutex_);
+      ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left to run
+      next = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      next.task(*group_);
+    } catch (const std::exception& e) {
+      // The words PyTorch shows: which call, then qcoll's, which name the rank and peer.
+      error = std::make_exception_ptr(std::runtime_error(qcoll::detail::format("qcoll {} failed: {}", next.what, e.what())));
+    }
+    next.task = nullptr;  // the call's tensors go here, before the caller can move on
+    next.done->complete(error);
+  }
+}
+
+// ---- tensors
+
+namespace {
+
+/// The one tensor of a call.
+const at::Tensor& only_tensor(const std::vector<at::Tensor>& tensors, const char* what) {
+  if (tensors.size() != 1)
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll {}: one tensor per call, not {}", what, tensors.size());
+  return tensors.front();
+}
+
+/// CPU tensors only: CUDA tensors wait for qcoll's device-buffer collectives.
+void check_device(const at::Tensor& tensor, const char* what) {
+  if (!tensor.device().is_cpu())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "qcoll {}: a tensor on {}: the qcoll backend takes CPU tensors; CUDA tensors need "
+                               "qcoll's device-buffer collectives, not available yet (docs/pytorch.md)",
+                               what, tensor.device().str());
+}
+
+bool is_float(const at::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kBFloat16:
+    case at::kHalf: return true;
+    default: return false;
+  }
+}
+
+/// Tensors a reduction takes: the four float types, reduced by qcoll in their own
+/// type, and integers and bool, reduced in float64 (exact within ±2^53: narrow_exactly
+/// says when a result was not).
+void check_reducible(const at::Tensor& tensor, const char* what) {
+  check_device(tensor, what);
+  if (is_float(tensor) || at::isIntegralType(tensor.scalar_type(), /*includeBool=*/true)) return;
+  qcoll::detail::throw_error(errc::invalid_argument,
+                             "qcoll {}: tensors of {} cannot be reduced (float32, float64, bfloat16, float16, "
+                             "integers, bool)",
+                             what, std::string(c10::toString(tensor.scalar_type())));
+}
+
+qcoll::reduce_op reduce_op_of(const c10d::ReduceOp& op, const at::Tensor& tensor, const char* what) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return qcoll::reduce_op::sum;
+    case c10d::ReduceOp::AVG:
+      if (!is_float(tensor))
+        qcoll::detail::throw_error(errc::invalid_argument, "qcoll {}: the average of {} values is not supported", what,
+                                   std::string(c10::toString(tensor.scalar_type())));
+      return qcoll::reduce_op::avg;
+    case c10d::ReduceOp::PRODUCT: return qcoll::reduce_op::product;
+    case c10d::ReduceOp::MIN: return qcoll::reduce_op::min;
+    case c10d::ReduceOp::MAX: return qcoll::reduce_op::max;
+    default:
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll {}: reduce op {} is not supported (sum, avg, product, min, max)", what,
+                                 static_cast<int>(op.op_));
+  }
+}
+
+/// Runs `use(dense)` on `tensor`, or on a contiguous copy written back afterwards.
+template <class Use>
+void on_dense(at::Tensor& tensor, Use&& use) {
+  if (tensor.is_contiguous()) return use(tensor);
+  at::Tensor dense = tensor.contiguous();
+  use(dense);
+  tensor.copy_(dense);
+}
+
+constexpr double exact_in_float64 = 9007199254740992.0;  // 2^53: every integer up to it is a double
+
+/// How large an integer input may be for `op` over `ranks` ranks to be reduced in float64
+/// exactly: min and max only compare; a sum of `ranks` values of at most 2^53 / ranks
+/// never leaves ±2^53; a product's partial results are no larger than its result (or it
+/// is 0), which narrow_exactly checks.
+double exact_input_limit(qcoll::reduce_op op, int ranks) {
+  if (op == qcoll::reduce_op::min || op == qcoll::reduce_op::max) return exact_in_float64;
+  return exact_in_float64 / ranks;
+}
+
+/// `values` (integers or bool) in float64, or all NaN when one exceeds `limit`: the NaN
+/// reaches every rank's result, so every rank fails alike in narrow_exactly.
+at::Tensor widened(const at::Tensor& values, double limit) {
+  at::Tensor wide = values.to(at::kDouble);
+  if (wide.numel() != 0 && wide.abs().max().item<double>() > limit) wide.fill_(std::numeric_limits<double>::quiet_NaN());
+  return wide;
+}
+
+/// Writes a float64 result back into integer or bool `values`, or fails when it is not exact.
+void narrow_exactly(at::Tensor& values, const at::Tensor& wide, int ranks, const char* what) {
+  if (wide.numel() != 0 && (wide.isnan().any().item<bool>() || wide.abs().max().item<double>() > exact_in_float64))
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "qcoll {}: {} values are reduced in float64 and must stay within ±2^53 (a sum's inputs "
+                               "within ±2^53 / {} ranks); some did not",
+                               what, std::string(c10::toString(values.scalar_type())), ranks);
+  values.copy_(values.scalar_type() == at::kBool ? wide.ne(0) : wide.to(values.scalar_type()));
+}
+
+/// An all_reduce of `values` (dense) in place: float types as they are, integers and
+/// bool in float64.
+void allreduce_exactly(group& g, at::Tensor& values, qcoll::reduce_op op, int ranks) {
+  if (is_float(values)) return g.allreduce(values, op);
+  at::Tensor wide = widened(values, exact_input_limit(op, ranks));
+  g.allreduce(wide, op);
+  narrow_exactly(values, wide, ranks, "all_reduce");
+}
+
+/// A tensor's bytes as a float type the collectives move unchanged, for calls that only
+/// move data (broadcast, all_gather, send, recv) of any dtype: the same memory as
+/// float64, float32 or bfloat16, whichever unit divides the byte count, or for an odd
+/// number of bytes a zero-padded copy.
+struct units {
+  at::Tensor tensor;  // what the collective moves
+  at::Tensor bytes;   // the tensor's own bytes (uint8), to copy a padded result back to
+  bool padded = false;
+};
+
+units as_units(const at::Tensor& dense) {
+  const at::Tensor flat = dense.reshape({-1});
+  if (is_float(dense)) return {flat, {}, false};
+  const at::Tensor bytes = flat.view(at::kByte);
+  if (bytes.numel() % 8 == 0) return {bytes.view(at::kDouble), bytes, false};
+  if (bytes.numel() % 4 == 0) return {bytes.view(at::kFloat), bytes, false};
+  if (bytes.numel() % 2 == 0) return {bytes.view(at::kBFloat16), bytes, false};
+  at::Tensor padded = at::zeros({bytes.numel() + 1}, bytes.options());
+  padded.narrow(0, 0, bytes.numel()).copy_(bytes);
+  return {padded.view(at::kBFloat16), bytes, true};
+}
+
+/// Writes a padded copy's result back into the tensor's bytes.
+void unpad(const units& moved) {
+  if (moved.padded) moved.bytes.copy_(moved.tensor.view(at::kByte).narrow(0, 0, moved.bytes.numel()));
+}
+
+/// Each rank's bytes out of an all_gather of units: rank r's are the first `bytes` of
+/// its block.
+at::Tensor block_bytes(const at::Tensor& all_units, std::int64_t units_per_rank, int r, std::int64_t bytes) {
+  return all_units.narrow(0, r * units_per_rank, units_per_rank).view(at::kByte).narrow(0, 0, bytes);
+}
+
+/// reduce_scatter of `all` into `mine` (dense), integers and bool in float64.
+void scatter_exactly(group& g, const at::Tensor& all, at::Tensor& mine, qcoll::reduce_op op, int ranks) {
+  if (is_float(mine)) return g.reduce_scatter(all, mine, op);
+  // Every rank's whole input is checked, not only its own block.
+  const at::Tensor wide_all = widened(all, exact_input_limit(op, ranks));
+  at::Tensor wide_mine = at::empty(mine.sizes(), mine.options().dtype(at::kDouble));
+  g.reduce_scatter(wide_all, wide_mine, op);
+  narrow_exactly(mine, wide_mine, ranks, "reduce_scatter");
+}
+
+}  // namespace
+
+// ---- the backend
+
+backend::backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const group_settings& settings)
+    : c10d::Backend(rank, size), worker_(join_group(store, rank, size, settings)) {}
+
+c10::intrusive_ptr<c10d::Work> backend::allreduce(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) {
+  at::Tensor tensor = only_tensor(tensors, "all_reduce");
+  check_reducible(tensor, "all_reduce");
+  const qcoll::reduce_op op = reduce_op_of(opts.reduceOp, tensor, "all_reduce");
+  const int ranks = getSize();
+  return worker_.submit(c10d::OpType::ALLREDUCE, {tensor}, "all_reduce", [tensor, op, ranks](group& g) mutable {
+    on_dense(tensor, [&](at::Tensor& dense) {
+      allreduce_exactly(g, dense, op, ranks);
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  at::Tensor tensor = only_tensor(tensors, "broadcast");
+  check_device(tensor, "broadcast");
+  const int root = static_cast<int>(opts.rootRank);
+  return worker_.submit(c10d::OpType::BROADCAST, {tensor}, "broadcast", [tensor, root](group& g) mutable {
+    on_dense(tensor, [&](at::Tensor& dense) {
+      units moved = as_units(dense);
+      g.broadcast(moved.tensor, root);
+      unpad(moved);
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> backend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                  std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
+  const at::Tensor input = only_tensor(inputs, "all_gather");
+  check_device(input, "all_gather");
+  if (outputs.size() != 1 || outputs.front().size() != static_cast<std::size_t>(getSize()))
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll all_gather: one list of {} output tensors", getSize());
+  std::vector<at::Tensor> slots = outputs.front();
+  for (const at::Tensor& slot : slots) {
+    check_device(slot, "all_gather");
+    if (slot.numel() != input.numel() || slot.scalar_type() != input.scalar_type())
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll all_gather: every output tensor must be of the input's size and type");
+  }
+  return worker_.submit(c10d::OpType::ALLGATHER, slots, "all_gather", [input, slots](group& g) {
+    const units mine = as_units(input.contiguous());
+    const std::int64_t per_rank = mine.tensor.numel();
+    at::Tensor all = at::empty({static_cast<std::int64_t>(slots.size()) * per_rank}, mine.tensor.options());
+    g.all_gather(mine.tensor, all);
+    const std::int64_t bytes = input.numel() * input.element_size();
+    for (std::size_t r = 0; r < slots.size(); ++r) {
+      at::Tensor slot = slots[r];
+      on_dense(slot, [&](at::Tensor& dense) {
+        dense.reshape({-1}).view(at::kByte).copy_(block_bytes(all, per_rank, static_cast<int>(r), bytes));
+      });
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> backend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                        const c10d::AllgatherOptions&) {
+  check_device(input, "all_gather_into_tensor");
+  check_device(output, "all_gather_into_tensor");
+  if (output.numel() != getSize() * input.numel() || output.scalar_type() != input.scalar_type())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "qcoll all_gather_into_tensor: the output holds {} values, not {} × {} of the input's type",
+                               output.numel(), getSize(), input.numel());
+  const int ranks = getSize();
+  return worker_.submit(c10d::OpType::_ALLGATHER_BASE, {output}, "all_gather_into_tensor",
+                        [input, output, ranks](group& g) mutable {
+                          const units mine = as_units(input.contiguous());
+                          on_dense(output, [&](at::Tensor& dense) {
+                            if (!mine.padded) {
+                              units all = as_units(dense);
+                              return g.all_gather(mine.tensor, all.tensor);
+                            }
+                            const std::int64_t per_rank = mine.tensor.numel();
+                            at::Tensor all = at::empty({ranks * per_rank}, mine.tensor.options());
+                            g.all_gather(mine.tensor, all);
+                            const std::int64_t bytes = input.numel() * input.element_size();
+                            const at::Tensor out_bytes = dense.reshape({-1}).view(at::kByte);
+                            for (int r = 0; r < ranks; ++r)
+                              out_bytes.narrow(0, r * bytes, bytes).copy_(block_bytes(all, per_rank, r, bytes));
+                          });
+                        });
+}
+
+c10::intrusive_ptr<c10d::Work> backend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                                       const c10d::ReduceScatterOptions& opts) {
+  at::Tensor output = only_tensor(outputs, "reduce_scatter");
+  check_reducible(output, "reduce_scatter");
+  if (inputs.size() != 1 || inputs.front().size() != static_cast<std::size_t>(getSize()))
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll reduce_scatter: one list of {} input tensors", getSize());
+  std::vector<at::Tensor> pieces = inputs.front();
+  for (const at::Tensor& piece : pieces) {
+    check_device(piece, "reduce_scatter");
+    if (piece.numel() != output.numel() || piece.scalar_type() != output.scalar_type())
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll reduce_scatter: every input tensor must be of the output's size and type");
+  }
+  const qcoll::reduce_op op = reduce_op_of(opts.reduceOp, output, "reduce_scatter");
+  const int ranks = getSize();
+  return worker_.submit(c10d::OpType::REDUCE_SCATTER, {output}, "reduce_scatter",
+                        [output, pieces, op, ranks](group& g) mutable {
+                          std::vector<at::Tensor> flat;
+                          for (const at::Tensor& piece : pieces) flat.push_back(piece.reshape({-1}));
+                          const at::Tensor all = at::cat(flat);
+                          on_dense(output, [&](at::Tensor& mine) { scatter_exactly(g, all, mine, op, ranks); });
+                        });
+}
+
+c10::intrusive_ptr<c10d::Work> backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                             const c10d::ReduceScatterOptions& opts) {
+  check_reducible(input, "reduce_scatter_tensor");
+  check_device(output, "reduce_scatter_tensor");
+  if (input.numel() != getSize() * output.numel() || output.scalar_type() != input.scalar_type())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "qcoll reduce_scatter_tensor: the input holds {} values, not {} × {} of the output's type",
+                               input.numel(), getSize(), output.numel());
+  const qcoll::reduce_op op = reduce_op_of(opts.reduceOp, output, "reduce_scatter_tensor");
+  const int ranks = getSize();
+  return worker_.submit(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, "reduce_scatter_tensor",
+                        [input, output, op, ranks](group& g) mutable {
+                          const at::Tensor dense = input.contiguous();
+                          on_dense(output, [&](at::Tensor& mine) { scatter_exactly(g, dense, mine, op, ranks); });
+                        });
+}
+
+c10::intrusive_ptr<c10d::Work> backend::barrier(const c10d::BarrierOptions&) {
+  return worker_.submit(c10d::OpType::BARRIER, {}, "barrier", [](group& g) { g.barrier(); });
+}
+
+c10::intrusive_ptr<c10d::Work> backend::send(std::vector<at::Tensor>& tensors, int to, int) {
+  const at::Tensor tensor = only_tensor(tensors, "send");
+  check_device(tensor, "send");
+  return worker_.submit(c10d::OpType::SEND, {tensor}, "send", [tensor, to](group& g) {
+    g.send(as_units(tensor.contiguous()).tensor, to);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> backend::recv(std::vector<at::Tensor>& tensors, int from, int) {
+  at::Tensor tensor = only_tensor(tensors, "recv");
+  check_device(tensor, "recv");
+  return worker_.submit(c10d::OpType::RECV, {tensor}, "recv", [tensor, from](group& g) mutable {
+    on_dense(tensor, [&](at::Tensor& dense) {
+      units moved = as_units(dense);
+      g.recv(moved.tensor, from);
+      unpad(moved);
+    });
+  });
+}
+
+// ---- the hook's communicator
+
+compressed_communicator::compressed_communicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                 const group_settings& settings)
+    : worker_(join_group(store, rank, size, settings)) {}
+
+c10::intrusive_ptr<c10d::Work> compressed_communicator::allreduce(std::int64_t key, const at::Tensor& tensor,
+                                                                  const compression& settings) {
+  check_device(tensor, "compressed allreduce");
+  if (!tensor.is_contiguous())
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll compressed allreduce: the bucket must be contiguous");
+  return worker_.submit(c10d::OpType::ALLREDUCE, {tensor}, "compressed allreduce",
+                        [key, tensor = at::Tensor(tensor), settings](group& g) mutable {
+                          g.compressed_allreduce(key, tensor, qcoll::reduce_op::avg, settings);
+                        });
+}
+
+}  // namespace qcoll_torch

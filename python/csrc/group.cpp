@@ -1,0 +1,212 @@
+// A qcoll communicator joined through PyTorch's store, behind group.hpp's interface.
+
+#include "group.hpp"
+
+#include <qcoll/detail/format.hpp>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+namespace qcoll_torch {
+
+namespace {
+
+using qcoll::errc;
+
+/// Calls fn(span) with the tensor's storage as a span of its qcoll element type.
+template <class Fn>
+decltype(auto) with_span(const at::Tensor& tensor, Fn&& fn) {
+  const std::size_t n = static_cast<std::size_t>(tensor.numel());
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return fn(std::span<float>(tensor.data_ptr<float>(), n));
+    case at::kDouble: return fn(std::span<double>(tensor.data_ptr<double>(), n));
+    case at::kBFloat16:
+      return fn(std::span<qcoll::bfloat16>(reinterpret_cast<qcoll::bfloat16*>(tensor.data_ptr<at::BFloat16>()), n));
+    case at::kHalf:
+      return fn(std::span<qcoll::float16>(reinterpret_cast<qcoll::float16*>(tensor.data_ptr<at::Half>()), n));
+    default:
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll: tensors of {} are not supported (float32, float64, bfloat16, float16)",
+                                 std::string(c10::toString(tensor.scalar_type())));
+  }
+}
+
+/// The plans of one quantizer, kept per key; T the tensor's element type.
+template <class Q, class T>
+struct plans_of {
+  std::map<std::int64_t, std::unique_ptr<qcoll::compressed_allreduce_plan<Q, T>>> by_key;
+};
+
+template <class Transport>
+class group_over final : public group {
+ public:
+  group_over(Transport transport, std::chrono::milliseconds timeout, const char* name)
+      : comm_(std::move(transport), qcoll::communicator_options{.timeout = timeout}), name_(name) {}
+
+  int rank() const override { return static_cast<int>(comm_.rank()); }
+  int size() const override { return static_cast<int>(comm_.size()); }
+  const char* transport_name() const override { return name_; }
+
+  void allreduce(at::Tensor& tensor, qcoll::reduce_op op) override {
+    with_span(tensor, [&](auto data) { comm_.allreduce(data, op); });
+  }
+  void broadcast(at::Tensor& tensor, int root) override {
+    with_span(tensor, [&](auto data) { comm_.broadcast(data, static_cast<qcoll::rank_t>(root)); });
+  }
+  void all_gather(const at::Tensor& in, at::Tensor& out) override {
+    with_span(out, [&](auto all) {
+      using T = typename decltype(all)::element_type;
+      comm_.all_gather(std::span<const T>(reinterpret_cast<const T*>(in.data_ptr()), static_cast<std::size_t>(in.numel())),
+                       all);
+    });
+  }
+  void reduce_scatter(const at::Tensor& in, at::Tensor& out, qcoll::reduce_op op) override {
+    with_span(out, [&](auto mine) {
+      using T = typename decltype(mine)::element_type;
+      comm_.reduce_scatter(std::span<const T>(reinterpret_cast<const T*>(in.data_ptr()), static_cast<std::size_t>(in.numel())),
+                           mine, op);
+    });
+  }
+  void barrier() override { comm_.barrier(); }
+  void send(const at::Tensor& tensor, int to) override {
+    with_span(tensor, [&](auto data) {
+      using T = typename decltype(data)::element_type;
+      comm_.send(std::span<const T>(data), static_cast<qcoll::rank_t>(to));
+    });
+  }
+  void recv(at::Tensor& tensor, int from) override {
+    with_span(tensor, [&](auto data) { comm_.recv(data, static_cast<qcoll::rank_t>(from)); });
+  }
+
+  void compressed_allreduce(std::int64_t key, at::Tensor& tensor, qcoll::reduce_op op,
+                            const compression& settings) override {
+    with_span(tensor, [&](auto data) {
+      using T = typename decltype(data)::element_type;
+      if constexpr (std::is_same_v<T, double>) {
+        qcoll::detail::throw_error(errc::invalid_argument,
+                                   "qcoll: the compressed allreduce takes float32, bfloat16 or float16 gradients, "
+                                   "not float64");
+      } else {
+        namespace q = qcoll::quantizers;
+        if (settings.quantizer == "one_bit")
+          run<q::one_bit, T>(one_bits_, key, data, op, settings, q::one_bit({.group_size = settings.group_size}));
+        else if (settings.quantizer == "k_level")
+          run<q::k_level, T>(k_levels_, key, data, op, settings, [&] {
+            q::k_level_options o = q::k_level_options::with_bits(settings.bits);
+            o.group_size = settings.group_size;
+            o.seed = static_cast<std::uint64_t>(rank()) + 1;  // independent rounding per rank
+            return q::k_level(o);
+          }());
+        else if (settings.quantizer == "bfp")
+          run<q::bfp, T>(bfps_, key, data, op, settings,
+                         q::bfp({.mantissa_bits = settings.bits, .block_size = settings.group_size}));
+        else if (settings.quantizer == "identity")
+          run<q::identity<float>, T>(identities_, key, data, op, settings, q::identity<float>());
+        else
+          qcoll::detail::throw_error(errc::invalid_argument,
+                                     "qcoll: unknown quantizer '{}' (one_bit, k_level, bfp, identity)",
+                                     settings.quantizer);
+      }
+    });
+  }
+
+  std::uint64_t bytes_sent() override { return comm_.transport().bytes_written(); }
+
+  void abort(const std::string& reason) override { comm_.abort(reason); }
+
+ private:
+  template <class Q, class T, class Plans>
+  void run(Plans& plans, std::int64_t key, std::span<T> data, qcoll::reduce_op op, const compression& settings,
+           const Q& quantizer) {
+    auto& by_key = std::get<plans_of<Q, T>>(plans).by_key;
+    auto& plan = by_key[key];
+    if (!plan || plan->count() != data.size())
+      plan = std::make_unique<qcoll::compressed_allreduce_plan<Q, T>>(comm_, data.size(), quantizer);
+    if (!settings.error_feedback) plan->reset_residuals();
+    comm_.allreduce(*plan, data, op);
+  }
+
+  qcoll::communicator<Transport> comm_;
+  const char* name_;
+  std::tuple<plans_of<qcoll::quantizers::one_bit, float>, plans_of<qcoll::quantizers::one_bit, qcoll::bfloat16>,
+             plans_of<qcoll::quantizers::one_bit, qcoll::float16>>
+      one_bits_;
+  std::tuple<plans_of<qcoll::quantizers::k_level, float>, plans_of<qcoll::quantizers::k_level, qcoll::bfloat16>,
+             plans_of<qcoll::quantizers::k_level, qcoll::float16>>
+      k_levels_;
+  std::tuple<plans_of<qcoll::quantizers::bfp, float>, plans_of<qcoll::quantizers::bfp, qcoll::bfloat16>,
+             plans_of<qcoll::quantizers::bfp, qcoll::float16>>
+      bfps_;
+  std::tuple<plans_of<qcoll::quantizers::identity<float>, float>,
+             plans_of<qcoll::quantizers::identity<float>, qcoll::bfloat16>,
+             plans_of<qcoll::quantizers::identity<float>, qcoll::float16>>
+      identities_;
+};
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+}  // namespace
+
+qcoll::rendezvous::transport_kind transport_from_environment() {
+  const char* value = std::getenv("QCOLL_TRANSPORT");
+  const std::string_view name = value ? value : "";
+  if (name.empty() || name == "auto") return qcoll::rendezvous::transport_kind::automatic;
+  if (name == "shm") return qcoll::rendezvous::transport_kind::shm;
+  if (name == "tcp") return qcoll::rendezvous::transport_kind::tcp;
+  qcoll::detail::throw_error(errc::invalid_argument, "qcoll: QCOLL_TRANSPORT={} is not one of shm, tcp, auto", name);
+}
+
+std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                  const group_settings& settings) {
+  torch_store rendezvous(std::move(store));
+  qcoll::rendezvous::job job;
+  job.rank = static_cast<qcoll::rank_t>(rank);
+  job.size = static_cast<qcoll::rank_t>(size);
+  job.transport = settings.transport;
+  job.timeout = settings.timeout;
+  job.launcher = "torch";
+  if (const char* secret = std::getenv("QCOLL_SECRET"); secret && *secret) job.secret = secret;
+  if (const char* bind = std::getenv("QCOLL_BIND"); bind && *bind) job.bind_address = bind;
+  const qcoll::deadline until = qcoll::clock::now() + settings.timeout;
+
+  // The group's identity on this host (shm segment names): rank 0's random number.
+  if (rank == 0) {
+    std::random_device entropy;
+    rendezvous.set("qcoll/job", qcoll::detail::format("torch-{:08x}{:08x}", entropy(), entropy()));
+  }
+  job.job_id = rendezvous.get("qcoll/job", until);
+  // Which ranks share this host: each names its host, every rank reads them all.
+  const std::string here = host_name();
+  rendezvous.set(qcoll::detail::format("qcoll/host/{}", rank), here);
+  rendezvous.wait_all("qcoll/host/", job.size, until);
+  job.local_size = 0;
+  for (int r = 0; r < size; ++r)
+    if (rendezvous.get(qcoll::detail::format("qcoll/host/{}", r), until) == here) {
+      if (r == rank) job.local_rank = job.local_size;
+      ++job.local_size;
+    }
+
+  const qcoll::rendezvous::transport_kind kind = qcoll::launch::agree_on_transport(job, rendezvous, until);
+  std::unique_ptr<group> joined;
+  if (kind == qcoll::rendezvous::transport_kind::shm)
+    joined = std::make_unique<group_over<qcoll::transports::shm::transport>>(
+        qcoll::transports::shm::transport::join(job, rendezvous), settings.timeout, "shm");
+  else
+    joined = std::make_unique<group_over<qcoll::transports::tcp::transport>>(
+        qcoll::transports::tcp::transport::join(job, rendezvous), settings.timeout, "tcp");
+  // Every rank through the join before any leaves: the last reads of the store are done.
+  rendezvous.set(qcoll::detail::format("qcoll/joined/{}", rank), "1");
+  rendezvous.wait_all("qcoll/joined/", job.size, until);
+  return joined;
+}
+
+}  // namespace qcoll_torch

@@ -1,0 +1,78 @@
+#pragma once
+// What the PyTorch bridge runs: a qcoll communicator joined through PyTorch's store,
+// over the shm or the TCP transport, behind one interface (the transport is chosen
+// at run time, like qcoll-run's --transport), with tensors turned into spans.
+
+#include "store.hpp"
+
+#include <qcoll/communicator.hpp>
+#include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/launch/join.hpp>
+#include <qcoll/quantizers/bfp.hpp>
+#include <qcoll/quantizers/k_level.hpp>
+#include <qcoll/quantizers/one_bit.hpp>
+#include <qcoll/transports/shm.hpp>
+#include <qcoll/transports/tcp.hpp>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace qcoll_torch {
+
+/// How a group is joined: the transport (QCOLL_TRANSPORT's values) and the deadline
+/// of setup and of every step.
+struct group_settings {
+  qcoll::rendezvous::transport_kind transport = qcoll::rendezvous::transport_kind::automatic;
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+/// The hook's quantizer and its settings.
+struct compression {
+  std::string quantizer = "one_bit";  ///< one_bit, k_level, bfp, identity
+  std::size_t group_size = 2048;      ///< one_bit and k_level groups, bfp blocks
+  unsigned bits = 4;                  ///< k_level: 2^bits levels; bfp: mantissa bits
+  bool error_feedback = true;
+};
+
+/// Collective calls on tensors, for one rank of one group. Not thread-safe: one
+/// thread (the backend's worker) calls it at a time. Errors are qcoll::error, naming
+/// the call, this rank and the failed peer.
+class group {
+ public:
+  virtual ~group() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* transport_name() const = 0;
+
+  virtual void allreduce(at::Tensor& tensor, qcoll::reduce_op op) = 0;
+  virtual void broadcast(at::Tensor& tensor, int root) = 0;
+  virtual void all_gather(const at::Tensor& in, at::Tensor& out) = 0;
+  virtual void reduce_scatter(const at::Tensor& in, at::Tensor& out, qcoll::reduce_op op) = 0;
+  virtual void barrier() = 0;
+  virtual void send(const at::Tensor& tensor, int to) = 0;
+  virtual void recv(at::Tensor& tensor, int from) = 0;
+  /// The compressed allreduce of `tensor` (sum or avg) through the plan kept under
+  /// `key` (a DDP bucket's index): made at the first call, or again when the
+  /// tensor's size changes (DDP rebuilt its buckets), residuals starting at zero.
+  virtual void compressed_allreduce(std::int64_t key, at::Tensor& tensor, qcoll::reduce_op op,
+                                    const compression& settings) = 0;
+  /// Bytes this rank's transport has sent so far.
+  virtual std::uint64_t bytes_sent() = 0;
+  virtual void abort(const std::string& reason) = 0;
+};
+
+/// Joins the group of `size` ranks through `store` (collective: every rank calls it).
+std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                  const group_settings& settings);
+
+/// The transport named in QCOLL_TRANSPORT (auto when unset).
+qcoll::rendezvous::transport_kind transport_from_environment();
+
+}  // namespace qcoll_torch

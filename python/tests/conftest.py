@@ -1,0 +1,90 @@
+"""Runs a test body on N ranks, each a process (torch.multiprocessing, spawn), joined
+with init_process_group over a fresh TCP store port; results come back through a queue,
+and a rank that raises fails the test with its traceback. Every wait is bounded."""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import os
+import queue
+import socket
+import time
+import traceback
+
+import pytest
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, size, port, backend, body, args, results, env):
+    os.environ.update(env)
+    # A rank still running shortly before the parent gives up prints where each of its
+    # threads is, so a hang shows its place in the test's output.
+    faulthandler.dump_traceback_later(float(env.get("QCOLL_TEST_DUMP_AFTER_S", "100")), exit=False)
+    import torch.distributed as dist
+
+    import qcoll.torch  # noqa: F401  (registers the backend)
+
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=float(env.get("QCOLL_TEST_TIMEOUT_S", "60"))),
+        )
+        value = body(rank, size, *args)
+        results.put((rank, "ok", value))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001  (report everything to the parent)
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(size, body, *args, backend="qcoll", env=None, timeout=120, expect_exit=()):
+    """body(rank, size, *args) on `size` ranks; returns {rank: value}. Ranks listed in
+    expect_exit may end without reporting (a test that kills them)."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [
+        context.Process(target=_rank_main, args=(r, size, port, backend, body, args, results, dict(env or {})))
+        for r in range(size)
+    ]
+    for p in processes:
+        p.start()
+    outcome = {}
+    expected = size - len(expect_exit)
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outcome) < expected:
+            try:
+                rank, status, value = results.get(timeout=1)
+            except queue.Empty:
+                # A rank that died without a report (a crash) fails the test at once.
+                for r, p in enumerate(processes):
+                    if r not in expect_exit and r not in outcome and p.exitcode not in (None, 0):
+                        pytest.fail(f"rank {r} died with exit code {p.exitcode} before reporting")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"no result from ranks {sorted(set(range(size)) - set(outcome) - set(expect_exit))} "
+                                f"after {timeout} s")
+                continue
+            if status == "error":
+                pytest.fail(f"rank {rank} raised:\n{value}")
+            outcome[rank] = value
+    finally:
+        for p in processes:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return outcome
+
+
+@pytest.fixture
+def ranks():
+    return run_ranks

@@ -1,0 +1,241 @@
+"""The torch.distributed backend "qcoll": every collective and dtype against a float64
+reference and bitwise across ranks, 2 and 4 processes, over shm and tcp; async work
+and futures; errors (a killed rank, a CUDA tensor, an unsupported op or dtype)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import run_ranks
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _inputs(rank, count, dtype):
+    # Small integers and halves: every sum, product, mean (of 2 or 4), minimum and
+    # maximum below is exact in every dtype, so the float64 reference is the answer.
+    values = torch.tensor([((rank + 3 * i) % 7) - 3 for i in range(count)], dtype=torch.float64)
+    values[::5] = 0.5 * (rank + 1)
+    return values.to(dtype)
+
+
+def _reference(size, count, dtype, op):
+    stack = torch.stack([_inputs(r, count, dtype).to(torch.float64) for r in range(size)])
+    if op == "sum":
+        return stack.sum(0)
+    if op == "avg":
+        return stack.mean(0)
+    if op == "product":
+        return stack.prod(0)
+    if op == "min":
+        return stack.min(0).values
+    return stack.max(0).values
+
+
+OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "avg": dist.ReduceOp.AVG,
+    "product": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+}
+
+
+def every_collective(rank, size):
+    import qcoll.torch
+
+    checked = []
+    for dtype in DTYPES:
+        for count in (0, 1, 37, 100_003):
+            for name, op in OPS.items():
+                tensor = _inputs(rank, count, dtype)
+                dist.all_reduce(tensor, op=op)
+                expected = _reference(size, count, dtype, name).to(dtype)
+                assert torch.equal(tensor, expected), f"all_reduce {name} {dtype} {count}"
+                checked.append(tensor.view(torch.uint8).numpy().tobytes())
+            # broadcast from the last rank
+            tensor = _inputs(rank, count, dtype)
+            dist.broadcast(tensor, src=size - 1)
+            assert torch.equal(tensor, _inputs(size - 1, count, dtype)), f"broadcast {dtype} {count}"
+            # all_gather: a list, and into one tensor
+            outputs = [torch.empty(count, dtype=dtype) for _ in range(size)]
+            dist.all_gather(outputs, _inputs(rank, count, dtype))
+            for r in range(size):
+                assert torch.equal(outputs[r], _inputs(r, count, dtype)), f"all_gather {dtype} {count}"
+            gathered = torch.empty(size * count, dtype=dtype)
+            dist.all_gather_into_tensor(gathered, _inputs(rank, count, dtype))
+            assert torch.equal(gathered, torch.cat([_inputs(r, count, dtype) for r in range(size)]))
+            # reduce_scatter: rank r gets block r of the sum of the ranks' concatenations
+            pieces = [_inputs(rank, count, dtype) * (b + 1) for b in range(size)]
+            mine = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter(mine, pieces, op=dist.ReduceOp.SUM)
+            expected = (_reference(size, count, dtype, "sum") * (rank + 1)).to(dtype)
+            assert torch.equal(mine, expected), f"reduce_scatter {dtype} {count}"
+            mine2 = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter_tensor(mine2, torch.cat(pieces), op=dist.ReduceOp.SUM)
+            assert torch.equal(mine2, expected), f"reduce_scatter_tensor {dtype} {count}"
+    dist.barrier()
+    # send and recv around the ring (small: a send completes once the transport has it)
+    outgoing = torch.full((1000,), float(rank))
+    incoming = torch.empty(1000)
+    if rank % 2 == 0:
+        dist.send(outgoing, dst=(rank + 1) % size)
+        dist.recv(incoming, src=(rank - 1) % size)
+    else:
+        dist.recv(incoming, src=(rank - 1) % size)
+        dist.send(outgoing, dst=(rank + 1) % size)
+    assert torch.equal(incoming, torch.full((1000,), float((rank - 1) % size)))
+    # a non-contiguous tensor is reduced in place, as PyTorch's other backends do
+    strided = torch.arange(20, dtype=torch.float32).view(4, 5).t()
+    dist.all_reduce(strided)
+    assert torch.equal(strided, (torch.arange(20, dtype=torch.float32) * size).view(4, 5).t())
+    return qcoll.torch.transport(), checked
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_every_collective_and_dtype_matches_the_reference_and_every_rank(size, transport):
+    results = run_ranks(size, every_collective, env={"QCOLL_TRANSPORT": transport})
+    assert {results[r][0] for r in results} == {transport}
+    first = results[0][1]
+    for r in range(1, size):
+        assert results[r][1] == first, f"rank {r}'s results differ from rank 0's"
+
+
+def async_calls_return_before_the_exchange(rank, size):
+    tensor = torch.ones(1 << 20) * (rank + 1)
+    if rank == 1:
+        time.sleep(2.0)  # rank 0's call cannot complete before rank 1 joins it
+    started = time.monotonic()
+    work = dist.all_reduce(tensor, async_op=True)
+    returned = time.monotonic() - started
+    future = work.get_future().then(lambda done: done.value()[0].sum().item())
+    work.wait()
+    total = future.wait()
+    assert torch.equal(tensor, torch.full((1 << 20,), float(size * (size + 1) // 2)))
+    assert total == float(size * (size + 1) // 2) * (1 << 20)
+    return returned
+
+
+def test_async_op_returns_before_the_exchange_and_its_future_completes():
+    returned = run_ranks(2, async_calls_return_before_the_exchange)
+    assert returned[0] < 1.0, f"rank 0's async all_reduce took {returned[0]:.2f} s to return"
+
+
+def a_rank_dies(rank, size):
+    if rank == size - 1:
+        os._exit(0)  # dies without a word, as a killed process does
+    tensor = torch.ones(1000)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(tensor)
+    except RuntimeError as e:
+        return str(e), time.monotonic() - started
+    return "no error", time.monotonic() - started
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_dead_peer_fails_every_survivor_with_an_error_naming_it(transport):
+    results = run_ranks(3, a_rank_dies, env={"QCOLL_TRANSPORT": transport, "QCOLL_TEST_TIMEOUT_S": "20"},
+                        expect_exit=(2,), timeout=60)
+    for rank in (0, 1):
+        message, seconds = results[rank]
+        assert "all_reduce" in message and "peer 2" in message, f"rank {rank}: {message}"
+        assert seconds < 20, f"rank {rank} waited {seconds:.1f} s"
+
+
+INTEGER_OPS = {k: v for k, v in OPS.items() if k != "avg"}
+
+
+def integers_and_bool(rank, size):
+    # Reduced in float64 by the backend: exact within ±2^53, checked against torch's own
+    # integer arithmetic, through all_reduce and reduce_scatter_tensor.
+    for dtype in (torch.int32, torch.int64, torch.uint8, torch.bool):
+        values = torch.tensor([((rank + 2 * i) % 5) - (0 if dtype in (torch.uint8, torch.bool) else 2)
+                               for i in range(101)]).to(dtype)
+        stack = torch.stack([torch.tensor([((r + 2 * i) % 5) - (0 if dtype in (torch.uint8, torch.bool) else 2)
+                                           for i in range(101)]).to(dtype) for r in range(size)])
+        for name, op in INTEGER_OPS.items():
+            if dtype == torch.bool:
+                expected = {"sum": stack.any(0), "max": stack.any(0), "product": stack.all(0), "min": stack.all(0)}[name]
+            else:
+                expected = {"sum": stack.sum(0, dtype=dtype), "product": stack.prod(0, dtype=dtype),
+                            "min": stack.min(0).values, "max": stack.max(0).values}[name]
+            tensor = values.clone()
+            dist.all_reduce(tensor, op=op)
+            assert torch.equal(tensor, expected), f"all_reduce {name} {dtype}: {tensor[:8]} vs {expected[:8]}"
+        mine = torch.empty(101, dtype=dtype)
+        dist.reduce_scatter_tensor(mine, torch.cat([values] * size), op=dist.ReduceOp.MAX)
+        assert torch.equal(mine, stack.max(0).values if dtype != torch.bool else stack.any(0)), f"reduce_scatter {dtype}"
+    # 2^53 - 1 on one rank cannot be summed exactly in float64 (with another rank's 2 it
+    # leaves ±2^53): every rank fails alike, and the tensor is left as it was.
+    big = torch.full((8,), 2 if rank else (1 << 53) - 1, dtype=torch.int64)
+    before = big.clone()
+    try:
+        dist.all_reduce(big)
+        message = "no error"
+    except RuntimeError as e:
+        message = str(e)
+    assert torch.equal(big, before)
+    # ... but its maximum is exact (max only compares).
+    dist.all_reduce(big, op=dist.ReduceOp.MAX)
+    assert torch.equal(big, torch.full((8,), (1 << 53) - 1, dtype=torch.int64))
+    return message
+
+
+def test_integers_and_bool_reduce_exactly_and_fail_alike_beyond_two_to_the_53():
+    messages = run_ranks(2, integers_and_bool)
+    for rank, message in messages.items():
+        assert "±2^53" in message and "all_reduce" in message and "Long" in message, f"rank {rank}: {message}"
+
+
+def refuses_what_it_does_not_support(rank, size):
+    errors = []
+    for call in (
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.float8_e4m3fn)),
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG),
+        lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND),
+    ):
+        try:
+            call()
+            errors.append("no error")
+        except (RuntimeError, ValueError) as e:
+            errors.append(str(e))
+    # The tensors it cannot reduce it still moves: broadcast is a copy of bytes.
+    moved = torch.full((3,), float(rank + 1), dtype=torch.float8_e4m3fn)
+    dist.broadcast(moved, src=1)
+    errors.append(moved.float().tolist())
+    # Complex tensors torch.distributed itself hands over as real pairs (float32 here).
+    pairs = torch.full((3,), complex(rank, 1), dtype=torch.complex64)
+    dist.all_reduce(pairs)
+    errors.append(pairs.tolist())
+    return errors
+
+
+def test_unsupported_dtypes_and_ops_are_clear_errors():
+    results = run_ranks(2, refuses_what_it_does_not_support)
+    dtype_error, average_error, op_error, moved, pairs = results[0]
+    assert "Float8_e4m3fn" in dtype_error and "float32" in dtype_error, dtype_error
+    assert "average" in average_error and "Int" in average_error, average_error
+    assert "not supported" in op_error, op_error
+    assert moved == [2.0] * 3
+    assert pairs == [complex(1, 2)] * 3
+
+
+def cuda_tensors_are_refused(rank, size):
+    try:
+        dist.all_reduce(torch.ones(4, device="cuda"))
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_tensor_is_a_clear_error_naming_what_is_missing():
+    message = run_ranks(2, cuda_tensors_are_refused)[0]
+    assert "CPU tensors" in message and "device-buffer" in message, message
