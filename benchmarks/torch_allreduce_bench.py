@@ -7,6 +7,7 @@ gloo, in the same run, in the nccl-tests columns (busbw = algbw * 2 (n - 1) / n)
 Each backend and rank count is a fresh job of processes (spawned) on this machine; each
 size is timed over --iters calls after --warmup, every rank timing its own calls, and
 the slowest rank's median counts. Results are checked (each rank contributes rank + 1).
+Each rank runs one intra-op thread (OMP_NUM_THREADS, default 1, as under torchrun).
 The goal (issue 42): qcoll >= 1.2x gloo's busbw from 1 MiB up.
 """
 
@@ -31,6 +32,10 @@ def parse_bytes(text: str) -> int:
 
 def rank_main(rank, size, port, backend, sizes, iters, warmup, transport, results):
     os.environ["QCOLL_TRANSPORT"] = transport
+    # One intra-op thread per rank, as torchrun sets (OMP_NUM_THREADS=1): otherwise the
+    # OpenMP threads of each call's fill_ keep spinning on the cores the exchange needs,
+    # and both backends' times swing several-fold from run to run.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     import qcoll.torch  # noqa: F401
 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
