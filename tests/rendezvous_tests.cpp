@@ -1087,7 +1087,10 @@ BOOST_AUTO_TEST_CASE(wait_all_times_out_and_zero_keys_return_at_once) {
   client.set("b/0", "");
   client.set("b/2", "");
   const outcome o = capture([&] { client.wait_all("b/", 3, clock::now() + 150ms); });
-  check_error(o, errc::timeout, {"\"b/0\" … \"b/2\"", "timed out"});
+  check_error(o, errc::timeout, {"\"b/0\" … \"b/2\"", "timed out", "rank 1 has not arrived"});
+  // More than one missing: all counted, the first 16 named.
+  const outcome many = capture([&] { client.wait_all("b/", 40, clock::now() + 150ms); });
+  check_error(many, errc::timeout, {"38 ranks have not arrived (1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, …)"});
   client.wait_all("nothing/", 0, clock::now());  // no keys: nothing to wait for
   client.set("b/1", "");
   client.wait_all("b/", 3, clock::now() + 1s);
@@ -1362,6 +1365,60 @@ BOOST_AUTO_TEST_CASE(ranks_told_different_transports_all_fail_at_once_naming_bot
                   {"different transports", fmt::format("{} on ranks 0, 2", to_string(rank0)),
                    fmt::format("{} on rank 1", to_string(odd)), "QCOLL_TRANSPORT"});
       BOOST_TEST(o.ms[r] < 15000);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_never_comes_is_named_on_every_rank_that_did) {
+  // Ranks 0 and 1 of 3; rank 2 never starts. Rank 0 asks the store which keys are
+  // missing, and the others fail with its words, not a bare timeout of their own.
+  const std::uint16_t port = free_port();
+  const std::string id = fmt::format("never-comes-{}", ::getpid());
+  std::vector<outcome> errors(2);
+  std::vector<long long> ms(2);
+  const auto start = clock::now();
+  std::vector<std::thread> ranks;
+  for (rank_t r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      job j = test_job(r, 3, "s3cret", id, port);
+      j.local_size = 3;
+      j.timeout = 1500ms;
+      errors[r] = capture([&] { launch::join(j, transport_name); });
+      ms[r] = ms_since(start);
+    });
+  for (auto& rank : ranks) rank.join();
+  check_error(errors[0], errc::timeout, {"rank 2 has not arrived"});
+  check_error(errors[1], errc::timeout, {"qcoll rank 1: the job's setup failed on rank 0", "rank 2 has not arrived"});
+  for (rank_t r = 0; r < 2; ++r) {
+    BOOST_TEST_INFO("rank " << r);
+    BOOST_TEST(ms[r] < 5000);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_communicator_without_options_takes_the_jobs_timeout) {
+  // QCOLL_TIMEOUT_MS (job::timeout) bounds setup and, by default, every step of the
+  // collectives; options given say otherwise, and are kept.
+  for (const transport_kind kind : {transport_kind::shm, transport_kind::tcp}) {
+    const auto o = join_threads(
+        2, "job-timeout", [&](job& j) {
+          j.transport = kind;
+          j.timeout = 4321ms;
+        },
+        [](auto transport) {
+          const auto from_job = communicator(std::move(transport)).options().timeout;
+          return fmt::format("{}", from_job.count());
+        });
+    const auto given = join_threads(
+        2, "given-timeout", [&](job& j) { j.transport = kind; },
+        [](auto transport) {
+          return fmt::format("{}", communicator(std::move(transport), {.timeout = 1234ms}).options().timeout.count());
+        });
+    for (rank_t r = 0; r < 2; ++r) {
+      BOOST_TEST_INFO("rank " << r << " over " << to_string(kind));
+      BOOST_TEST(!o.errors[r].threw, o.errors[r].message);
+      BOOST_TEST(o.joined[r] == "4321");
+      BOOST_TEST(!given.errors[r].threw, given.errors[r].message);
+      BOOST_TEST(given.joined[r] == "1234");
     }
   }
 }

@@ -76,9 +76,24 @@ inline constexpr std::int64_t no_color = -1;
 
 struct communicator_options {
   /// How long any one step of a collective may wait for a peer before the call
-  /// fails with errc::timeout. Finite by default, so nothing hangs forever.
+  /// fails with errc::timeout. Finite by default, so nothing hangs forever. A
+  /// communicator made without options over a transport joined from a job (shm, TCP:
+  /// launch::join, join_from_environment) takes the job's timeout instead
+  /// (QCOLL_TIMEOUT_MS, qcoll-run --timeout-ms): one setting for the whole job.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
 };
+
+/// The options of a communicator made over `t` without any: the job's timeout where
+/// the transport knows it (job_timeout()), else communicator_options' defaults.
+template <class Transport>
+communicator_options default_options(const Transport& t) {
+  communicator_options options;
+  if constexpr (requires {
+                  { t.job_timeout() } -> std::convertible_to<std::chrono::milliseconds>;
+                })
+    options.timeout = t.job_timeout();
+  return options;
+}
 
 /// The default topology links every pair of ranks, as the in-process, shm and TCP
 /// transports do: exact collectives run their ring in rank order over it, and
@@ -96,16 +111,27 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
 
   /// Over `topology`: any ring topology (topologies::ring, fully_connected, a user's
   /// model of ring_topology) converts to the graph kept here.
-  communicator(Transport transport, topologies::graph topology, communicator_options options = {})
+  communicator(Transport transport, topologies::graph topology, communicator_options options)
       : shared_(std::move(transport)), channel_(shared_->transport), topology_(std::move(topology)), options_(options) {
+    validate();
+  }
+  /// ... with default_options(transport): the job's timeout where it has one.
+  communicator(Transport transport, topologies::graph topology)
+      : communicator(std::move(transport), std::move(topology), communicator_options{}) {
+    options_ = default_options(shared_->transport);
     validate();
   }
 
   /// Over the default topology: fully connected, of the transport's size.
-  explicit communicator(Transport transport, communicator_options options = {})
+  communicator(Transport transport, communicator_options options)
       // Members initialise in declaration order, so channel_ is ready here.
       : shared_(std::move(transport)), channel_(shared_->transport),
         topology_(topologies::fully_connected(channel_.size())), options_(options) {
+    validate();
+  }
+  /// ... with default_options(transport): the job's timeout where it has one.
+  explicit communicator(Transport transport) : communicator(std::move(transport), communicator_options{}) {
+    options_ = default_options(shared_->transport);
     validate();
   }
 

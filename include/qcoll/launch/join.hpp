@@ -75,6 +75,8 @@ inline std::string rank_list(const std::vector<rank_t>& ranks) {
 }
 
 inline constexpr std::string_view transports_agree = "agreed";
+/// The start of a verdict that says some ranks never arrived (the rest says which).
+inline constexpr std::string_view ranks_missing = "missing: ";
 
 }  // namespace detail
 
@@ -91,7 +93,8 @@ inline constexpr std::string_view transports_agree = "agreed";
 /// @par Errors
 /// errc::invalid_argument on every rank, at once, when the ranks resolved different
 /// transports, naming which ranks chose which; otherwise what resolve_transport and the
-/// store throw (a rank that never comes: errc::timeout at `until`).
+/// store throw. A rank that never comes: errc::timeout, on rank 0 at `until` naming the
+/// ranks that did not arrive, and on the others with rank 0's message.
 template <rendezvous::store Store>
 rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& store, deadline until) {
   const rendezvous::transport_kind kind = resolve_transport(j);
@@ -102,7 +105,21 @@ rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& s
   store.set(qcoll::detail::format("qcoll/transport/{}", j.rank), choice);
   std::string verdict;
   if (j.rank == 0) {
-    store.wait_all("qcoll/transport/", j.size, until);
+    // Rank 0 gives up a little before the others, so that they fail with its reason
+    // (which ranks never came, from the store) instead of timing out on their own.
+    const deadline arrivals_until = until - std::min<clock::duration>(j.timeout / 10, std::chrono::seconds(1));
+    try {
+      store.wait_all("qcoll/transport/", j.size, arrivals_until);
+    } catch (const qcoll::error& e) {
+      if (e.code() != errc::timeout) throw;
+      store.set("qcoll/transport", qcoll::detail::format("{}{}", detail::ranks_missing, e.what()));
+      // Serving the store until the setup deadline, for the ranks that came to read it.
+      try {
+        store.wait_all("qcoll/transport/seen/", j.size, until);
+      } catch (const qcoll::error&) {  // some never come: that is the error thrown here
+      }
+      throw;
+    }
     std::vector<std::pair<std::string, std::vector<rank_t>>> groups{{choice, {0}}};
     bool differ = false;
     for (rank_t r = 1; r < j.size; ++r) {
@@ -126,6 +143,11 @@ rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& s
     store.set("qcoll/transport", verdict);
   } else {
     verdict = store.get("qcoll/transport", until);
+    if (verdict.starts_with(detail::ranks_missing)) {
+      store.set(qcoll::detail::format("qcoll/transport/seen/{}", j.rank), "1");
+      qcoll::detail::throw_error(errc::timeout, "qcoll rank {}: the job's setup failed on rank 0: {}", j.rank,
+                                 std::string_view(verdict).substr(detail::ranks_missing.size()));
+    }
   }
   if (verdict == detail::transports_agree) return kind;
 

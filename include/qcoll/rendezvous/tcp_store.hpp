@@ -72,7 +72,10 @@ inline constexpr std::size_t max_value_size = 64 * 1024;
 
 namespace detail {
 
-enum class store_op : std::uint8_t { set = 1, get = 2, wait = 3, cancel = 4 };
+/// missing: which keys of a wait's range do not exist yet (what a timed-out wait reports).
+enum class store_op : std::uint8_t { set = 1, get = 2, wait = 3, cancel = 4, missing = 5 };
+/// A missing reply: the number of absent keys (u32), then the first of them (u32 each).
+inline constexpr std::size_t missing_listed = 16;
 inline constexpr std::size_t store_header_size = 12;
 inline constexpr std::uint8_t store_ok = 0;
 
@@ -89,7 +92,7 @@ inline std::optional<std::string> parse_request(std::span<const std::byte> heade
   request.key_size = qcoll::detail::load_le<std::uint16_t>(header.data() + 2);
   request.id = qcoll::detail::load_le<std::uint32_t>(header.data() + 4);
   request.value_size = qcoll::detail::load_le<std::uint32_t>(header.data() + 8);
-  if (op < 1 || op > 4) return qcoll::detail::format("unknown request type {}", op);
+  if (op < 1 || op > 5) return qcoll::detail::format("unknown request type {}", op);
   request.op = static_cast<store_op>(op);
   if (header[1] != std::byte{0}) return std::string("malformed request header (reserved byte set)");
   if (request.key_size > max_key_size)
@@ -103,6 +106,7 @@ inline std::optional<std::string> parse_request(std::span<const std::byte> heade
       if (request.value_size != 0) return qcoll::detail::format("a get with a {}-byte value", request.value_size);
       break;
     case store_op::wait:
+    case store_op::missing:
       if (request.value_size != 4) return qcoll::detail::format("a wait with a {}-byte count (must be 4)", request.value_size);
       break;
     case store_op::cancel:
@@ -343,9 +347,30 @@ class store_service {
         }
         break;
       }
+      case store_op::missing:
+        respond(connection, request.id,
+                missing_keys(key, qcoll::detail::load_le<std::uint32_t>(connection->body.data() + request.key_size)));
+        break;
       case store_op::cancel: forget(connection.get(), request.id); break;
     }
     read_header(connection);
+  }
+
+  /// The keys prefix+0 … prefix+(count−1) that do not exist: their number, then the
+  /// first missing_listed of them.
+  std::string missing_keys(const std::string& prefix, std::uint32_t count) const {
+    std::vector<std::uint32_t> absent;
+    std::uint32_t total = 0;
+    for (std::uint32_t i = 0; i < count; ++i) {
+      if (data_.contains(prefix + std::to_string(i))) continue;
+      if (absent.size() < detail::missing_listed) absent.push_back(i);
+      ++total;
+    }
+    std::string reply(4 * (1 + absent.size()), '\0');
+    qcoll::detail::store_le<std::uint32_t>(reinterpret_cast<std::byte*>(reply.data()), total);
+    for (std::size_t k = 0; k < absent.size(); ++k)
+      qcoll::detail::store_le<std::uint32_t>(reinterpret_cast<std::byte*>(reply.data()) + 4 * (k + 1), absent[k]);
+    return reply;
   }
 
   bool advance(barrier_waiter& waiter) const {
@@ -512,12 +537,43 @@ class store_client {
       qcoll::detail::throw_error(errc::invalid_argument, "{}: wait_all for {} keys (at most 2^32 - 1)", where_, n);
     std::array<std::byte, 4> count{};
     qcoll::detail::store_le<std::uint32_t>(count.data(), static_cast<std::uint32_t>(n));
-    transact(detail::store_op::wait, prefix, count, until,
-             qcoll::detail::format("waiting for keys \"{}0\" … \"{}\"", detail::printable(prefix), detail::printable(last)),
-             "some ranks have not arrived: did one fail, or is it slower?");
+    const std::string what =
+        qcoll::detail::format("waiting for keys \"{}0\" … \"{}\"", detail::printable(prefix), detail::printable(last));
+    const auto started = clock::now();
+    try {
+      transact(detail::store_op::wait, prefix, count, until, what, "");
+    } catch (const qcoll::error& e) {
+      if (e.code() != errc::timeout) throw;
+      // Name the ranks that never arrived: the store knows which keys are missing.
+      qcoll::detail::throw_error(errc::timeout, "{}: timed out after {} ms {}: {}: did it fail, or is it slower?",
+                                 where_, detail::milliseconds_between(started, clock::now()), what,
+                                 absent_ranks(prefix, count));
+    }
   }
 
  private:
+  /// "rank 2 has not arrived" or "3 ranks have not arrived (1, 4, 6)", from the store,
+  /// which is asked with a short deadline of its own (its answer is a hint).
+  std::string absent_ranks(std::string_view prefix, std::span<const std::byte> count) {
+    std::string reply;
+    try {
+      reply = transact(detail::store_op::missing, prefix, count, clock::now() + std::chrono::seconds(1),
+                       "asking which keys are missing", "");
+    } catch (const qcoll::error&) {
+      return "some ranks have not arrived";
+    }
+    if (reply.size() < 4 || reply.size() % 4 != 0) return "some ranks have not arrived";
+    const auto* bytes = reinterpret_cast<const std::byte*>(reply.data());
+    const std::uint32_t total = qcoll::detail::load_le<std::uint32_t>(bytes);
+    std::string listed;
+    for (std::size_t k = 1; k < reply.size() / 4; ++k)
+      listed += qcoll::detail::format("{}{}", k == 1 ? "" : ", ", qcoll::detail::load_le<std::uint32_t>(bytes + 4 * k));
+    if (total == 0) return "every rank had arrived by the time the store was asked";
+    if (total == 1) return qcoll::detail::format("rank {} has not arrived", listed);
+    return qcoll::detail::format("{} ranks have not arrived ({}{})", total, listed,
+                                 total > reply.size() / 4 - 1 ? ", …" : "");
+  }
+
   void check_key(std::string_view key, std::string_view operation) const {
     if (key.size() > max_key_size)
       qcoll::detail::throw_error(errc::invalid_argument, "{}: {} with a key of {} bytes (at most {}): \"{}\"", where_,

@@ -442,7 +442,7 @@ class transport : public stream::endpoint {
     auto pipes = std::make_unique<detail::shm_channels>(std::move(segment), shape, job.rank);
     return transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "shm transport",
                                                       stream::resolve(opts.engine, job.local_size)),
-                     std::move(pids), single_copy, std::move(probe));
+                     job.timeout, std::move(pids), single_copy, std::move(probe));
   }
 
   /// Whether every pair of ranks may read each other's memory (agreed at join).
@@ -488,9 +488,9 @@ class transport : public stream::endpoint {
   }
 
  private:
-  transport(std::unique_ptr<stream::engine> core, std::vector<pid_t> pids, bool single_copy,
-            std::unique_ptr<std::uint64_t> probe)
-      : stream::endpoint(std::move(core)), pids_(std::move(pids)), single_copy_(single_copy), probe_(std::move(probe)),
+  transport(std::unique_ptr<stream::engine> core, std::chrono::milliseconds job_timeout, std::vector<pid_t> pids,
+            bool single_copy, std::unique_ptr<std::uint64_t> probe)
+      : stream::endpoint(std::move(core), job_timeout), pids_(std::move(pids)), single_copy_(single_copy), probe_(std::move(probe)),
         peer_regions_(std::make_unique<detail::peer_regions>(pids_)) {}
 
   /// Each rank reads every peer's probe word; single copy is on only if every rank

@@ -314,7 +314,8 @@ class transport : public stream::endpoint {
     accept_until_connected(0);
     auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(outgoing), std::move(incoming), job.rank);
     return transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "tcp transport",
-                                                      stream::resolve(opts.engine, job.local_size)));
+                                                      stream::resolve(opts.engine, job.local_size)),
+                     job.timeout);
   }
 
  private:

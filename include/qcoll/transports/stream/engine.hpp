@@ -716,12 +716,17 @@ class endpoint {
   transports::failure failure() const { return engine_->failure(); }
   /// Bytes this rank has sent through the transport (engine::bytes_written).
   std::uint64_t bytes_written() const noexcept { return engine_->bytes_written(); }
+  /// The timeout of the job it was joined from (QCOLL_TIMEOUT_MS): a communicator made
+  /// over it without options takes it as its step deadline.
+  std::chrono::milliseconds job_timeout() const noexcept { return job_timeout_; }
 
  protected:
-  explicit endpoint(std::unique_ptr<engine> core) : engine_(std::move(core)) {}
+  endpoint(std::unique_ptr<engine> core, std::chrono::milliseconds job_timeout)
+      : engine_(std::move(core)), job_timeout_(job_timeout) {}
 
  private:
   std::unique_ptr<engine> engine_;
+  std::chrono::milliseconds job_timeout_;
 };
 
 inline request::~request() {
