@@ -17,7 +17,8 @@
 // into a buffer of its own and gathered from there, and a backward rank broadcasts a
 // copy of its error half (a broadcast writes the root's buffer too).
 // Then it trains the same model by 4-rank data parallelism (exact and 1-bit allreduce)
-// for comparison, and prints steps/s and the bytes each scheme sends per step.
+// for comparison, and prints steps/s and the bytes each scheme sends per step (measured:
+// what the transport wrote).
 //
 //   qcoll-run -n 4 asymmetric_groups      # the scheme, checked, then data parallelism
 //   qcoll-run -n 1 asymmetric_groups      # single-rank full-batch training: the baseline
@@ -326,30 +327,7 @@ class asymmetric_trainer {
 
   network& net() { return net_; }
 
-  /// Bytes this rank sends per step, from the collectives' documented traffic.
-  std::size_t bytes_sent_per_step() const {
-    const std::size_t B = s_.batch, L = net_.layers(), f = sizeof(float), me = world_.rank();
-    std::size_t bytes = 0;
-    for (std::size_t l = 0; l < L; ++l) bytes += 3 * (B / 4) * net_.width[l + 1] * f;  // ring all_gather: 3 of 4 blocks
-    for (std::size_t l = 0; l + 1 < L; ++l) {  // the error halves, broadcast over three ranks
-      const std::size_t half = B / 2 * net_.width[l + 1] * f;
-      bytes += broadcast_bytes(half, 3, backward_) * (backward_ ? 1 : 2);
-    }
-    for (std::size_t l = 0; l < L; ++l)  // W_l's halves over four ranks; I am the root of one if I update
-      for (std::size_t h = 0; h < 2; ++h) {
-        const std::size_t half = part(net_.width[l + 1], 2, h).size() * net_.row_size(l) * f;
-        bytes += broadcast_bytes(half, 4, me == 2 * h + 1);
-      }
-    return bytes;
-  }
-
  private:
-  /// A broadcast of `bytes` over n ranks: every rank sends (n − 1)/n of it in the
-  /// all-gather, the root another (n − 1)/n in the scatter (communicator.hpp).
-  static std::size_t broadcast_bytes(std::size_t bytes, std::size_t n, bool root) {
-    return bytes * (n - 1) / n * (root ? 2 : 1);
-  }
-
   std::span<float> staging(std::size_t l, range neurons) {
     const std::size_t row = net_.row_size(l);
     return std::span(staging_).subspan(net_.offset[l] + neurons.begin * row, neurons.size() * row);
@@ -408,13 +386,6 @@ class data_parallel_trainer {
 
   network& net() { return net_; }
 
-  std::size_t bytes_sent_per_step() const {
-    if (plans_.empty()) return 2 * (comm_.size() - 1) * net_.parameters.size() * sizeof(float) / comm_.size();
-    std::size_t total = 0;
-    for (const auto& p : plans_) total += p.last_call().bytes_sent;
-    return total;
-  }
-
  private:
   Communicator& comm_;
   settings s_;
@@ -423,10 +394,12 @@ class data_parallel_trainer {
   std::vector<qcoll::compressed_allreduce_plan<qcoll::quantizers::one_bit>> plans_;
 };
 
-/// What `timed` measured: steps per second, and the first and the last step's mean
-/// loss over the samples this rank computed it for.
+/// What `timed` measured: steps per second, the first and the last step's mean loss
+/// over the samples this rank computed it for, and (timed_job) the bytes this rank's
+/// transport wrote per step, record headers included: what it really sent, whichever
+/// algorithm each collective chose.
 struct timing {
-  double rate = 0, first_loss = 0, last_loss = 0;
+  double rate = 0, first_loss = 0, last_loss = 0, bytes_per_step = 0;
 };
 
 template <class Step>
@@ -438,6 +411,14 @@ timing timed(std::size_t steps, Step&& train) {
     if (step == 0) t.first_loss = t.last_loss;
   }
   t.rate = double(steps) / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return t;
+}
+
+template <class Communicator, class Step>
+timing timed_job(Communicator& comm, std::size_t steps, Step&& train) {
+  const std::uint64_t written = comm.transport().bytes_written();
+  timing t = timed(steps, std::forward<Step>(train));
+  t.bytes_per_step = double(comm.transport().bytes_written() - written) / double(steps);
   return t;
 }
 
@@ -483,20 +464,20 @@ int run(Communicator& comm, const settings& s, std::string_view transport) {
   comm.broadcast(std::span(reference.parameters), 0);
   asymmetric_trainer<Communicator> asymmetric(comm, s);
   comm.barrier();
-  const timing asym = timed(s.steps, [&](std::size_t t) { return asymmetric.step(data, t); });
+  const timing asym = timed_job(comm, s.steps, [&](std::size_t t) { return asymmetric.step(data, t); });
   const bool equal = std::memcmp(asymmetric.net().parameters.data(), reference.parameters.data(),
                                  reference.parameters.size() * sizeof(float)) == 0;
 
   data_parallel_trainer<Communicator> exact(comm, s, false), one_bit(comm, s, true);
   comm.barrier();
-  const timing exact_timing = timed(s.steps, [&](std::size_t t) { return exact.step(data, t); });
+  const timing exact_timing = timed_job(comm, s.steps, [&](std::size_t t) { return exact.step(data, t); });
   comm.barrier();
-  const timing one_bit_timing = timed(s.steps, [&](std::size_t t) { return one_bit.step(data, t); });
+  const timing one_bit_timing = timed_job(comm, s.steps, [&](std::size_t t) { return one_bit.step(data, t); });
   comm.barrier();
 
   // Every rank's verdict, bytes (the asymmetric ranks differ by role) and losses.
   constexpr std::size_t fields = 8;
-  const std::vector<double> mine{equal ? 1.0 : 0.0,       double(asymmetric.bytes_sent_per_step()),
+  const std::vector<double> mine{equal ? 1.0 : 0.0,       asym.bytes_per_step,
                                  asym.first_loss,          asym.last_loss,
                                  exact_timing.first_loss,  exact_timing.last_loss,
                                  one_bit_timing.first_loss, one_bit_timing.last_loss};
@@ -516,10 +497,10 @@ int run(Communicator& comm, const settings& s, std::string_view transport) {
               fmt::format("   sends {} / {} B per step (backward / update rank)", std::size_t(field(0, 1)),
                           std::size_t(field(1, 1))));
     print_row("data parallel, exact allreduce", exact_timing.rate, quarters_mean(4), quarters_mean(5),
-              fmt::format("   sends {} B per step; weights differ by ≤ {:.2e}", exact.bytes_sent_per_step(),
+              fmt::format("   sends {:.0f} B per step; weights differ by ≤ {:.2e}", exact_timing.bytes_per_step,
                           max_difference(exact.net().parameters, reference.parameters)));
     print_row("data parallel, 1-bit allreduce", one_bit_timing.rate, quarters_mean(6), quarters_mean(7),
-              fmt::format("   sends {} B per step; weights differ by ≤ {:.2e}", one_bit.bytes_sent_per_step(),
+              fmt::format("   sends {:.0f} B per step; weights differ by ≤ {:.2e}", one_bit_timing.bytes_per_step,
                           max_difference(one_bit.net().parameters, reference.parameters)));
     fmt::print("weights after {} steps {} single-rank full-batch training bit for bit on every rank\n", s.steps,
                all_equal ? "equal" : "do NOT equal");
