@@ -188,6 +188,68 @@ BOOST_AUTO_TEST_CASE(with_a_changing_input_only_the_last_block_is_exact) {
   for (std::size_t i = 0; i + 1 < blocks; ++i) BOOST_TEST((sideways.records[i] != backprop.records[i]), "block " << i);
 }
 
+namespace {
+
+/// Sideways written out in one process, from the schedule's definition (seed 004,
+/// Malinowski et al. Fig. 2) rather than from depth_pipeline: all L blocks in lockstep,
+/// each step reading only what the blocks produced at the step before. At step t block
+/// i forwards item t − i (block 0 from the sequence, block i from block i − 1's output
+/// of step t − 1) and runs backward for item g = t − 2L + 2 + i against its latest
+/// input, with the gradient block i + 1 produced at step t − 1 (the last block: its
+/// loss on item g, whose output it has just produced).
+run_result train_sideways_in_one_process(std::size_t blocks, std::size_t items, float learning_rate,
+                                         std::size_t sequences) {
+  std::vector<dense_block> stack;
+  for (std::size_t i = 0; i < blocks; ++i) stack.emplace_back(width, width, 100 + i, learning_rate);
+  run_result result{{}, std::vector<std::vector<float>>(blocks), std::vector<training::sequence_stats>(blocks)};
+  const auto active = [&](std::size_t t, std::size_t lag) { return t >= lag && t - lag < items; };
+  for (std::size_t s = 0; s < sequences; ++s) {
+    std::vector<std::vector<float>> input(blocks, std::vector<float>(width)), output = input, in_grad = input;
+    std::vector<std::vector<float>> previous_output = output, previous_in_grad = in_grad;
+    std::vector<float> out_grad(width);
+    std::vector<double> loss(blocks, 0.0);
+    for (std::size_t t = 0; t < items + 2 * blocks - 2; ++t) {
+      for (std::size_t i = 0; i < blocks; ++i) {
+        if (active(t, i)) {  // forward of item t − i
+          if (i == 0) sequence_item(t, input[0], false);
+          else input[i] = previous_output[i - 1];
+          stack[i].forward(input[i], output[i]);
+        }
+        const std::size_t backward_lag = 2 * blocks - 2 - i;
+        if (active(t, backward_lag)) {  // backward of item t − backward_lag
+          if (i + 1 == blocks) loss[i] += squared_error(t - backward_lag, output[i], out_grad);
+          else out_grad = previous_in_grad[i + 1];
+          stack[i].backward(input[i], out_grad, i == 0 ? std::span<float>() : std::span<float>(in_grad[i]));
+        }
+      }
+      previous_output = output;
+      previous_in_grad = in_grad;
+    }
+    for (std::size_t i = 0; i < blocks; ++i) result.stats[i].loss = loss[i];
+  }
+  for (std::size_t i = 0; i < blocks; ++i) result.weights[i] = stack[i].weights();
+  return result;
+}
+
+}  // namespace
+
+// With learning, a changing input and L > 1 the ranks' weights equal, bit for bit, those
+// of the schedule run in one process by its definition: the distributed schedule moves
+// the right values at the right steps (fill, steady state, drain, two sequences).
+BOOST_AUTO_TEST_CASE(learning_equals_the_schedule_written_out_in_one_process) {
+  for (std::size_t blocks : {2, 3, 4})
+    for (std::size_t items : {3, 11}) {
+      const auto distributed = train_dense(blocks, pipeline_mode::sideways, items, 0.05f, false, 2);
+      const auto reference = train_sideways_in_one_process(blocks, items, 0.05f, 2);
+      for (std::size_t i = 0; i < blocks; ++i) {
+        BOOST_TEST_INFO("block " << i << " of " << blocks << ", " << items << " items");
+        BOOST_TEST(bitwise_equal(distributed.weights[i], reference.weights[i]));
+        BOOST_TEST(!bitwise_equal(distributed.weights[i], dense_block(width, width, 100 + i, 0.0f).weights()));
+      }
+      BOOST_TEST(distributed.stats[blocks - 1].loss == reference.stats[blocks - 1].loss);
+    }
+}
+
 BOOST_AUTO_TEST_CASE(a_sequence_of_k_items_takes_k_plus_2L_minus_2_steps) {
   for (std::size_t blocks : {1, 2, 4})
     for (std::size_t items : {1, 2, 5}) {
