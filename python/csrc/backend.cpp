@@ -143,6 +143,21 @@ bool is_float(const at::Tensor& tensor) {
   }
 }
 
+/// The list form's tensors (all_gather's outputs, reduce_scatter's inputs): one list
+/// of `ranks` CPU tensors, each of `like`'s size and type; `role` names them.
+std::vector<at::Tensor> tensor_per_rank(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
+                                        int ranks, const char* what, const char* role) {
+  if (lists.size() != 1 || lists.front().size() != static_cast<std::size_t>(ranks))
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll {}: one list of {} {} tensors", what, ranks, role);
+  for (const at::Tensor& each : lists.front()) {
+    check_device(each, what);
+    if (each.numel() != like.numel() || each.scalar_type() != like.scalar_type())
+      qcoll::detail::throw_error(errc::invalid_argument, "qcoll {}: every {} tensor must be of the {}'s size and type",
+                                 what, role, std::string_view(role) == "input" ? "output" : "input");
+  }
+  return lists.front();
+}
+
 /// Tensors a reduction takes: the four float types, reduced by qcoll in their own
 /// type, and integers and bool, reduced in float64 (exact within ±2^53: narrow_exactly
 /// says when a result was not).
@@ -300,15 +315,7 @@ c10::intrusive_ptr<c10d::Work> backend::allgather(std::vector<std::vector<at::Te
                                                   std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
   const at::Tensor input = only_tensor(inputs, "all_gather");
   check_device(input, "all_gather");
-  if (outputs.size() != 1 || outputs.front().size() != static_cast<std::size_t>(getSize()))
-    qcoll::detail::throw_error(errc::invalid_argument, "qcoll all_gather: one list of {} output tensors", getSize());
-  std::vector<at::Tensor> slots = outputs.front();
-  for (const at::Tensor& slot : slots) {
-    check_device(slot, "all_gather");
-    if (slot.numel() != input.numel() || slot.scalar_type() != input.scalar_type())
-      qcoll::detail::throw_error(errc::invalid_argument,
-                                 "qcoll all_gather: every output tensor must be of the input's size and type");
-  }
+  std::vector<at::Tensor> slots = tensor_per_rank(outputs, input, getSize(), "all_gather", "output");
   return worker_.submit(c10d::OpType::ALLGATHER, slots, "all_gather", [input, slots](group& g) {
     const units mine = as_units(input.contiguous());
     const std::int64_t per_rank = mine.tensor.numel();
@@ -357,15 +364,7 @@ c10::intrusive_ptr<c10d::Work> backend::reduce_scatter(std::vector<at::Tensor>& 
                                                        const c10d::ReduceScatterOptions& opts) {
   at::Tensor output = only_tensor(outputs, "reduce_scatter");
   check_reducible(output, "reduce_scatter");
-  if (inputs.size() != 1 || inputs.front().size() != static_cast<std::size_t>(getSize()))
-    qcoll::detail::throw_error(errc::invalid_argument, "qcoll reduce_scatter: one list of {} input tensors", getSize());
-  std::vector<at::Tensor> pieces = inputs.front();
-  for (const at::Tensor& piece : pieces) {
-    check_device(piece, "reduce_scatter");
-    if (piece.numel() != output.numel() || piece.scalar_type() != output.scalar_type())
-      qcoll::detail::throw_error(errc::invalid_argument,
-                                 "qcoll reduce_scatter: every input tensor must be of the output's size and type");
-  }
+  std::vector<at::Tensor> pieces = tensor_per_rank(inputs, output, getSize(), "reduce_scatter", "input");
   const qcoll::reduce_op op = reduce_op_of(opts.reduceOp, output, "reduce_scatter");
   const int ranks = getSize();
   return worker_.submit(c10d::OpType::REDUCE_SCATTER, {output}, "reduce_scatter",
