@@ -29,6 +29,7 @@
 #include "support/half_inputs.hpp"
 #include "support/quantizer_inputs.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -188,7 +189,8 @@ std::vector<test::named_input> inputs(std::size_t n, unsigned seed) {
 
 void quantizers_match_the_cpu() {
   using namespace qcoll::quantizers;
-  for (std::size_t group : {8u, 64u, 2048u})
+  // 8 to 2048: the staged encoders (a group fits a tile's stage); 4096: in place.
+  for (std::size_t group : {8u, 64u, 2048u, 4096u})
     for (auto threshold : {threshold::zero, threshold::group_mean})
       for (auto reconstruction : {reconstruction::bin_means, reconstruction::min_max})
         for (std::size_t n : sizes(group, group == 2048))
@@ -226,6 +228,47 @@ void residuals_carried_over_many_steps() {
   device_matches_host(k_level({.levels = 4, .group_size = 256, .rounding = rounding::stochastic, .seed = 5}), in, true,
                       50, "k_level, 50 steps");
   device_matches_host(bfp({.mantissa_bits = 4, .block_size = 32}), in, true, 50, "bfp, 50 steps");
+  // One block of 5000 values: larger than a stage, encoded in place.
+  device_matches_host(bfp({.mantissa_bits = 8, .block_size = bfp_options::whole_tensor}), in, true, 5,
+                      "bfp whole tensor, 5 steps");
+}
+
+/// Buffers that start one element into their allocations: the kernels' vector loads
+/// and stores give way to scalar ones, with the same bits (frames too: one byte in).
+template <class Q>
+void unaligned_buffers_give_the_same_bits(const Q& q, const std::string& what) {
+  const std::size_t n = 3 * 2048 + 101;
+  std::vector<float> in(n), residual(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    in[i] = std::sin(0.01f * static_cast<float>(i)) * 3.0f;
+    residual[i] = 0.001f * static_cast<float>(i % 17);
+  }
+  const auto shifted = [](const std::vector<float>& values) {
+    std::vector<float> with_one_before{-1.0f};
+    with_one_before.insert(with_one_before.end(), values.begin(), values.end());
+    return on_device(with_one_before);
+  };
+  const auto d_in = shifted(in);
+  auto d_residual = shifted(residual);
+  auto d_out = shifted(std::vector<float>(n, 0.25f));
+  std::vector<std::byte> frame(q.encoded_size(n));
+  device_memory<std::byte> d_frame(frame.size() + 1);
+  q.encode(in, std::span<const float>(residual), std::span<float>(residual), frame);
+  q.encode(device_stream{}, std::span<const float>(d_in.span().subspan(1)),
+           std::span<const float>(d_residual.span().subspan(1)), d_residual.span().subspan(1),
+           d_frame.span().subspan(1));
+  const auto got_frame = to_host(d_frame);
+  const auto got_residual = to_host(d_residual);
+  check(std::equal(frame.begin(), frame.end(), got_frame.begin() + 1) &&
+            test::same_bits(std::vector<float>(got_residual.begin() + 1, got_residual.end()), residual),
+        what + " unaligned: encode");
+  std::vector<float> sum(n, 0.25f);
+  q.decode_accumulate(frame, sum);
+  const bool decoded = !q.decode_accumulate(device_stream{}, std::span<const std::byte>(d_frame.span().subspan(1)),
+                                           d_out.span().subspan(1));
+  const auto got_sum = to_host(d_out);
+  check(decoded && test::same_bits(std::vector<float>(got_sum.begin() + 1, got_sum.end()), sum),
+        what + " unaligned: decode_accumulate");
 }
 
 /// 2^26 values (256 MiB of float), each quantizer once.
@@ -344,6 +387,9 @@ int main() {
     conversions_match_the_cpu<qcoll::float16>("float16");
     quantizers_match_the_cpu();
     residuals_carried_over_many_steps();
+    unaligned_buffers_give_the_same_bits(qcoll::quantizers::one_bit(), "one_bit");
+    unaligned_buffers_give_the_same_bits(qcoll::quantizers::k_level({.levels = 5, .group_size = 64}), "k_level");
+    unaligned_buffers_give_the_same_bits(qcoll::quantizers::bfp(), "bfp");
     sixteen_bit_inputs<qcoll::bfloat16>("bfloat16");
     sixteen_bit_inputs<qcoll::float16>("float16");
     bad_input_is_refused();

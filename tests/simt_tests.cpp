@@ -78,6 +78,14 @@ std::vector<float> accumulate_base(std::size_t n) {
   return base;
 }
 
+/// A tile's stage (simt::encode_groups) for every other encode, so each setting meets
+/// both paths over its inputs: the staged one the CUDA kernels take for groups of up
+/// to stage_capacity values, and the in-place one they take for larger groups.
+float* stage_if(bool staged) {
+  static std::vector<float> stage(simt::stage_capacity);
+  return staged ? stage.data() : nullptr;
+}
+
 /// The simt decode of `records` (both modes) against the reference table's.
 template <class Value, class Reference>
 bool decodes_match(const std::byte* records, std::size_t n, const Value& value_of, Reference&& reference) {
@@ -132,7 +140,8 @@ BOOST_AUTO_TEST_CASE(one_bit_tiles_write_the_references_records_residuals_and_me
               test::run_on_tile([&](const test::threaded_tile& tile) {
                 simt::one_bit_encode(tile, 0, 1, options, input.values.data(), n,
                                      residual_in.empty() ? nullptr : residual_in.data(), r_out,
-                                     memory_in.empty() ? nullptr : memory_in.data(), m_out, records.data());
+                                     memory_in.empty() ? nullptr : memory_in.data(), m_out, records.data(),
+                                     stage_if(compared % 2 == 1));
               });
               const bool same_residual =
                   split ? test::same_bits(residual_out, expected_residual) && test::same_bits(residual_in, residual0)
@@ -142,7 +151,7 @@ BOOST_AUTO_TEST_CASE(one_bit_tiles_write_the_references_records_residuals_and_me
               BOOST_TEST_REQUIRE((test::same_bytes(records, expected) && same_residual && same_memory),
                                  input.name << ", n = " << n << ", group = " << group << ", mean threshold = "
                                             << int(threshold) << ", min_max = " << int(reconstruction)
-                                            << ", mode = " << mode);
+                                            << ", mode = " << mode << ", staged = " << compared % 2);
               BOOST_TEST_REQUIRE(decodes_match(expected.data(), n, simt::one_bit_value{layout},
                                                [&](std::span<float> out, bool accumulate) {
                                                  reference.one_bit_decode(options, expected.data(), out, accumulate);
@@ -178,11 +187,13 @@ BOOST_AUTO_TEST_CASE(k_level_tiles_write_the_references_records_and_residuals) {
               std::vector<std::byte> records(expected.size(), std::byte{0x5a});
               float* r = residual.empty() ? nullptr : residual.data();
               test::run_on_tile([&](const test::threaded_tile& tile) {
-                simt::k_level_encode(tile, 0, 1, options, position, input.values.data(), n, r, r, records.data());
+                simt::k_level_encode(tile, 0, 1, options, position, input.values.data(), n, r, r, records.data(),
+                                     stage_if(compared % 2 == 1));
               });
               BOOST_TEST_REQUIRE((test::same_bytes(records, expected) && test::same_bits(residual, expected_residual)),
                                  input.name << ", n = " << n << ", group = " << group << ", levels = " << levels
-                                            << ", stochastic = " << int(rounding) << ", feedback = " << feedback);
+                                            << ", stochastic = " << int(rounding) << ", feedback = " << feedback
+                                            << ", staged = " << compared % 2);
               BOOST_TEST_REQUIRE(decodes_match(expected.data(), n, simt::k_level_value{layout},
                                                [&](std::span<float> out, bool accumulate) {
                                                  reference.k_level_decode(options, expected.data(), out, accumulate);
@@ -210,11 +221,12 @@ BOOST_AUTO_TEST_CASE(bfp_tiles_write_the_references_records_and_residuals) {
             std::vector<std::byte> records(expected.size(), std::byte{0x5a});
             float* r = residual.empty() ? nullptr : residual.data();
             test::run_on_tile([&](const test::threaded_tile& tile) {
-              simt::bfp_encode(tile, 0, 1, options, input.values.data(), n, r, r, records.data());
+              simt::bfp_encode(tile, 0, 1, options, input.values.data(), n, r, r, records.data(),
+                               stage_if(compared % 2 == 1));
             });
             BOOST_TEST_REQUIRE((test::same_bytes(records, expected) && test::same_bits(residual, expected_residual)),
                                input.name << ", n = " << n << ", block = " << block << ", bits = " << bits
-                                          << ", feedback = " << feedback);
+                                          << ", feedback = " << feedback << ", staged = " << compared % 2);
             BOOST_TEST_REQUIRE(decodes_match(expected.data(), n, simt::bfp_value{layout},
                                              [&](std::span<float> out, bool accumulate) {
                                                reference.bfp_decode(options, expected.data(), out, accumulate);
@@ -223,6 +235,60 @@ BOOST_AUTO_TEST_CASE(bfp_tiles_write_the_references_records_and_residuals) {
             ++compared;
           }
   BOOST_TEST_MESSAGE(compared << " bfp encodes compared");
+}
+
+// Staged encodes whose frames span several stages, split between tiles as a grid
+// splits them (tile 0 of 2, then tile 1), with the stages the CUDA kernels give
+// (stage_values_for), write the reference's frames: spans of whole small groups, the
+// last span short, 16-bit inputs staged as floats.
+BOOST_AUTO_TEST_CASE(staged_encodes_split_into_spans_write_the_references_frames) {
+  const auto& reference = test::reference_kernels();
+  const std::size_t n = 2 * simt::stage_capacity + 1000 + 17;
+  const auto values = test::edge_case_inputs(n, 41).front().values;  // "normal"
+  const auto bf16 = narrowed<bfloat16>(values);
+  const auto bf16_values = widened<bfloat16>(bf16);
+  const auto on_two_tiles = [](auto&& encode) {
+    for (std::size_t index : {0, 1})
+      test::run_on_tile([&](const test::threaded_tile& tile) { encode(tile, index, std::size_t{2}); });
+  };
+  const auto compare = [&](const char* what, const auto& expected, const auto& got, const auto& expected_residual,
+                           const auto& residual) {
+    BOOST_TEST((test::same_bytes(got, expected) && test::same_bits(residual, expected_residual)), what);
+  };
+  for (std::size_t group : {std::size_t{8}, std::size_t{24}, std::size_t{64}, std::size_t{2048}}) {
+    const quantizers::one_bit_options options{.group_size = group, .threshold = quantizers::threshold::group_mean};
+    std::vector<float> expected_residual = residual_for(n, true), residual = expected_residual;
+    std::vector<std::byte> expected(wire::one_bit_layout(group).payload_bytes(n)), got(expected.size());
+    reference.one_bit_encode(options, values, expected_residual, expected_residual, {}, {}, expected.data());
+    on_two_tiles([&](const auto& tile, std::size_t index, std::size_t count) {
+      simt::one_bit_encode(tile, index, count, options, values.data(), n, residual.data(), residual.data(), nullptr,
+                           nullptr, got.data(), stage_if(true), simt::stage_values_for(group));
+    });
+    compare(("one_bit, group " + std::to_string(group)).c_str(), expected, got, expected_residual, residual);
+  }
+  {
+    const quantizers::k_level_options options{.levels = 16, .group_size = 64, .rounding = quantizers::rounding::stochastic};
+    std::vector<float> expected_residual = residual_for(n, true), residual = expected_residual;
+    std::vector<std::byte> expected(kernels::k_level_detail::layout(options).payload_bytes(n)), got(expected.size());
+    reference.k_level_encode(options, bf16_values, expected_residual, expected_residual, {.sequence = 2}, expected.data());
+    on_two_tiles([&](const auto& tile, std::size_t index, std::size_t count) {
+      simt::k_level_encode(tile, index, count, options, {.sequence = 2}, bf16.data(), n, residual.data(),
+                           residual.data(), got.data(), stage_if(true), simt::stage_values_for(64));
+    });
+    compare("k_level, bfloat16 input", expected, got, expected_residual, residual);
+  }
+  {
+    const quantizers::bfp_options options{.mantissa_bits = 8, .block_size = 32};
+    std::vector<float> expected_residual = residual_for(n, true), residual = expected_residual;
+    std::vector<std::byte> expected(wire::bfp_layout(32, 8).payload_bytes(n)), got(expected.size());
+    std::vector<float> split_out(n, test::unwritten);
+    reference.bfp_encode(options, values, expected_residual, expected_residual, expected.data());
+    on_two_tiles([&](const auto& tile, std::size_t index, std::size_t count) {
+      simt::bfp_encode(tile, index, count, options, values.data(), n, residual.data(), split_out.data(), got.data(),
+                       stage_if(true), simt::stage_values_for(32));
+    });
+    compare("bfp, split residuals", expected, got, expected_residual, split_out);
+  }
 }
 
 // A 16-bit input is encoded as its float values: the GPU widens as it reads, the

@@ -67,6 +67,7 @@ class threaded_tile {
   float shuffle(float v, unsigned from) const {
     return std::bit_cast<float>(gather(std::bit_cast<std::uint32_t>(v))[from]);
   }
+  void sync() const { state_->barrier.arrive_and_wait(); }
 
  private:
   std::array<std::uint32_t, lanes> gather(std::uint32_t mine) const {

@@ -9,3 +9,13 @@
 #else
 #define QCOLL_HOST_DEVICE
 #endif
+
+/// QCOLL_DEVICE_UNROLL(n) before a loop: unrolled n times in GPU code, where the
+/// loads of several iterations then overlap (a warp issues in order, so one
+/// iteration's latency is otherwise all exposed); nothing on the CPU.
+#define QCOLL_PRAGMA(text) _Pragma(#text)
+#if defined(__CUDA_ARCH__)
+#define QCOLL_DEVICE_UNROLL(n) QCOLL_PRAGMA(unroll n)
+#else
+#define QCOLL_DEVICE_UNROLL(n)
+#endif

@@ -34,9 +34,9 @@ int with_input(dtype type, const void* x, Run run) {
 inline int one_bit_encode(const quantizers::one_bit_options& options, const quantizers::wire::frame_header& header,
                           dtype type, const void* x, std::size_t n, const float* residual_in, float* residual_out,
                           const float* memory_in, float* memory_out, std::byte* frame, stream_handle stream) {
-  const std::size_t groups = one_bit_detail::layout(options.group_size).groups(n);
   return with_input(type, x, [&](const auto* in) {
-    return launch_tiles(one_bit_encode_kernel<std::remove_cvref_t<decltype(*in)>>, groups, stream_of(stream), options,
+    return launch_tiles(one_bit_encode_kernel<std::remove_cvref_t<decltype(*in)>>, options.group_size, n,
+                        stream_of(stream), options,
                         header, in, n, residual_in, residual_out, memory_in, memory_out, frame);
   });
 }
@@ -44,9 +44,9 @@ inline int one_bit_encode(const quantizers::one_bit_options& options, const quan
 inline int k_level_encode(const quantizers::k_level_options& options, const quantizers::wire::frame_header& header,
                           quantizers::encode_position position, dtype type, const void* x, std::size_t n,
                           const float* residual_in, float* residual_out, std::byte* frame, stream_handle stream) {
-  const std::size_t groups = k_level_detail::layout(options).groups(n);
   return with_input(type, x, [&](const auto* in) {
-    return launch_tiles(k_level_encode_kernel<std::remove_cvref_t<decltype(*in)>>, groups, stream_of(stream), options,
+    return launch_tiles(k_level_encode_kernel<std::remove_cvref_t<decltype(*in)>>, options.group_size, n,
+                        stream_of(stream), options,
                         header, position, in, n, residual_in, residual_out, frame);
   });
 }
@@ -54,9 +54,9 @@ inline int k_level_encode(const quantizers::k_level_options& options, const quan
 inline int bfp_encode(const quantizers::bfp_options& options, const quantizers::wire::frame_header& header, dtype type,
                       const void* x, std::size_t n, const float* residual_in, float* residual_out, std::byte* frame,
                       stream_handle stream) {
-  const std::size_t blocks = bfp_detail::layout(bfp_detail::block_values(options, n), options.mantissa_bits).groups(n);
+  const std::size_t block = bfp_detail::block_values(options, n);
   return with_input(type, x, [&](const auto* in) {
-    return launch_tiles(bfp_encode_kernel<std::remove_cvref_t<decltype(*in)>>, blocks, stream_of(stream), options,
+    return launch_tiles(bfp_encode_kernel<std::remove_cvref_t<decltype(*in)>>, block, n, stream_of(stream), options,
                         header, in, n, residual_in, residual_out, frame);
   });
 }

@@ -61,6 +61,7 @@ class half_warp {
   __device__ float shuffle(float v, unsigned from) const noexcept {
     return __shfl_sync(mask_, v, from, simt::tile_lanes);
   }
+  __device__ void sync() const noexcept { __syncwarp(mask_); }
 
  private:
   unsigned lane_;

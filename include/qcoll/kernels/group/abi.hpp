@@ -194,6 +194,12 @@ QCOLL_HOST_DEVICE inline float fed(const In* x, const float* residual_in, std::s
   return residual_in ? add(widened(x, i), residual_in[i]) : widened(x, i);
 }
 
+/// fed's rule for a value already widened and, with error feedback, its residual
+/// held in a register (the GPU's staging loads them as vectors).
+QCOLL_HOST_DEVICE inline float fed_value(float x, bool feedback, float residual) noexcept {
+  return feedback ? add(x, residual) : x;
+}
+
 /// Whether any fed value of [begin, end) is NaN or Inf.
 template <class In>
 QCOLL_HOST_DEVICE inline bool has_nonfinite(const In* x, const float* residual_in, std::size_t begin,

@@ -26,6 +26,8 @@
 ///   std::uint32_t ballot(bool p) const              bit j = lane j's p
 ///   std::uint32_t shuffle(std::uint32_t v, unsigned from) const   lane `from`'s v
 ///   float shuffle(float v, unsigned from) const
+///   void sync() const                               every lane's memory writes before it are seen by
+///                                                   every lane after it (the stage, below)
 ///
 /// Control flow that depends on values stays uniform across a tile: a branch all
 /// lanes take alike, or work that one lane does while the others skip it (lane 0
@@ -37,6 +39,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 QCOLL_KERNELS_BEGIN
 namespace simt {
@@ -76,6 +80,22 @@ QCOLL_HOST_DEVICE void store_codes(const Tile& tile, std::uint32_t code, unsigne
   const std::uint64_t mask = (std::uint64_t{1} << bits) - 1;
   const std::uint64_t own = code & mask;
   const unsigned bytes = 2 * bits;
+  if (bits % 8 == 0) {  // whole bytes: each lane stores its own code's
+    const unsigned width = bits / 8;
+    for (unsigned b = 0; b < width; ++b)
+      if (lane * width + b < room) out[lane * width + b] = static_cast<std::byte>((own >> (8 * b)) & 0xffu);
+    return;
+  }
+  if (8 % bits == 0) {  // 2 or 4 bits: a byte is the codes of 8 / bits consecutive lanes
+    const unsigned per_byte = 8 / bits;
+    std::uint32_t byte = static_cast<std::uint32_t>(own);
+    for (unsigned s = 1; s < per_byte; ++s) {
+      const unsigned from = lane + s < tile_lanes ? lane + s : lane;
+      byte |= tile.shuffle(static_cast<std::uint32_t>(own), from) << (s * bits);
+    }
+    if (lane % per_byte == 0 && lane / per_byte < room) out[lane / per_byte] = static_cast<std::byte>(byte & 0xffu);
+    return;
+  }
   // A byte holds bits of at most this many codes: ceil(8 / bits) + 1 (two from 8 bits on).
   const unsigned sources = bits >= 8 ? 2 : (8 + bits - 1) / bits + 1;
   for (unsigned first = 0; first < bytes; first += tile_lanes) {
@@ -117,50 +137,265 @@ QCOLL_HOST_DEVICE inline bool last_padding_zero(const quantizers::wire::record_l
   return quantizers::wire::padding_is_zero(last + layout.table_bytes, n - full * layout.group, layout.code_bits);
 }
 
-/// Where tile `index` of `count` finds its groups: index, index + count, … of a
-/// frame of n values in groups of layout.group. Calls encode_group(first, g, record)
-/// for each, `first` the group's first value, g its size.
-template <class EncodeGroup>
-QCOLL_HOST_DEVICE void for_each_tile_group(std::size_t index, std::size_t count,
-                                           const quantizers::wire::record_layout& layout, std::size_t n,
-                                           std::byte* records, EncodeGroup&& encode_group) {
+// ---- the values a group encodes: where its reads of x + residual_in go
+
+/// x + residual_in read where they are (fed, kernels/group/abi.hpp).
+template <class In>
+struct fed_in_place {
+  const In* x;
+  const float* residual_in;
+
+  QCOLL_HOST_DEVICE float operator()(std::size_t i) const noexcept { return fed(x, residual_in, i); }
+  /// f(x, residual_in): for the group code that takes the pointers (the rare sums in double).
+  template <class F>
+  QCOLL_HOST_DEVICE auto with_pointers(F&& f) const {
+    return f(x, residual_in);
+  }
+};
+
+/// x + residual_in computed once into a tile's stage (stage_fed): the same floats,
+/// and fed(values, nullptr, i) is values[i], so the pointer-taking code gives the same
+/// bits from the copy.
+struct fed_staged {
+  const float* values;
+
+  QCOLL_HOST_DEVICE float operator()(std::size_t i) const noexcept { return values[i]; }
+  template <class F>
+  QCOLL_HOST_DEVICE auto with_pointers(F&& f) const {
+    return f(values, static_cast<const float*>(nullptr));
+  }
+};
+
+/// The most values a tile stages: the CUDA kernels give each tile up to this many
+/// floats of shared memory (kernels/cuda/quantizers.cuh). A larger group is read in
+/// place.
+inline constexpr std::size_t stage_capacity = 2048;
+/// The fewest: a stage of small groups holds several, so that its load is one full
+/// batch of stage_fed and the shared memory of more tiles fits an SM.
+inline constexpr std::size_t min_stage = 256;
+
+/// The stage a tile needs for groups of `group` values: one group, or min_stage
+/// values of whole groups; 0 (none) for a group larger than stage_capacity.
+QCOLL_HOST_DEVICE inline constexpr std::size_t stage_values_for(std::size_t group) noexcept {
+  return group > stage_capacity ? 0 : group < min_stage ? min_stage : group;
+}
+
+/// Four values of x from `at` (a multiple of 4), as one vector load on the GPU when
+/// the address allows it.
+template <class In>
+QCOLL_HOST_DEVICE inline void load_four(const In* x, std::size_t at, bool aligned, In (&out)[4]) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (aligned) {
+    if constexpr (sizeof(In) == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(x + at);
+      out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+      return;
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(x + at);
+      std::memcpy(out, &v, sizeof v);
+      return;
+    }
+  }
+#else
+  (void)aligned;
+#endif
+  for (unsigned k = 0; k < 4; ++k) out[k] = x[at + k];
+}
+
+QCOLL_HOST_DEVICE inline bool aligned_to(const void* p, std::size_t bytes) noexcept {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+/// stage[i] = fed(x, residual_in, i) for i < count, by the tile's lanes together. Each
+/// lane loads four consecutive values per chunk and keeps `batch` chunks of x and of
+/// the residuals in flight before it adds: one pass over memory, many loads
+/// outstanding, which is what a GPU needs to reach its memory bandwidth. `stage` is
+/// 16-byte aligned (the GPU stores four values at once).
+template <class Tile, class In>
+QCOLL_HOST_DEVICE void stage_fed(const Tile& tile, const In* x, const float* residual_in, std::size_t count,
+                                 float* stage) noexcept {
+  constexpr unsigned batch = 4;
+  constexpr std::size_t step = 4 * tile_lanes * batch;
+  const bool aligned = aligned_to(x, 4 * sizeof(In)) && (!residual_in || aligned_to(residual_in, 16));
+  const std::size_t lane_offset = 4 * tile.lane();
+  std::size_t start = 0;
+  for (; start + step <= count; start += step) {
+    In xs[batch][4];
+    float rs[batch][4] = {};  // unread without residuals; zeroed for the compilers that cannot see it
+    for (unsigned u = 0; u < batch; ++u) {
+      const std::size_t at = start + u * 4 * tile_lanes + lane_offset;
+      load_four(x, at, aligned, xs[u]);
+      if (residual_in) load_four(residual_in, at, aligned, rs[u]);
+    }
+    for (unsigned u = 0; u < batch; ++u) {
+      const std::size_t at = start + u * 4 * tile_lanes + lane_offset;
+      float values[4];
+      for (unsigned k = 0; k < 4; ++k) values[k] = fed_value(widened(xs[u], k), residual_in != nullptr, rs[u][k]);
+#if defined(__CUDA_ARCH__)
+      *reinterpret_cast<float4*>(stage + at) = float4{values[0], values[1], values[2], values[3]};  // one store: no bank conflicts
+#else
+      for (unsigned k = 0; k < 4; ++k) stage[at + k] = values[k];
+#endif
+    }
+  }
+  for (std::size_t i = start + tile.lane(); i < count; i += tile_lanes) stage[i] = fed(x, residual_in, i);
+}
+
+/// The encode of a frame's groups by tile `index` of `count`, each group through
+/// encode_group(first, g, record, values): `first` its first value, g its size,
+/// `values` a source of its fed values (fed_staged or fed_in_place).
+///
+/// With a stage (stage_values floats of the tile's own, stage_values_for(group) or
+/// more; the CUDA kernels' shared memory), the tile takes spans of whole groups, stages each
+/// span's fed values in one pass, and encodes its groups from the stage: the passes a
+/// group needs (a threshold, statistics, then codes) read memory once. Otherwise
+/// (no stage, or groups larger than it) each group reads x and the residuals in place,
+/// once per pass.
+template <class Tile, class In, class EncodeGroup>
+QCOLL_HOST_DEVICE void encode_groups(const Tile& tile, std::size_t index, std::size_t count,
+                                     const quantizers::wire::record_layout& layout, std::size_t n, const In* x,
+                                     const float* residual_in, std::byte* records, float* stage,
+                                     std::size_t stage_values, EncodeGroup&& encode_group) {
+  const std::size_t group = layout.group;
+  if (stage != nullptr && group <= stage_values) {
+    const std::size_t span = stage_values / group * group;
+    const std::size_t spans = (n + span - 1) / span;
+    for (std::size_t s = index; s < spans; s += count) {
+      const std::size_t first = s * span;
+      const std::size_t values = n - first < span ? n - first : span;
+      stage_fed(tile, x + first, residual_in ? residual_in + first : nullptr, values, stage);
+      tile.sync();
+      for (std::size_t offset = 0; offset < values; offset += group)
+        encode_group(first + offset, values - offset < group ? values - offset : group,
+                     records + (first + offset) / group * layout.full_record_bytes(), fed_staged{stage + offset});
+      tile.sync();  // every lane done with the stage before the next span overwrites it
+    }
+    return;
+  }
   const std::size_t groups = layout.groups(n);
   for (std::size_t q = index; q < groups; q += count) {
-    const std::size_t first = q * layout.group;
-    encode_group(first, n - first < layout.group ? n - first : layout.group, records + q * layout.full_record_bytes());
+    const std::size_t first = q * group;
+    encode_group(first, n - first < group ? n - first : group, records + q * layout.full_record_bytes(),
+                 fed_in_place<In>{x + first, residual_in ? residual_in + first : nullptr});
   }
 }
 
-/// Decodes values first, first + stride, … of n: out[i] = value_of(records, i), or
-/// out[i] += it. (A grid's threads each take their share; the CPU tests take all.)
+// ---- decodes and checks: runs of eight values
+
+/// Decodes and checks go by runs of eight consecutive values, a thread's share on the
+/// GPU: one division finds the run's group, whose table is read once; out moves as
+/// two vectors. Groups are multiples of 8 values (or one group), so a run rarely
+/// crosses into the next group; when it does, the next group's view is taken.
+inline constexpr unsigned run_values = 8;
+
+/// Calls each(j, view, k) for the m ≤ 8 values i0 + j of a run, `view` the
+/// `at(records, q)` of value i0 + j's group q and k its place in that group.
+template <class At, class Each>
+QCOLL_HOST_DEVICE void for_each_in_run(const quantizers::wire::record_layout& layout, const std::byte* records,
+                                       std::size_t n, std::size_t i0, unsigned m, const At& at, Each&& each) {
+  // The division once per run, in 32 bits where the values' indices fit (most frames).
+  std::size_t q, k;
+  if (n <= 0xffffffffu) {
+    q = static_cast<std::uint32_t>(i0) / static_cast<std::uint32_t>(layout.group);
+    k = static_cast<std::uint32_t>(i0) - static_cast<std::uint32_t>(q) * static_cast<std::uint32_t>(layout.group);
+  } else {
+    q = i0 / layout.group;
+    k = i0 - q * layout.group;
+  }
+  auto view = at(records, q);
+  for (unsigned j = 0; j < m; ++j, ++k) {
+    if (k == layout.group) {
+      view = at(records, ++q);
+      k = 0;
+    }
+    each(j, view, k);
+  }
+}
+
+/// Eight floats from `at`, as two vector loads on the GPU when m is 8 and the address allows.
+QCOLL_HOST_DEVICE inline void load_run(const float* at, unsigned m, float (&v)[run_values]) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (m == run_values && aligned_to(at, 16)) {
+    const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+#endif
+  for (unsigned j = 0; j < m; ++j) v[j] = at[j];
+}
+QCOLL_HOST_DEVICE inline void store_run(float* at, unsigned m, const float (&v)[run_values]) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (m == run_values && aligned_to(at, 16)) {
+    reinterpret_cast<float4*>(at)[0] = float4{v[0], v[1], v[2], v[3]};
+    reinterpret_cast<float4*>(at)[1] = float4{v[4], v[5], v[6], v[7]};
+    return;
+  }
+#endif
+  for (unsigned j = 0; j < m; ++j) at[j] = v[j];
+}
+
+/// Decodes runs first, first + stride, … of n values: out[i] = the value the frame
+/// holds for i, or out[i] += it. value_of.at(records, q) is group q's view, and
+/// view(k) the value of its k-th element. (A grid's threads each take their share of
+/// runs; the CPU tests take all.)
 template <class ValueOf>
 QCOLL_HOST_DEVICE void decode_values(std::size_t first, std::size_t stride, const std::byte* records, std::size_t n,
                                      float* out, bool accumulate_into, const ValueOf& value_of) noexcept {
-  for (std::size_t i = first; i < n; i += stride) {
-    const float value = value_of(records, i);
-    out[i] = accumulate_into ? accumulate(out[i], value) : value;
+  const std::size_t runs = (n + run_values - 1) / run_values;
+  for (std::size_t r = first; r < runs; r += stride) {
+    const std::size_t i0 = r * run_values;
+    const unsigned m = n - i0 < run_values ? static_cast<unsigned>(n - i0) : run_values;
+    float values[run_values];
+    for_each_in_run(value_of.layout, records, n, i0, m,
+                    [&](const std::byte* at_records, std::size_t q) { return value_of.at(at_records, q); },
+                    [&](unsigned j, const auto& view, std::size_t k) { values[j] = view(k); });
+    if (accumulate_into) {
+      float sums[run_values];
+      load_run(out + i0, m, sums);
+      for (unsigned j = 0; j < m; ++j) sums[j] = accumulate(sums[j], values[j]);
+      store_run(out + i0, m, sums);
+    } else {
+      store_run(out + i0, m, values);
+    }
   }
 }
 
+/// Every value and group is one the quantizer may write (one_bit; k_level with a
+/// power of two levels).
 struct always_valid {
+  struct view {
+    QCOLL_HOST_DEVICE bool operator()(std::size_t) const noexcept { return true; }
+  };
+  QCOLL_HOST_DEVICE view at(const std::byte*, std::size_t) const noexcept { return {}; }
   QCOLL_HOST_DEVICE bool operator()(const std::byte*, std::size_t) const noexcept { return true; }
 };
 
 /// Whether this share of a frame's records is one the quantizer writes:
-/// value_valid(records, i) for values first, first + stride, … of n, group_valid(records, k)
-/// for groups likewise, and (for first 0) the last group's padding.
+/// value_valid.at(records, q)(k) for the values of runs first, first + stride, … of n,
+/// group_valid(records, q) for groups first, first + stride, …, and (for first 0) the
+/// last group's padding.
 template <class ValueValid, class GroupValid>
 QCOLL_HOST_DEVICE bool records_valid(std::size_t first, std::size_t stride,
                                      const quantizers::wire::record_layout& layout, const std::byte* records,
                                      std::size_t n, const ValueValid& value_valid,
                                      const GroupValid& group_valid) noexcept {
   if (first == 0 && !last_padding_zero(layout, records, n)) return false;
-  const std::size_t groups = layout.groups(n);
-  for (std::size_t k = first; k < groups; k += stride)
-    if (!group_valid(records, k)) return false;
-  for (std::size_t i = first; i < n; i += stride)
-    if (!value_valid(records, i)) return false;
-  return true;
+  if constexpr (!std::is_same_v<GroupValid, always_valid>) {
+    const std::size_t groups = layout.groups(n);
+    for (std::size_t q = first; q < groups; q += stride)
+      if (!group_valid(records, q)) return false;
+  }
+  if constexpr (std::is_same_v<ValueValid, always_valid>) return true;
+  const std::size_t runs = (n + run_values - 1) / run_values;
+  bool valid = true;
+  for (std::size_t r = first; valid && r < runs; r += stride) {
+    const std::size_t i0 = r * run_values;
+    const unsigned m = n - i0 < run_values ? static_cast<unsigned>(n - i0) : run_values;
+    for_each_in_run(layout, records, n, i0, m,
+                    [&](const std::byte* at_records, std::size_t q) { return value_valid.at(at_records, q); },
+                    [&](unsigned, const auto& view, std::size_t k) { valid = valid && view(k); });
+  }
+  return valid;
 }
 
 }  // namespace simt
