@@ -41,6 +41,8 @@ foreach(mpi openmpi mpich)
   qcoll_mpi_test(${mpi} split_into_halves RANKS 4 ARGS split 4194304
     LINES "4:split collectives correct as rank [01] of 2")
   qcoll_mpi_test(${mpi} mismatched_sizes RANKS 3 ARGS mismatch LINES "3:count mismatch reported")
+  qcoll_mpi_test(${mpi} mismatched_sizes_across_algorithms RANKS 3 ARGS mismatch_algorithms 64
+    LINES "3:count mismatch reported")
   # A rank asleep for three timeouts: the others give up within their deadline and abort;
   # the sleeper wakes to their abort. No hang, and every rank exits 0.
   qcoll_mpi_test(${mpi} stalled_rank_times_out RANKS 3 ARGS stall ENVIRONMENT QCOLL_TIMEOUT_MS=1500

@@ -80,6 +80,10 @@ foreach(transport shm tcp)
     LINES "4:split collectives correct as rank [01] of 2")
   qcoll_job_test(mismatched_sizes RANKS 3 TRANSPORT ${transport} ARGS mismatch
     LINES "3:count mismatch reported")
+  # The last rank's count is one the small-message algorithms take: messages of one
+  # algorithm meet receives of another, and still every rank reports count_mismatch.
+  qcoll_job_test(mismatched_sizes_across_algorithms RANKS 3 TRANSPORT ${transport} ARGS mismatch_algorithms 64
+    LINES "3:count mismatch reported")
   # The killed rank makes the job fail (137); every survivor names it, well before the timeout.
   qcoll_job_test(kill_a_rank_mid_allreduce RANKS 4 TRANSPORT ${transport} ARGS kill 67108864 EXIT 137
     LAUNCHER_OPTIONS --keep-going

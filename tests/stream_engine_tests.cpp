@@ -250,6 +250,50 @@ BOOST_AUTO_TEST_CASE(a_stalled_message_outlives_its_sender_and_unmatchable_recei
   BOOST_TEST((received == sent));
 }
 
+// A rank that finds a mismatch aborts behind a message its peer has not matched (the
+// peer waits for another tag: the ranks disagree about the call) and exits. The peer
+// reads past that message and fails with the abort's code and words, not peer_lost.
+BOOST_AUTO_TEST_CASE(an_abort_behind_a_message_nobody_waits_for_reaches_the_receives_waiting_for_others) {
+  pair_of_engines pair(1 << 20);
+  const auto sent = pattern(3000, 9);
+  stream::request send, waiting;
+  pair.ranks[0]->post_send(send, 1, 5, header_for(750), sent);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(send); }));
+  pair.ranks[0]->abort(make_error_code(errc::count_mismatch), "rank 0 saw a count mismatch");
+  pair.ranks.erase(pair.ranks.begin());  // rank 0 threw and exited
+  std::vector<std::byte> buffer(8);
+  pair.ranks[0]->post_recv(waiting, 0, 6, buffer);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(waiting); }));
+  BOOST_TEST(pair.ranks[0]->wait(waiting, clock::now()) == errc::count_mismatch);
+  BOOST_TEST(pair.ranks[0]->failure().reason == "rank 0 saw a count mismatch");
+}
+
+// Without an abort, the messages read past stay deliverable, in order, each to a
+// receive of its tag and size; a wrong size gets the sender's header.
+BOOST_AUTO_TEST_CASE(messages_read_past_after_their_sender_left_are_delivered_later) {
+  pair_of_engines pair(4 << 20);  // room for all three: the receiver reads nothing until the sender left
+  const auto first = pattern(2 * stream::max_chunk_bytes + 100, 10), second = pattern(40, 11);
+  stream::request send_first, send_second, send_third, waiting, wrong, a, b;
+  pair.ranks[0]->post_send(send_first, 1, 5, header_for(first.size() / 4), first);
+  pair.ranks[0]->post_send(send_second, 1, 5, header_for(10), second);
+  pair.ranks[0]->post_send(send_third, 1, 7, header_for(10, 3), second);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(send_third); }));
+  pair.ranks.erase(pair.ranks.begin());
+  std::vector<std::byte> buffer(8), got_first(first.size()), got_second(second.size()), small(4);
+  pair.ranks[0]->post_recv(waiting, 0, 6, buffer);
+  BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[0]->test(waiting); }));
+  BOOST_TEST(pair.ranks[0]->wait(waiting, clock::now()) == errc::peer_lost);
+  pair.ranks[0]->post_recv(wrong, 0, 7, small);
+  BOOST_TEST(pair.ranks[0]->wait(wrong, clock::now()) == errc::protocol_error);
+  BOOST_TEST((wrong.header() == header_for(10, 3)));
+  pair.ranks[0]->post_recv(a, 0, 5, got_first);
+  pair.ranks[0]->post_recv(b, 0, 5, got_second);
+  BOOST_TEST(!pair.ranks[0]->wait(a, clock::now()));
+  BOOST_TEST(!pair.ranks[0]->wait(b, clock::now()));
+  BOOST_TEST((got_first == first));
+  BOOST_TEST((got_second == second));
+}
+
 BOOST_AUTO_TEST_CASE(a_peer_that_closes_fails_what_waits_on_it_after_its_bytes_are_read) {
   pair_of_engines pair;
   const auto sent = pattern(5000, 8);

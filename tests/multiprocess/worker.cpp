@@ -284,10 +284,14 @@ void many_small(Comm& comm) {
   fmt::print("rank {}: 1000 small allreduces correct\n", comm.rank());
 }
 
-/// The last rank passes one element more: every rank must fail with count_mismatch.
+/// The last rank passes one element more (mismatch), or `last_bytes` bytes
+/// (mismatch_algorithms: a count another algorithm handles, so the ranks' messages
+/// carry different tags and some arrive unmatched): every rank must fail with
+/// count_mismatch.
 template <class Comm>
-void mismatched_sizes(Comm& comm) {
-  const std::size_t count = 100000 + (comm.rank() == comm.size() - 1 ? 1 : 0);
+void mismatched_sizes(Comm& comm, std::size_t last_bytes) {
+  const bool last = comm.rank() == comm.size() - 1;
+  const std::size_t count = !last ? 100000 : last_bytes != 0 ? last_bytes / sizeof(float) : 100001;
   std::vector<float> data = contribution(comm.rank(), count);
   try {
     comm.allreduce(std::span<float>(data), reduce_op::sum);
@@ -870,7 +874,8 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   }
   else if (scenario == "many_small") many_small(comm);
   else if (scenario == "split") split_collectives(comm, amount);
-  else if (scenario == "mismatch") mismatched_sizes(comm);
+  else if (scenario == "mismatch") mismatched_sizes(comm, 0);
+  else if (scenario == "mismatch_algorithms") mismatched_sizes(comm, amount);
   else if (scenario == "kill" || scenario == "kill_allocated") kill_a_rank(comm, scenario == "kill_allocated", amount / sizeof(float));
   else if (scenario == "kill_survivors_give_up") kill_a_rank_survivors_give_up(comm);
   else if (scenario == "freeze") freeze_a_rank(comm);
@@ -961,7 +966,7 @@ void knock_with_bad_credentials(const rendezvous::job& job) {
 // Under mpirun: the transport is MPI's, over MPI_COMM_WORLD; QCOLL_TIMEOUT_MS is the
 // per-step deadline (60 s unless set).
 int main(int argc, char** argv) try {
-  if (argc < 2) fail("usage: worker_mpi collectives|many_small|split|mismatch|stall|abort|compressed|grid|"
+  if (argc < 2) fail("usage: worker_mpi collectives|many_small|split|mismatch|mismatch_algorithms|stall|abort|compressed|grid|"
                      "thread_single [max bytes or values]");
   const std::string_view scenario = argv[1];
   const std::size_t max_bytes = argc > 2 ? std::stoull(argv[2]) : std::size_t{1} << 20;
@@ -989,7 +994,7 @@ int main(int argc, char** argv) try {
 #else
 int main(int argc, char** argv) try {
   if (argc < 2)
-    fail("usage: worker collectives|many_small|mismatch|kill|kill_survivors_give_up|freeze|intruders|wrong_secret\n"
+    fail("usage: worker collectives|many_small|mismatch|mismatch_algorithms|kill|kill_survivors_give_up|freeze|intruders|wrong_secret\n"
          "              [max bytes]\n"
          "       worker compressed|compressed_kill|compressed_kill_started [values]");
   const std::string_view scenario = argv[1];

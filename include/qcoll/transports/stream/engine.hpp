@@ -165,6 +165,7 @@ class engine {
     r.size_ = buffer.size();
     incoming& in = peers_[peer].in;
     if (failure_.code) return complete(r, failure_.code);
+    if (deliver_parked(in, r)) return;
     if (in.broken) return complete(r, in.broken);
     r.state_ = request::state::queued;
     in.recvs.push_back(&r);
@@ -281,7 +282,17 @@ class engine {
     message_header stalled_header;
     std::uint64_t message_left = 0;  // payload bytes of the open message still to come
     std::uint64_t chunk_left = 0;    // bytes of the current data record still to come
-    request* target = nullptr;       // the receive being filled; null while discarding
+    request* target = nullptr;       // the receive being filled; null while discarding or parking
+    /// Messages read past a stalled one after their sender left (park): whole ones wait
+    /// for a receive with their tag; the last may still be filling (`parking`).
+    struct parked_message {
+      tag_t tag;
+      message_header header;
+      std::uint64_t length;
+      std::vector<std::byte> payload;
+    };
+    std::deque<parked_message> parked;
+    bool parking = false;
     std::string reason;
     std::error_code broken;
     std::string why;
@@ -512,27 +523,37 @@ class engine {
       if (in.stalled) {
         if (match_stalled(p)) continue;
         // The stalled message stays deliverable after its sender left (it may have
-        // finished and exited), but receives that cannot match it never will match.
+        // finished and exited). Receives waiting for other tags then read past it: it
+        // is parked for a later receive with its tag, and what the sender wrote after
+        // it decides them — a message they match, its abort (a rank that found a
+        // mismatch sends one behind the message this rank has not matched: every rank
+        // then fails with that first cause), or the end of its stream (peer_lost).
         if (!in.recvs.empty() && pipes_->peer_gone(p)) {
-          for (request* r : in.recvs) complete(*r, make_error_code(errc::peer_lost));
-          in.recvs.clear();
+          park(in);
+          moved = true;
+          continue;
         }
         break;
       }
       if (in.at == phase::payload) {
         const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(in.chunk_left, discard_.size()));
-        const std::span<std::byte> into = in.target
-                                              ? std::span(in.target->recv_data_ + in.target->transferred_, in.chunk_left)
-                                              : std::span(discard_).first(want);
+        std::vector<std::byte>* parked = in.parking ? &in.parked.back().payload : nullptr;
+        const std::size_t parked_before = parked ? parked->size() : 0;
+        if (parked) parked->resize(parked_before + want);  // what a gone peer wrote: bounded by its pipe
+        const std::span<std::byte> into = in.target ? std::span(in.target->recv_data_ + in.target->transferred_, in.chunk_left)
+                                          : parked  ? std::span(*parked).subspan(parked_before)
+                                                    : std::span(discard_).first(want);
         const std::size_t n = read(p, into);
+        if (parked) parked->resize(parked_before + n);
         if (n == 0) break;
         moved = true;
         in.chunk_left -= n;
         in.message_left -= n;
         if (in.target) in.target->transferred_ += n;
         if (in.chunk_left == 0) expect_record(in);
-        if (in.message_left == 0 && in.target) {
-          complete(*in.target, {});
+        if (in.message_left == 0) {
+          in.parking = false;
+          if (in.target) complete(*in.target, {});
           in.target = nullptr;
         }
         continue;
@@ -604,6 +625,35 @@ class engine {
         }
         return;
     }
+  }
+
+  /// Takes the stalled message off the stream: its payload is read into the parked
+  /// queue as it arrives (pump_in), and the records behind it are read on.
+  static void park(incoming& in) {
+    in.parked.push_back({in.record.tag, in.stalled_header, in.record.length, {}});
+    in.stalled = false;
+    in.message_left = in.record.length;
+    in.target = nullptr;
+    in.parking = in.record.length != 0;
+  }
+
+  /// Completes `r` with the oldest whole parked message of its tag, if there is one
+  /// (a wrong size as match_stalled: the sender's header, protocol_error).
+  static bool deliver_parked(incoming& in, request& r) {
+    const std::size_t whole = in.parked.size() - (in.parking ? 1 : 0);
+    const auto found = std::find_if(in.parked.begin(), in.parked.begin() + static_cast<std::ptrdiff_t>(whole),
+                                    [&](const incoming::parked_message& m) { return m.tag == r.tag_; });
+    if (found == in.parked.begin() + static_cast<std::ptrdiff_t>(whole)) return false;
+    r.header_ = found->header;
+    r.transferred_ = static_cast<std::size_t>(std::min<std::uint64_t>(found->length, SIZE_MAX));
+    if (found->length != r.size_) {
+      complete(r, make_error_code(errc::protocol_error));
+    } else {
+      if (r.size_ != 0) std::memcpy(r.recv_data_, found->payload.data(), r.size_);
+      complete(r, {});
+    }
+    in.parked.erase(found);
+    return true;
   }
 
   /// Hands the stalled message to the oldest receive with its tag, if one is posted.
