@@ -90,6 +90,13 @@ struct bfp_value {
       if (nonfinite) return quiet_nan();
       return bfp_detail::decoded(bfp_detail::sign_extend(load_code(fields, k, bits), bits), unit);
     }
+    /// Values k0 … k0 + m - 1 (decode_values' runs).
+    QCOLL_HOST_DEVICE void run(std::size_t k0, unsigned m, float (&values)[run_values]) const noexcept {
+      std::uint32_t codes[run_values] = {};
+      if (!nonfinite) load_run_codes(fields, k0, bits, m, codes);
+      for (unsigned j = 0; j < m; ++j)
+        values[j] = nonfinite ? quiet_nan() : bfp_detail::decoded(bfp_detail::sign_extend(codes[j], bits), unit);
+    }
   };
   QCOLL_HOST_DEVICE view at(const std::byte* records, std::size_t q) const noexcept {
     const std::byte* record = records + q * layout.full_record_bytes();
@@ -108,8 +115,15 @@ struct bfp_mantissa_valid {
     bool nonfinite;
     const std::byte* fields;
     unsigned bits;
-    QCOLL_HOST_DEVICE bool operator()(std::size_t k) const noexcept {
-      const std::uint32_t field = load_code(fields, k, bits);
+    QCOLL_HOST_DEVICE bool operator()(std::size_t k) const noexcept { return valid(load_code(fields, k, bits)); }
+    QCOLL_HOST_DEVICE bool run_valid(std::size_t k0, unsigned m) const noexcept {
+      std::uint32_t codes[run_values];
+      load_run_codes(fields, k0, bits, m, codes);
+      bool all = true;
+      for (unsigned j = 0; j < m; ++j) all = all && valid(codes[j]);
+      return all;
+    }
+    QCOLL_HOST_DEVICE bool valid(std::uint32_t field) const noexcept {
       return nonfinite ? field == 0 : field != std::uint32_t{1} << (bits - 1);
     }
   };

@@ -100,8 +100,15 @@ struct k_level_value {
     float min, step;
     const std::byte* codes;
     unsigned bits;
-    QCOLL_HOST_DEVICE float operator()(std::size_t k) const noexcept {
-      const float value = k_level_detail::level(min, step, static_cast<float>(load_code(codes, k, bits)));
+    QCOLL_HOST_DEVICE float operator()(std::size_t k) const noexcept { return of_code(load_code(codes, k, bits)); }
+    /// Values k0 … k0 + m - 1 (decode_values' runs).
+    QCOLL_HOST_DEVICE void run(std::size_t k0, unsigned m, float (&values)[run_values]) const noexcept {
+      std::uint32_t run_codes[run_values];
+      load_run_codes(codes, k0, bits, m, run_codes);
+      for (unsigned j = 0; j < m; ++j) values[j] = of_code(run_codes[j]);
+    }
+    QCOLL_HOST_DEVICE float of_code(std::uint32_t code) const noexcept {
+      const float value = k_level_detail::level(min, step, static_cast<float>(code));
       return value == value ? value : quiet_nan();
     }
   };
@@ -122,6 +129,13 @@ struct k_level_code_valid {
     const std::byte* codes;
     unsigned bits, levels;
     QCOLL_HOST_DEVICE bool operator()(std::size_t k) const noexcept { return load_code(codes, k, bits) < levels; }
+    QCOLL_HOST_DEVICE bool run_valid(std::size_t k0, unsigned m) const noexcept {
+      std::uint32_t run_codes[run_values];
+      load_run_codes(codes, k0, bits, m, run_codes);
+      bool valid = true;
+      for (unsigned j = 0; j < m; ++j) valid = valid && run_codes[j] < levels;
+      return valid;
+    }
   };
   QCOLL_HOST_DEVICE view at(const std::byte* records, std::size_t q) const noexcept {
     return {k_level_detail::codes_of(records + q * layout.full_record_bytes()), layout.code_bits, levels};

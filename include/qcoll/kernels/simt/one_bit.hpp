@@ -165,6 +165,12 @@ struct one_bit_value {
     QCOLL_HOST_DEVICE float operator()(std::size_t k) const noexcept {
       return ((static_cast<unsigned>(bits[k / 8]) >> (k % 8)) & 1u) != 0 ? one : zero;
     }
+    /// Values k0 … k0 + m - 1 (decode_values' runs).
+    QCOLL_HOST_DEVICE void run(std::size_t k0, unsigned m, float (&values)[run_values]) const noexcept {
+      std::uint32_t codes[run_values];
+      load_run_codes(bits, k0, 1, m, codes);
+      for (unsigned j = 0; j < m; ++j) values[j] = codes[j] != 0 ? one : zero;
+    }
   };
   QCOLL_HOST_DEVICE view at(const std::byte* records, std::size_t q) const noexcept {
     const std::byte* record = records + q * layout.full_record_bytes();

@@ -86,14 +86,15 @@ QCOLL_HOST_DEVICE void store_codes(const Tile& tile, std::uint32_t code, unsigne
       if (lane * width + b < room) out[lane * width + b] = static_cast<std::byte>((own >> (8 * b)) & 0xffu);
     return;
   }
-  if (8 % bits == 0) {  // 2 or 4 bits: a byte is the codes of 8 / bits consecutive lanes
-    const unsigned per_byte = 8 / bits;
+  if (bits == 2 || bits == 4) {  // a byte is the codes of 8 / bits consecutive lanes
+    const unsigned shift = bits == 2 ? 2 : 1;  // log2(8 / bits): shifts, not a division by a variable
+    const unsigned per_byte = 1u << shift;
     std::uint32_t byte = static_cast<std::uint32_t>(own);
     for (unsigned s = 1; s < per_byte; ++s) {
       const unsigned from = lane + s < tile_lanes ? lane + s : lane;
       byte |= tile.shuffle(static_cast<std::uint32_t>(own), from) << (s * bits);
     }
-    if (lane % per_byte == 0 && lane / per_byte < room) out[lane / per_byte] = static_cast<std::byte>(byte & 0xffu);
+    if ((lane & (per_byte - 1)) == 0 && (lane >> shift) < room) out[lane >> shift] = static_cast<std::byte>(byte & 0xffu);
     return;
   }
   // A byte holds bits of at most this many codes: ceil(8 / bits) + 1 (two from 8 bits on).
@@ -288,11 +289,31 @@ QCOLL_HOST_DEVICE void encode_groups(const Tile& tile, std::size_t index, std::s
 /// crosses into the next group; when it does, the next group's view is taken.
 inline constexpr unsigned run_values = 8;
 
-/// Calls each(j, view, k) for the m ≤ 8 values i0 + j of a run, `view` the
-/// `at(records, q)` of value i0 + j's group q and k its place in that group.
-template <class At, class Each>
+/// The codes of values k0 … k0 + m - 1 (m ≤ 8) of a group whose codes start at `codes`
+/// (`bits` wide, packed LSB-first). A run that starts on a byte (k0 a multiple of 8)
+/// with codes of at most 8 bits is one word of the ⌈m·bits/8⌉ bytes that hold it —
+/// no byte of another run read — then shifts; others go code by code.
+QCOLL_HOST_DEVICE inline void load_run_codes(const std::byte* codes, std::size_t k0, unsigned bits, unsigned m,
+                                             std::uint32_t (&out)[run_values]) noexcept {
+  if (k0 % 8 == 0 && bits <= 8) {
+    const std::byte* first = codes + k0 / 8 * bits;
+    const unsigned bytes = (m * bits + 7) / 8;
+    std::uint64_t word = 0;
+    for (unsigned b = 0; b < bytes; ++b) word |= std::uint64_t{static_cast<std::uint8_t>(first[b])} << (8 * b);
+    const std::uint64_t mask = (std::uint64_t{1} << bits) - 1;
+    for (unsigned j = 0; j < m; ++j) out[j] = static_cast<std::uint32_t>((word >> (j * bits)) & mask);
+    return;
+  }
+  for (unsigned j = 0; j < m; ++j) out[j] = load_code(codes, k0 + j, bits);
+}
+
+/// Walks the m ≤ 8 values i0 + j of a run: whole(view, k) when they lie in one group
+/// (the usual case), `view` its at(records, q) and k the run's first place in it;
+/// otherwise each(j, view, k) value by value across the groups.
+template <class At, class Whole, class Each>
 QCOLL_HOST_DEVICE void for_each_in_run(const quantizers::wire::record_layout& layout, const std::byte* records,
-                                       std::size_t n, std::size_t i0, unsigned m, const At& at, Each&& each) {
+                                       std::size_t n, std::size_t i0, unsigned m, const At& at, Whole&& whole,
+                                       Each&& each) {
   // The division once per run, in 32 bits where the values' indices fit (most frames).
   std::size_t q, k;
   if (n <= 0xffffffffu) {
@@ -303,6 +324,7 @@ QCOLL_HOST_DEVICE void for_each_in_run(const quantizers::wire::record_layout& la
     k = i0 - q * layout.group;
   }
   auto view = at(records, q);
+  if (k + m <= layout.group) return whole(view, k);
   for (unsigned j = 0; j < m; ++j, ++k) {
     if (k == layout.group) {
       view = at(records, ++q);
@@ -348,6 +370,7 @@ QCOLL_HOST_DEVICE void decode_values(std::size_t first, std::size_t stride, cons
     float values[run_values];
     for_each_in_run(value_of.layout, records, n, i0, m,
                     [&](const std::byte* at_records, std::size_t q) { return value_of.at(at_records, q); },
+                    [&](const auto& view, std::size_t k) { view.run(k, m, values); },
                     [&](unsigned j, const auto& view, std::size_t k) { values[j] = view(k); });
     if (accumulate_into) {
       float sums[run_values];
@@ -365,6 +388,7 @@ QCOLL_HOST_DEVICE void decode_values(std::size_t first, std::size_t stride, cons
 struct always_valid {
   struct view {
     QCOLL_HOST_DEVICE bool operator()(std::size_t) const noexcept { return true; }
+    QCOLL_HOST_DEVICE bool run_valid(std::size_t, unsigned) const noexcept { return true; }
   };
   QCOLL_HOST_DEVICE view at(const std::byte*, std::size_t) const noexcept { return {}; }
   QCOLL_HOST_DEVICE bool operator()(const std::byte*, std::size_t) const noexcept { return true; }
@@ -393,6 +417,7 @@ QCOLL_HOST_DEVICE bool records_valid(std::size_t first, std::size_t stride,
     const unsigned m = n - i0 < run_values ? static_cast<unsigned>(n - i0) : run_values;
     for_each_in_run(layout, records, n, i0, m,
                     [&](const std::byte* at_records, std::size_t q) { return value_valid.at(at_records, q); },
+                    [&](const auto& view, std::size_t k) { valid = valid && view.run_valid(k, m); },
                     [&](unsigned, const auto& view, std::size_t k) { valid = valid && view(k); });
   }
   return valid;
