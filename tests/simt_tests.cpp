@@ -267,10 +267,12 @@ BOOST_AUTO_TEST_CASE(staged_encodes_split_into_spans_write_the_references_frames
     compare(("one_bit, group " + std::to_string(group)).c_str(), expected, got, expected_residual, residual);
   }
   {
-    const quantizers::k_level_options options{.levels = 16, .group_size = 64, .rounding = quantizers::rounding::stochastic};
+    const quantizers::k_level_options options{
+        .levels = 16, .group_size = 64, .rounding = quantizers::rounding::stochastic};
     std::vector<float> expected_residual = residual_for(n, true), residual = expected_residual;
     std::vector<std::byte> expected(kernels::k_level_detail::layout(options).payload_bytes(n)), got(expected.size());
-    reference.k_level_encode(options, bf16_values, expected_residual, expected_residual, {.sequence = 2}, expected.data());
+    reference.k_level_encode(options, bf16_values, expected_residual, expected_residual, {.sequence = 2},
+                             expected.data());
     on_two_tiles([&](const auto& tile, std::size_t index, std::size_t count) {
       simt::k_level_encode(tile, index, count, options, {.sequence = 2}, bf16.data(), n, residual.data(),
                            residual.data(), got.data(), stage_if(true), simt::stage_values_for(64));

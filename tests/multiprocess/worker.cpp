@@ -966,8 +966,9 @@ void knock_with_bad_credentials(const rendezvous::job& job) {
 // Under mpirun: the transport is MPI's, over MPI_COMM_WORLD; QCOLL_TIMEOUT_MS is the
 // per-step deadline (60 s unless set).
 int main(int argc, char** argv) try {
-  if (argc < 2) fail("usage: worker_mpi collectives|many_small|split|mismatch|mismatch_algorithms|stall|abort|compressed|grid|"
-                     "thread_single [max bytes or values]");
+  if (argc < 2)
+    fail("usage: worker_mpi collectives|many_small|split|mismatch|mismatch_algorithms|stall|abort|compressed|grid|"
+         "thread_single [max bytes or values]");
   const std::string_view scenario = argv[1];
   const std::size_t max_bytes = argc > 2 ? std::stoull(argv[2]) : std::size_t{1} << 20;
   const char* timeout_text = std::getenv("QCOLL_TIMEOUT_MS");
@@ -994,7 +995,8 @@ int main(int argc, char** argv) try {
 #else
 int main(int argc, char** argv) try {
   if (argc < 2)
-    fail("usage: worker collectives|many_small|mismatch|mismatch_algorithms|kill|kill_survivors_give_up|freeze|intruders|wrong_secret\n"
+    fail("usage: worker collectives|many_small|mismatch|mismatch_algorithms|kill|kill_survivors_give_up|freeze|"
+         "intruders|wrong_secret\n"
          "              [max bytes]\n"
          "       worker compressed|compressed_kill|compressed_kill_started [values]");
   const std::string_view scenario = argv[1];

@@ -98,9 +98,9 @@ __global__ void k_level_encode_kernel(std::size_t stage_values, quantizers::k_le
 }
 
 template <class In>
-__global__ void bfp_encode_kernel(std::size_t stage_values, quantizers::bfp_options options, quantizers::wire::frame_header header,
-                                  const In* x, std::size_t n, const float* residual_in, float* residual_out,
-                                  std::byte* frame) {
+__global__ void bfp_encode_kernel(std::size_t stage_values, quantizers::bfp_options options,
+                                  quantizers::wire::frame_header header, const In* x, std::size_t n,
+                                  const float* residual_in, float* residual_out, std::byte* frame) {
   write_header_once(header, frame);
   simt::bfp_encode(half_warp(), tile_index(), tile_count(), options, x, n, residual_in, residual_out,
                    frame + quantizers::wire::header_size, tile_stage(stage_values), stage_values);
@@ -195,7 +195,8 @@ cudaError_t check_and_decode(const quantizers::wire::frame_header& expected,
   if (const cudaError_t failed = cudaMemsetAsync(status, 0, sizeof *status, stream)) return failed;
   // A thread per run of values and per group; one block when nothing but the header and
   // the last padding can be wrong (one_bit, k_level with a power of two levels).
-  constexpr bool header_only = std::is_same_v<ValueValid, simt::always_valid> && std::is_same_v<GroupValid, simt::always_valid>;
+  constexpr bool header_only =
+      std::is_same_v<ValueValid, simt::always_valid> && std::is_same_v<GroupValid, simt::always_valid>;
   const std::size_t runs = (n + simt::run_values - 1) / simt::run_values, groups = layout.groups(n);
   if (const cudaError_t failed =
           launch_values(check_kernel<ValueValid, GroupValid>, header_only ? 1 : (runs > groups ? runs : groups), stream,

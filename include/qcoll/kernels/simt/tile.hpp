@@ -94,7 +94,8 @@ QCOLL_HOST_DEVICE void store_codes(const Tile& tile, std::uint32_t code, unsigne
       const unsigned from = lane + s < tile_lanes ? lane + s : lane;
       byte |= tile.shuffle(static_cast<std::uint32_t>(own), from) << (s * bits);
     }
-    if ((lane & (per_byte - 1)) == 0 && (lane >> shift) < room) out[lane >> shift] = static_cast<std::byte>(byte & 0xffu);
+    if ((lane & (per_byte - 1)) == 0 && (lane >> shift) < room)
+      out[lane >> shift] = static_cast<std::byte>(byte & 0xffu);
     return;
   }
   // A byte holds bits of at most this many codes: ceil(8 / bits) + 1 (two from 8 bits on).
@@ -233,7 +234,8 @@ QCOLL_HOST_DEVICE void stage_fed(const Tile& tile, const In* x, const float* res
       float values[4];
       for (unsigned k = 0; k < 4; ++k) values[k] = fed_value(widened(xs[u], k), residual_in != nullptr, rs[u][k]);
 #if defined(__CUDA_ARCH__)
-      *reinterpret_cast<float4*>(stage + at) = float4{values[0], values[1], values[2], values[3]};  // one store: no bank conflicts
+      // One store of four: scalar stores from 16 lanes 4 floats apart conflict on banks.
+      *reinterpret_cast<float4*>(stage + at) = float4{values[0], values[1], values[2], values[3]};
 #else
       for (unsigned k = 0; k < 4; ++k) stage[at + k] = values[k];
 #endif

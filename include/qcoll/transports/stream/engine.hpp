@@ -540,9 +540,10 @@ class engine {
         std::vector<std::byte>* parked = in.parking ? &in.parked.back().payload : nullptr;
         const std::size_t parked_before = parked ? parked->size() : 0;
         if (parked) parked->resize(parked_before + want);  // what a gone peer wrote: bounded by its pipe
-        const std::span<std::byte> into = in.target ? std::span(in.target->recv_data_ + in.target->transferred_, in.chunk_left)
-                                          : parked  ? std::span(*parked).subspan(parked_before)
-                                                    : std::span(discard_).first(want);
+        const std::span<std::byte> into =
+            in.target ? std::span(in.target->recv_data_ + in.target->transferred_, in.chunk_left)
+            : parked  ? std::span(*parked).subspan(parked_before)
+                      : std::span(discard_).first(want);
         const std::size_t n = read(p, into);
         if (parked) parked->resize(parked_before + n);
         if (n == 0) break;
