@@ -1094,6 +1094,13 @@ BOOST_AUTO_TEST_CASE(wait_all_times_out_and_zero_keys_return_at_once) {
   client.wait_all("nothing/", 0, clock::now());  // no keys: nothing to wait for
   client.set("b/1", "");
   client.wait_all("b/", 3, clock::now() + 1s);
+  // The largest count a client can ask about: the store counts the absent keys by the
+  // keys it has, so it answers at once instead of trying 2^32 − 1 keys (which stalled it
+  // for minutes, every other client with it).
+  const outcome huge = capture([&] { client.wait_all("b/", 0xffffffff, clock::now() + 100ms); });
+  check_error(huge, errc::timeout, {"4294967292 ranks have not arrived (3, 4, 5, 6,"});
+  client.set("b/after", "");
+  BOOST_TEST(client.get("b/after", clock::now() + 1s) == "");
 }
 
 BOOST_AUTO_TEST_CASE(oversize_keys_and_values_are_rejected_before_sending) {

@@ -68,6 +68,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace qcoll::rendezvous {
 
@@ -311,6 +312,75 @@ inline std::string refusal_reason(handshake_status status, std::uint16_t server_
   }
   return qcoll::detail::format("the peer refused with unknown status {}", static_cast<unsigned>(status));
 }
+// ---------------------------------------------------------------------------------------
+// The client's side as plain logic over bytes, for introduce().
+
+class client_handshake {
+ public:
+  /// `where` starts every error message ("qcoll rank 3: data handshake with …").
+  client_handshake(job j, channel kind, std::string where) : job_(std::move(j)), kind_(kind), where_(std::move(where)) {
+    std::memcpy(hello_.data(), handshake_magic.data(), 4);
+    qcoll::detail::store_le<std::uint16_t>(hello_.data() + 4, handshake_version);
+    hello_[6] = static_cast<std::byte>(kind);
+    hello_[7] = std::byte{job_.secret.empty() ? std::uint8_t{0} : flag_secret};
+    const digest job_hash = sha256(job_.job_id);
+    std::memcpy(hello_.data() + 8, job_hash.data(), job_hash.size());
+    qcoll::detail::store_le<std::uint32_t>(hello_.data() + 40, static_cast<std::uint32_t>(job_.rank));
+    qcoll::detail::store_le<std::uint32_t>(hello_.data() + 44, static_cast<std::uint32_t>(job_.size));
+    const auto nonce = fresh_nonce();
+    std::memcpy(hello_.data() + 48, nonce.data(), nonce.size());
+  }
+
+  std::span<const std::byte> hello() const noexcept { return hello_; }
+
+  /// Takes the server's reply. Throws errc::protocol_error for a peer that is not a qcoll
+  /// rank or refused us (nothing more is sent then); otherwise prepares proof() and
+  /// returns the refusal to throw once it is sent (a server that failed its own proof
+  /// gets zeros), or nothing.
+  std::optional<qcoll::error> on_reply(std::span<const std::byte> reply) {
+    if (!std::equal(handshake_magic.begin(), handshake_magic.end(), reply.begin()))
+      throw make_error(errc::protocol_error, qcoll::detail::format("{}: the peer is not a qcoll rank (its reply starts with \"{}\")",
+                                                         where_, printable(reply.first(8))));
+    server_version_ = qcoll::detail::load_le<std::uint16_t>(reply.data() + 4);
+    const auto status = static_cast<handshake_status>(reply[6]);
+    server_has_secret_ = (std::to_integer<std::uint8_t>(reply[7]) & flag_secret) != 0;
+    if (status != handshake_status::ok) throw refused(status);
+    if (server_version_ != handshake_version)
+      throw make_error(errc::protocol_error, qcoll::detail::format("{}: the peer answered with handshake version {}, not {}",
+                                                         where_, server_version_, handshake_version));
+    if (job_.secret.empty()) return std::nullopt;
+    const auto server_nonce = reply.subspan(8, nonce_size);
+    const digest expected = handshake_proof(job_.secret, "qcoll-server", hello_, server_nonce);
+    if (!constant_time_equal(expected, reply.subspan(24, proof_size)))
+      return make_error(errc::protocol_error,
+                        qcoll::detail::format("{}: the peer failed to prove it knows this job's secret: the ranks have "
+                                    "different QCOLL_SECRET values (or the peer is not of this job)",
+                                    where_));
+    proof_ = handshake_proof(job_.secret, "qcoll-client", hello_, server_nonce);
+    return std::nullopt;
+  }
+
+  std::span<const std::byte> proof() const noexcept { return proof_; }
+
+  /// Takes the server's verdict on our proof; throws errc::protocol_error unless it is ok.
+  void on_ack(std::byte ack) const {
+    if (const auto verdict = static_cast<handshake_status>(ack); verdict != handshake_status::ok) throw refused(verdict);
+  }
+
+ private:
+  qcoll::error refused(handshake_status status) const {
+    return make_error(errc::protocol_error, qcoll::detail::format("{}: refused: {}", where_,
+                                                        refusal_reason(status, server_version_, server_has_secret_, job_, kind_)));
+  }
+
+  job job_;
+  channel kind_;
+  std::string where_;
+  std::array<std::byte, hello_size> hello_{};
+  digest proof_{};
+  std::uint16_t server_version_ = 0;
+  bool server_has_secret_ = false;
+};
 }  // namespace detail
 
 }  // namespace qcoll::rendezvous

@@ -178,24 +178,84 @@ inline void write_bytes(tcp::socket& socket, std::span<const std::byte> bytes, d
   if (auto sent = write_all(socket, bytes, until); sent.result != io_result::done) fail_io(sent, doing, socket);
 }
 
-/// Reads a rank list (u32 count, then the ranks, each below `size`, ascending).
-inline std::vector<rank_t> read_ranks(tcp::socket& socket, rank_t size, deadline until, std::string_view doing) {
+// The agreement's messages, read through `read(bytes)`, which fills `bytes` or throws
+// (read_bytes over a socket; the fuzz target reads from memory). Every count is checked
+// against the world's size before anything it counts is read.
+//
+//     check-in (member → coordinator)   rank list: whom the member found alive
+//     answer (coordinator → member)     verdict u8, store port u16, rank list of the
+//                                       members, rank list of the lost, a loss u8 each
+//     rank list                         count u32 (≤ size), then the ranks, u32 each,
+//                                       ascending, each below size
+
+/// Reads a rank list. @par Errors errc::protocol_error for a malformed one.
+template <class Read>
+std::vector<rank_t> read_ranks(Read&& read, rank_t size, std::string_view doing) {
   std::array<std::byte, 4> count_bytes{};
-  read_bytes(socket, count_bytes, until, doing);
+  read(std::span(count_bytes));
   const std::uint32_t count = qcoll::detail::load_le<std::uint32_t>(count_bytes.data());
   if (count > size)
-    qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {} ({}): {} ranks of {}", doing,
-                               describe_peer(socket), count, size);
+    qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {}: a list of {} ranks in a world of {}", doing,
+                               count, size);
   std::vector<std::byte> bytes(4 * std::size_t{count});
-  read_bytes(socket, bytes, until, doing);
+  read(std::span(bytes));
   std::vector<rank_t> ranks(count);
   for (std::size_t i = 0; i < count; ++i) {
     ranks[i] = qcoll::detail::load_le<std::uint32_t>(bytes.data() + 4 * i);
     if (ranks[i] >= size || (i > 0 && ranks[i] <= ranks[i - 1]))
-      qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {} ({}): a malformed rank list", doing,
-                                 describe_peer(socket));
+      qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {}: a malformed rank list", doing);
   }
   return ranks;
+}
+
+/// The coordinator's answer, as a member reads it.
+struct answer {
+  verdict outcome = verdict::too_few;
+  std::uint16_t store_port = 0;
+  std::vector<rank_t> members;                ///< ascending
+  std::vector<std::pair<rank_t, loss>> lost;  ///< ascending, none of them a member
+};
+
+/// Reads the coordinator's answer. @par Errors errc::protocol_error for a malformed one:
+/// an unknown verdict, a malformed rank list, a rank both member and lost. An unknown
+/// loss reads as loss::silent (it only words a message).
+template <class Read>
+answer read_answer(Read&& read, rank_t size, std::string_view doing) {
+  std::array<std::byte, 3> head{};
+  read(std::span(head));
+  const auto outcome = std::to_integer<std::uint8_t>(head[0]);
+  if (outcome > static_cast<std::uint8_t>(verdict::too_few))
+    qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {}: an unknown verdict {}", doing, outcome);
+  answer result{static_cast<verdict>(outcome), qcoll::detail::load_le<std::uint16_t>(head.data() + 1), {}, {}};
+  result.members = read_ranks(read, size, doing);
+  const std::vector<rank_t> lost_ranks = read_ranks(read, size, doing);
+  std::vector<std::byte> reasons(lost_ranks.size());
+  read(std::span(reasons));
+  for (std::size_t i = 0; i < lost_ranks.size(); ++i) {
+    if (std::binary_search(result.members.begin(), result.members.end(), lost_ranks[i]))
+      qcoll::detail::throw_error(errc::protocol_error, "qcoll recovery: {}: rank {} is both a member and lost", doing,
+                                 lost_ranks[i]);
+    const auto why = std::to_integer<std::uint8_t>(reasons[i]);
+    result.lost.emplace_back(lost_ranks[i], why <= static_cast<std::uint8_t>(loss::silent) ? static_cast<loss>(why)
+                                                                                           : loss::silent);
+  }
+  return result;
+}
+
+inline std::vector<std::byte> encode_answer(const answer& a) {
+  std::vector<std::byte> out{static_cast<std::byte>(a.outcome), std::byte{}, std::byte{}};
+  qcoll::detail::store_le<std::uint16_t>(out.data() + 1, a.store_port);
+  put_ranks(out, a.members);
+  std::vector<rank_t> lost_ranks;
+  for (const auto& [rank, why] : a.lost) lost_ranks.push_back(rank);
+  put_ranks(out, lost_ranks);
+  for (const auto& [rank, why] : a.lost) out.push_back(static_cast<std::byte>(why));
+  return out;
+}
+
+/// `read` for the messages above over a socket, bounded by `until`.
+inline auto socket_reader(tcp::socket& socket, deadline until, std::string_view doing) {
+  return [&socket, until, doing](std::span<std::byte> bytes) { read_bytes(socket, bytes, until, doing); };
 }
 
 /// The address of "address:port" (IPv6 without its brackets).
@@ -293,7 +353,8 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
                                      std::min(gather_until, clock::now() + opts.probe_timeout));
             // A rank checks in only with the lowest rank it found alive, us: its view is
             // read (and checked for form) but changes nothing.
-            detail::read_ranks(socket, n, gather_until, "reading a check-in");
+            const std::string doing = qcoll::detail::format("reading a check-in ({})", detail::describe_peer(socket));
+            detail::read_ranks(detail::socket_reader(socket, gather_until, doing), n, doing);
             if (peer.rank != self && !checked_in[peer.rank]) {
               if (!found[peer.rank].has_value()) --waiting;
               found[peer.rank].reset();  // it reached us, so it is alive whatever the probe said
@@ -324,28 +385,24 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
 
       survivors result;
       result.coordinator = self;
-      std::vector<std::byte> answer(3);
-      if (members.size() < quorum) {
-        answer[0] = static_cast<std::byte>(detail::verdict::too_few);
-      } else {
+      detail::answer answer;
+      answer.members = members;
+      if (members.size() >= quorum) {
         result.next = detail::next_job(current, roster, members, self, 0, next_id);
         result.store = std::make_unique<store_server>(result.next);
         result.next.store_port = result.store->port();
-        answer[0] = static_cast<std::byte>(detail::verdict::go_on);
-        qcoll::detail::store_le<std::uint16_t>(answer.data() + 1, result.next.store_port);
+        answer.outcome = detail::verdict::go_on;
+        answer.store_port = result.next.store_port;
       }
-      detail::put_ranks(answer, members);
-      // Then who is lost and why, as the coordinator saw it: the members' probes may
-      // have found alive a rank that died a moment later.
-      std::vector<rank_t> lost_ranks;
+      // Who is lost and why, as the coordinator saw it: the members' probes may have
+      // found alive a rank that died a moment later.
       for (rank_t r = 0; r < n; ++r)
-        if (found[r].has_value()) lost_ranks.push_back(r);
-      detail::put_ranks(answer, lost_ranks);
-      for (rank_t r : lost_ranks) answer.push_back(static_cast<std::byte>(*found[r]));
+        if (found[r].has_value()) answer.lost.emplace_back(r, *found[r]);
+      const std::vector<std::byte> answer_bytes = detail::encode_answer(answer);
       for (rank_t r = 0; r < n; ++r) {
         if (!checked_in[r]) continue;
         try {
-          detail::write_bytes(*checked_in[r], answer, until, "sending the new world");
+          detail::write_bytes(*checked_in[r], answer_bytes, until, "sending the new world");
         } catch (const qcoll::error& e) {  // it died since: the new world's join will tell
           qcoll::detail::log_warning("qcoll: rank {}: recovery: {}", self, e.what());
         }
@@ -356,8 +413,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
                                    "fewer than the {} required (survivor_options::min_survivors)",
                                    self, n, members.size(), qcoll::detail::join(members, ", "), quorum);
       result.ranks = std::move(members);
-      for (rank_t r = 0; r < n; ++r)
-        if (found[r].has_value()) result.lost.emplace_back(r, *found[r]);
+      result.lost = std::move(answer.lost);
       return result;
     }
 
@@ -369,7 +425,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
     // A coordinator that is alive but never answers (hung) is given up after half the
     // timeout, which leaves a round for the next lowest.
     const deadline answer_until = std::min(until, round_start + opts.timeout / 2);
-    std::array<std::byte, 3> head{};
+    detail::answer answer;
     try {
       boost::system::error_code reached;
       tcp::socket socket = detail::connect_before(io, *where[coordinator], answer_until, reached);
@@ -382,22 +438,16 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       detail::put_ranks(check_in, view);
       detail::write_bytes(socket, check_in, answer_until, "checking in with the coordinator");
       const std::string waiting = qcoll::detail::format("rank {} waiting for the coordinator, rank {}", self, coordinator);
-      detail::read_bytes(socket, head, answer_until, waiting);
-      members = detail::read_ranks(socket, n, answer_until, waiting);
-      const std::vector<rank_t> lost_ranks = detail::read_ranks(socket, n, answer_until, waiting);
-      std::vector<std::byte> reasons(lost_ranks.size());
-      detail::read_bytes(socket, reasons, answer_until, waiting);
-      for (std::size_t i = 0; i < lost_ranks.size(); ++i) {
-        const auto why = std::to_integer<std::uint8_t>(reasons[i]);
-        found[lost_ranks[i]] = why <= static_cast<std::uint8_t>(loss::silent) ? static_cast<loss>(why) : loss::silent;
-      }
+      answer = detail::read_answer(detail::socket_reader(socket, answer_until, waiting), n, waiting);
+      for (const auto& [rank, why] : answer.lost) found[rank] = why;
     } catch (const qcoll::error& e) {
       // The coordinator died or never answered: try the next lowest, while a round fits.
       if (e.code() == errc::protocol_error || clock::now() >= until - opts.timeout / 4) throw;
       found[coordinator] = e.code() == errc::peer_lost ? loss::refused : loss::silent;  // reset: it died
       continue;
     }
-    if (static_cast<detail::verdict>(head[0]) != detail::verdict::go_on)
+    members = std::move(answer.members);
+    if (answer.outcome != detail::verdict::go_on)
       qcoll::detail::throw_error(errc::peer_lost,
                                  "qcoll recovery on rank {} of {}: only {} rank(s) agreed to go on (old ranks {}), "
                                  "fewer than the {} required (survivor_options::min_survivors)",
@@ -410,8 +460,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
                                  self, coordinator);
     survivors result;
     result.coordinator = coordinator;
-    result.next = detail::next_job(current, roster, members, coordinator,
-                                   qcoll::detail::load_le<std::uint16_t>(head.data() + 1), next_id);
+    result.next = detail::next_job(current, roster, members, coordinator, answer.store_port, next_id);
     for (rank_t r = 0; r < n; ++r) {
       if (std::binary_search(members.begin(), members.end(), r)) continue;
       result.lost.emplace_back(r, found[r].value_or(loss::silent));

@@ -58,7 +58,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
+#include <charconv>
 #include <vector>
 
 #include <netinet/in.h>
@@ -128,9 +128,163 @@ inline std::vector<std::byte> encode_frame(std::uint8_t first, std::uint16_t key
   return frame;
 }
 
+/// The store's data and parked requests, as logic over requests with no socket in sight:
+/// the server feeds it each well-formed request (parse_request passed) with its body
+/// (key, then value) and sends the replies it returns. Connections are numbers the
+/// server chooses; forget() a connection that closed.
+class store_table {
+ public:
+  struct reply {
+    std::uint64_t connection;
+    std::uint32_t id;
+    std::string value;
+  };
+
+  std::vector<reply> handle(std::uint64_t connection, const store_request& request, std::span<const std::byte> body) {
+    std::vector<reply> replies;
+    const auto* text = reinterpret_cast<const char*>(body.data());
+    std::string key(text, request.key_size);
+    switch (request.op) {
+      case store_op::set: {
+        replies.push_back({connection, request.id, {}});
+        data_.insert_or_assign(key, std::string(text + request.key_size, request.value_size));
+        notify(key, replies);
+        break;
+      }
+      case store_op::get:
+        if (const auto found = data_.find(key); found != data_.end()) {
+          replies.push_back({connection, request.id, found->second});
+        } else {
+          key_waiters_[key].push_back({connection, request.id});
+        }
+        break;
+      case store_op::wait: {
+        barrier_waiter waiter{connection, request.id, std::move(key),
+                              qcoll::detail::load_le<std::uint32_t>(body.data() + request.key_size), 0};
+        if (advance(waiter)) {
+          replies.push_back({connection, request.id, {}});
+        } else {
+          barrier_waiters_.push_back(std::move(waiter));
+        }
+        break;
+      }
+      case store_op::missing:
+        replies.push_back(
+            {connection, request.id, missing_keys(key, qcoll::detail::load_le<std::uint32_t>(body.data() + request.key_size))});
+        break;
+      case store_op::cancel: forget(connection, request.id); break;
+    }
+    return replies;
+  }
+
+  /// Drops the parked requests of a connection: all of them, or the one with `id`.
+  void forget(std::uint64_t connection, std::optional<std::uint32_t> id = std::nullopt) {
+    const auto matches = [&](std::uint64_t owner, std::uint32_t waiter_id) {
+      return owner == connection && (!id || *id == waiter_id);
+    };
+    for (auto it = key_waiters_.begin(); it != key_waiters_.end();) {
+      std::erase_if(it->second, [&](const key_waiter& w) { return matches(w.connection, w.id); });
+      it = it->second.empty() ? key_waiters_.erase(it) : std::next(it);
+    }
+    barrier_waiters_.remove_if([&](const barrier_waiter& w) { return matches(w.connection, w.id); });
+  }
+
+  void clear() noexcept {
+    key_waiters_.clear();
+    barrier_waiters_.clear();
+  }
+
+ private:
+  struct key_waiter {
+    std::uint64_t connection;
+    std::uint32_t id;
+  };
+  struct barrier_waiter {
+    std::uint64_t connection;
+    std::uint32_t id;
+    std::string prefix;
+    std::uint32_t count;
+    std::uint32_t next;  // keys prefix+0 … prefix+(next-1) are known to exist
+  };
+
+  /// The keys prefix+0 … prefix+(count−1) that do not exist: their number, then the
+  /// first missing_listed of them. The work is bounded by the keys that exist, not by
+  /// `count`, which the client chose (a count of 2^32 − 1 must not stall the store).
+  std::string missing_keys(const std::string& prefix, std::uint32_t count) const {
+    std::uint32_t present = 0;
+    for (const auto& entry : data_) {
+      const std::string_view key = entry.first;
+      if (!key.starts_with(prefix)) continue;
+      const std::string_view digits = key.substr(prefix.size());
+      std::uint32_t index = 0;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+      // Only the spelling std::to_string gives counts: "07" is not key 7.
+      if (ec == std::errc{} && end == digits.data() + digits.size() && index < count &&
+          (digits.size() == 1 || digits.front() != '0'))
+        ++present;
+    }
+    std::vector<std::uint32_t> absent;
+    for (std::uint32_t i = 0; i < count && absent.size() < missing_listed; ++i)
+      if (!data_.contains(prefix + std::to_string(i))) absent.push_back(i);
+    std::string reply(4 * (1 + absent.size()), '\0');
+    qcoll::detail::store_le<std::uint32_t>(reinterpret_cast<std::byte*>(reply.data()), count - present);
+    for (std::size_t k = 0; k < absent.size(); ++k)
+      qcoll::detail::store_le<std::uint32_t>(reinterpret_cast<std::byte*>(reply.data()) + 4 * (k + 1), absent[k]);
+    return reply;
+  }
+
+  bool advance(barrier_waiter& waiter) const {
+    while (waiter.next < waiter.count && data_.contains(waiter.prefix + std::to_string(waiter.next))) ++waiter.next;
+    return waiter.next == waiter.count;
+  }
+
+  void notify(const std::string& key, std::vector<reply>& replies) {
+    if (auto found = key_waiters_.find(key); found != key_waiters_.end()) {
+      const std::string& value = data_.at(key);
+      for (const auto& waiter : found->second) replies.push_back({waiter.connection, waiter.id, value});
+      key_waiters_.erase(found);
+    }
+    for (auto it = barrier_waiters_.begin(); it != barrier_waiters_.end();) {
+      if (key.starts_with(it->prefix) && advance(*it)) {
+        replies.push_back({it->connection, it->id, {}});
+        it = barrier_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::vector<key_waiter>> key_waiters_;
+  std::list<barrier_waiter> barrier_waiters_;
+};
+
+struct store_response {
+  std::uint8_t status = 0;
+  std::uint32_t id = 0;
+  std::string value;
+};
+
+/// Takes the next whole response out of `inbox` (the bytes a client received), or
+/// nothing while it holds none. @par Errors errc::protocol_error for a value over
+/// max_value_size (the stream cannot be trusted after it).
+inline std::optional<store_response> take_response(std::vector<std::byte>& inbox) {
+  if (inbox.size() < store_header_size) return std::nullopt;
+  const std::uint32_t size = qcoll::detail::load_le<std::uint32_t>(inbox.data() + 8);
+  if (size > max_value_size)
+    qcoll::detail::throw_error(errc::protocol_error, "a response with a value of {} bytes (at most {})", size,
+                               max_value_size);
+  if (inbox.size() < store_header_size + size) return std::nullopt;
+  store_response out{std::to_integer<std::uint8_t>(inbox[0]), qcoll::detail::load_le<std::uint32_t>(inbox.data() + 4),
+                     std::string(reinterpret_cast<const char*>(inbox.data()) + store_header_size, size)};
+  inbox.erase(inbox.begin(), inbox.begin() + static_cast<std::ptrdiff_t>(store_header_size + size));
+  return out;
+}
+
 struct store_connection {
-  explicit store_connection(boost::asio::io_context& io) : socket(io) {}
+  store_connection(boost::asio::io_context& io, std::uint64_t n) : socket(io), number(n) {}
   boost::asio::ip::tcp::socket socket;
+  std::uint64_t number;          // its name in the store_table
   std::string peer;              // "address:port"
   std::optional<rank_t> rank;    // once admitted
   std::array<std::byte, store_header_size> header{};
@@ -190,7 +344,7 @@ class store_service {
     // client sees its connection end (peer_lost) instead of waiting for its deadline.
     boost::system::error_code ignored;
     acceptor_.close(ignored);
-    for (const auto& connection : connections_) connection->socket.close(ignored);
+    for (const auto& [number, connection] : connections_) connection->socket.close(ignored);
     connections_.clear();
   }
 
@@ -212,32 +366,19 @@ class store_service {
   void stop() noexcept { io_.stop(); }
 
  private:
-  struct key_waiter {
-    std::weak_ptr<store_connection> connection;
-    std::uint32_t id;
-  };
-  struct barrier_waiter {
-    std::weak_ptr<store_connection> connection;
-    std::uint32_t id;
-    std::string prefix;
-    std::uint32_t count;
-    std::uint32_t next;  // keys prefix+0 … prefix+(next-1) are known to exist
-  };
-
   void close_everything() noexcept {
     boost::system::error_code ignored;
     acceptor_.close(ignored);
-    for (const auto& connection : connections_) {
+    for (const auto& [number, connection] : connections_) {
       connection->closed = true;
       connection->socket.close(ignored);
     }
     connections_.clear();
-    key_waiters_.clear();
-    barrier_waiters_.clear();
+    table_.clear();
   }
 
   void accept_next() {
-    auto connection = std::make_shared<store_connection>(io_);
+    auto connection = std::make_shared<store_connection>(io_, next_connection_++);
     acceptor_.async_accept(connection->socket, [this, connection](const boost::system::error_code& ec) {
       if (!acceptor_.is_open() || ec == boost::asio::error::operation_aborted) return;
       if (ec) {  // out of descriptors, say: try again shortly rather than spin
@@ -258,7 +399,7 @@ class store_service {
     connection->peer = describe_peer(connection->socket);
     boost::system::error_code ignored;
     connection->socket.set_option(boost::asio::ip::tcp::no_delay(true), ignored);
-    connections_.insert(connection);
+    connections_.emplace(connection->number, connection);
     async_admit(connection->socket, job_, channel::store, clock::now() + job_.timeout,
                 [this, connection](std::exception_ptr error, hello who) {
                   if (connection->closed) return;
@@ -319,96 +460,10 @@ class store_service {
   }
 
   void dispatch(const std::shared_ptr<store_connection>& connection) {
-    const store_request& request = connection->request;
-    const auto* body = reinterpret_cast<const char*>(connection->body.data());
-    std::string key(body, request.key_size);
-    switch (request.op) {
-      case store_op::set: {
-        std::string value(body + request.key_size, request.value_size);
-        data_.insert_or_assign(key, std::move(value));
-        respond(connection, request.id, {});
-        notify(key);
-        break;
-      }
-      case store_op::get:
-        if (const auto found = data_.find(key); found != data_.end()) {
-          respond(connection, request.id, found->second);
-        } else {
-          key_waiters_[key].push_back({connection, request.id});
-        }
-        break;
-      case store_op::wait: {
-        barrier_waiter waiter{connection, request.id, std::move(key),
-                              qcoll::detail::load_le<std::uint32_t>(connection->body.data() + request.key_size), 0};
-        if (advance(waiter)) {
-          respond(connection, request.id, {});
-        } else {
-          barrier_waiters_.push_back(std::move(waiter));
-        }
-        break;
-      }
-      case store_op::missing:
-        respond(connection, request.id,
-                missing_keys(key, qcoll::detail::load_le<std::uint32_t>(connection->body.data() + request.key_size)));
-        break;
-      case store_op::cancel: forget(connection.get(), request.id); break;
-    }
+    for (auto& reply : table_.handle(connection->number, connection->request, connection->body))
+      if (const auto to = connections_.find(reply.connection); to != connections_.end() && !to->second->closed)
+        respond(to->second, reply.id, reply.value);
     read_header(connection);
-  }
-
-  /// The keys prefix+0 … prefix+(count−1) that do not exist: their number, then the
-  /// first missing_listed of them.
-  std::string missing_keys(const std::string& prefix, std::uint32_t count) const {
-    std::vector<std::uint32_t> absent;
-    std::uint32_t total = 0;
-    for (std::uint32_t i = 0; i < count; ++i) {
-      if (data_.contains(prefix + std::to_string(i))) continue;
-      if (absent.size() < detail::missing_listed) absent.push_back(i);
-      ++total;
-    }
-    std::string reply(4 * (1 + absent.size()), '\0');
-    qcoll::detail::store_le<std::uint32_t>(reinterpret_cast<std::byte*>(reply.data()), total);
-    for (std::size_t k = 0; k < absent.size(); ++k)
-      qcoll::detail::store_le<std::uint32_t>(reinterpret_cast<std::byte*>(reply.data()) + 4 * (k + 1), absent[k]);
-    return reply;
-  }
-
-  bool advance(barrier_waiter& waiter) const {
-    while (waiter.next < waiter.count && data_.contains(waiter.prefix + std::to_string(waiter.next))) ++waiter.next;
-    return waiter.next == waiter.count;
-  }
-
-  void notify(const std::string& key) {
-    if (auto found = key_waiters_.find(key); found != key_waiters_.end()) {
-      const auto waiters = std::move(found->second);
-      key_waiters_.erase(found);
-      const std::string& value = data_.at(key);
-      for (const auto& waiter : waiters)
-        if (auto connection = waiter.connection.lock(); connection && !connection->closed)
-          respond(connection, waiter.id, value);
-    }
-    for (auto it = barrier_waiters_.begin(); it != barrier_waiters_.end();) {
-      if (key.starts_with(it->prefix) && advance(*it)) {
-        if (auto connection = it->connection.lock(); connection && !connection->closed)
-          respond(connection, it->id, {});
-        it = barrier_waiters_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-
-  /// Drops the parked requests of a connection: all of them, or the one with `id`.
-  void forget(const store_connection* connection, std::optional<std::uint32_t> id) {
-    const auto matches = [&](const std::weak_ptr<store_connection>& owner, std::uint32_t waiter_id) {
-      const auto locked = owner.lock();
-      return !locked || (locked.get() == connection && (!id || *id == waiter_id));
-    };
-    for (auto it = key_waiters_.begin(); it != key_waiters_.end();) {
-      std::erase_if(it->second, [&](const key_waiter& w) { return matches(w.connection, w.id); });
-      it = it->second.empty() ? key_waiters_.erase(it) : std::next(it);
-    }
-    barrier_waiters_.remove_if([&](const barrier_waiter& w) { return matches(w.connection, w.id); });
   }
 
   void respond(const std::shared_ptr<store_connection>& connection, std::uint32_t id, std::string_view value) {
@@ -433,8 +488,8 @@ class store_service {
     connection->closed = true;
     boost::system::error_code ignored;
     connection->socket.close(ignored);
-    forget(connection.get(), std::nullopt);
-    connections_.erase(connection);
+    table_.forget(connection->number);
+    connections_.erase(connection->number);
   }
 
   job job_;
@@ -443,10 +498,9 @@ class store_service {
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer retry_timer_;
   std::uint16_t port_ = 0;
-  std::unordered_set<std::shared_ptr<store_connection>> connections_;
-  std::unordered_map<std::string, std::string> data_;
-  std::unordered_map<std::string, std::vector<key_waiter>> key_waiters_;
-  std::list<barrier_waiter> barrier_waiters_;
+  std::uint64_t next_connection_ = 0;
+  std::unordered_map<std::uint64_t, std::shared_ptr<store_connection>> connections_;
+  store_table table_;
 };
 
 }  // namespace detail
@@ -656,27 +710,13 @@ class store_client {
     return true;
   }
 
-  struct response {
-    std::uint8_t status = 0;
-    std::uint32_t id = 0;
-    std::string value;
-  };
-
-  /// The next response from the buffered bytes or the socket, or false at the deadline.
-  bool receive(response& out, deadline until, std::string_view what) {
+  /// The next response from the buffered bytes or the socket, or nothing at the deadline.
+  std::optional<detail::store_response> receive(deadline until, std::string_view what) {
     for (;;) {
-      if (inbox_.size() >= detail::store_header_size) {
-        const std::uint32_t size = qcoll::detail::load_le<std::uint32_t>(inbox_.data() + 8);
-        if (size > max_value_size)
-          fail(errc::protocol_error, qcoll::detail::format("{}: malformed response while {}: a value of {} bytes (at most {})",
-                                                 where_, what, size, max_value_size));
-        if (inbox_.size() >= detail::store_header_size + size) {
-          out.status = std::to_integer<std::uint8_t>(inbox_[0]);
-          out.id = qcoll::detail::load_le<std::uint32_t>(inbox_.data() + 4);
-          out.value.assign(reinterpret_cast<const char*>(inbox_.data()) + detail::store_header_size, size);
-          inbox_.erase(inbox_.begin(), inbox_.begin() + static_cast<std::ptrdiff_t>(detail::store_header_size + size));
-          return true;
-        }
+      try {
+        if (auto response = detail::take_response(inbox_)) return response;
+      } catch (const qcoll::error& e) {
+        fail(errc::protocol_error, qcoll::detail::format("{}: malformed response while {}: {}", where_, what, e.what()));
       }
       std::array<std::byte, 16 * 1024> chunk;
       boost::system::error_code ec;
@@ -684,7 +724,7 @@ class store_client {
       inbox_.insert(inbox_.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(n));
       if (!ec || ec == boost::asio::error::interrupted) continue;
       if (detail::would_block(ec)) {
-        if (!detail::wait_ready(socket_.native_handle(), POLLIN, until)) return false;
+        if (!detail::wait_ready(socket_.native_handle(), POLLIN, until)) return std::nullopt;
         continue;
       }
       fail(errc::peer_lost, qcoll::detail::format("{}: the store closed the connection while {} ({}): rank 0 exited or failed",
@@ -709,18 +749,18 @@ class store_client {
     if (sent.result != detail::io_result::done)
       fail(errc::peer_lost, qcoll::detail::format("{}: the store closed the connection while {} ({}): rank 0 exited or failed",
                                         where_, what, sent.error.message()));
-    response reply;
     for (;;) {
-      if (!receive(reply, until, what)) {
+      auto reply = receive(until, what);
+      if (!reply) {
         cancel(id);
         qcoll::detail::throw_error(errc::timeout, "{}: timed out after {} ms {}: {}", where_,
                                    detail::milliseconds_between(started, clock::now()), what, timeout_hint);
       }
-      if (reply.id != id) continue;  // the late answer to a request that timed out
-      if (reply.status != detail::store_ok)
+      if (reply->id != id) continue;  // the late answer to a request that timed out
+      if (reply->status != detail::store_ok)
         fail(errc::protocol_error,
-             qcoll::detail::format("{}: malformed response while {}: status {}", where_, what, unsigned{reply.status}));
-      return std::move(reply.value);
+             qcoll::detail::format("{}: malformed response while {}: status {}", where_, what, unsigned{reply->status}));
+      return std::move(reply->value);
     }
   }
 
