@@ -7,10 +7,8 @@
 // reads and writes are for the sanitizers to catch (the asan preset runs this).
 //
 // Built two ways: with -DQCOLL_FUZZ=ON and clang, as a libFuzzer binary for long
-// runs; otherwise with the driver below, which ctest runs for a few seconds per
-// decoder family: it encodes random inputs into valid frames, mutates them (bit
-// flips, byte writes, header fields, truncation, extension, splices) and feeds
-// the results, plus random bytes, to the same target.
+// runs; otherwise with driver.hpp's main, which ctest runs over the corpus and for a
+// few seconds per decoder family on frames the encoders made, mutated.
 
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
@@ -105,8 +103,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 }
 
 #if !defined(QCOLL_LIBFUZZER)
+#include "driver.hpp"
+
 namespace {
 
+/// A frame the decoder's own encoder made from random values (an infinity now and then);
+/// it must decode, which is checked here, before the driver mutates it.
 std::vector<std::uint8_t> valid_input(std::size_t index, std::mt19937_64& random) {
   const auto& decoder = decoders()[index];
   std::uniform_int_distribution<std::size_t> pick_count(0, random() % 4 == 0 ? max_count : 80);
@@ -117,73 +119,30 @@ std::vector<std::uint8_t> valid_input(std::size_t index, std::mt19937_64& random
   if (count && random() % 8 == 0) values[random() % count] = std::numeric_limits<float>::infinity();
   std::vector<std::byte> frame(decoder.encoded_size(count));
   decoder.encode(values, frame);
+  std::vector<float> out(count);
+  if (decoder.decode(frame, out, false)) fail(decoder, "rejected a valid frame", count, frame.size());
   std::vector<std::uint8_t> input{static_cast<std::uint8_t>(index), static_cast<std::uint8_t>(count & 0xff),
                                   static_cast<std::uint8_t>(count >> 8)};
   for (std::byte b : frame) input.push_back(std::to_integer<std::uint8_t>(b));
   return input;
 }
 
-void mutate(std::vector<std::uint8_t>& input, std::mt19937_64& random) {
-  const auto at = [&](std::size_t from) { return from + random() % (input.size() - from); };
-  const int mutations = 1 + static_cast<int>(random() % 4);
-  for (int m = 0; m < mutations && input.size() > 3; ++m) {
-    switch (random() % 7) {
-      case 0: input[at(3)] ^= static_cast<std::uint8_t>(1u << (random() % 8)); break;          // flip a bit
-      case 1: input[at(3)] = static_cast<std::uint8_t>(random()); break;                        // any byte
-      case 2: input[3 + random() % std::min<std::size_t>(24, input.size() - 3)] = static_cast<std::uint8_t>(random()); break;  // a header field
-      case 3: input.resize(3 + random() % (input.size() - 2)); break;                          // truncate
-      case 4: for (int k = 1 + static_cast<int>(random() % 16); k > 0; --k) input.push_back(static_cast<std::uint8_t>(random())); break;  // extend
-      case 5: input[1] = static_cast<std::uint8_t>(random()); break;                            // another count
-      default: input[at(3)] = input[at(3)]; break;                                               // splice a byte
-    }
-  }
-}
-
 }  // namespace
 
+// decoder_fuzz [identity|one_bit|k_level|bfp] [driver options]: one family's decoders, or all.
 int main(int argc, char** argv) {
-  std::string_view family = argc > 1 ? argv[1] : "";
-  double seconds = 2.0;
-  std::uint64_t seed = 1;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    if (std::string_view(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
-    else if (std::string_view(argv[i]) == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
-  }
+  const bool has_family = argc > 1 && argv[1][0] != '-';
+  const std::string family = has_family ? argv[1] : "";
   std::vector<std::size_t> chosen;
   for (std::size_t i = 0; i < decoders().size(); ++i)
     if (family.empty() || decoders()[i].family == family) chosen.push_back(i);
   if (chosen.empty()) {
-    std::fprintf(stderr, "usage: decoder_fuzz [identity|one_bit|k_level|bfp] [--seconds S] [--seed N]\n");
+    std::fprintf(stderr, "usage: decoder_fuzz [identity|one_bit|k_level|bfp] [driver options]\n");
     return 2;
   }
-  std::mt19937_64 random(seed);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  std::size_t runs = 0, valid = 0;
-  while (std::chrono::steady_clock::now() < until) {
-    for (int batch = 0; batch < 64; ++batch, ++runs) {
-      const std::size_t index = chosen[random() % chosen.size()];
-      std::vector<std::uint8_t> input;
-      if (random() % 16 == 0) {  // random bytes after a plausible prefix
-        input.resize(3 + random() % 600);
-        for (auto& b : input) b = static_cast<std::uint8_t>(random());
-        input[0] = static_cast<std::uint8_t>(index);
-      } else {
-        input = valid_input(index, random);
-        if (random() % 8 == 0) {  // an unmodified frame must decode
-          const std::size_t count = input[1] | std::size_t{input[2]} << 8;
-          std::vector<float> out(count);
-          const std::span<const std::uint8_t> frame = std::span(input).subspan(3);
-          if (decoders()[index].decode(std::as_bytes(frame), out, false)) fail(decoders()[index], "rejected a valid frame", count, frame.size());
-          ++valid;
-        } else {
-          mutate(input, random);
-        }
-      }
-      LLVMFuzzerTestOneInput(input.data(), input.size());
-    }
-  }
-  std::printf("decoder_fuzz %s: %zu inputs (%zu unmodified) in %.1f s, no failure\n",
-              family.empty() ? "all" : std::string(family).c_str(), runs, valid, seconds);
-  return 0;
+  const std::string name = "decoder_fuzz " + (family.empty() ? std::string("all") : family);
+  return qcoll::test::fuzz::drive(
+      has_family ? argc - 1 : argc, has_family ? argv + 1 : argv, name,
+      [&](std::mt19937_64& random) { return valid_input(chosen[random() % chosen.size()], random); }, 1);
 }
 #endif

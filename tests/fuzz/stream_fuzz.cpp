@@ -7,9 +7,9 @@
 // or if a receive is still pending after the peer left (a hang in a real job).
 // Out-of-bounds accesses are for the sanitizers (the asan preset runs it).
 //
-// Built as a libFuzzer binary with -DQCOLL_FUZZ=ON and clang; otherwise ctest runs the
-// driver below for a few seconds: valid streams (messages of random sizes and tags in
-// data chunks, aborts), mutated by bit flips, byte writes, truncation and splices.
+// Built as a libFuzzer binary with -DQCOLL_FUZZ=ON and clang; otherwise ctest runs
+// driver.hpp's main over the corpus and for a few seconds on valid streams (messages
+// of random sizes and tags in data chunks, aborts), mutated.
 
 #include <qcoll/transports/stream/engine.hpp>
 
@@ -84,6 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 }
 
 #ifndef QCOLL_LIBFUZZER
+#include "driver.hpp"
+
 namespace {
 
 void append_record(std::vector<std::uint8_t>& out, stream::record_type type, std::uint32_t tag, std::uint64_t length) {
@@ -125,47 +127,7 @@ std::vector<std::uint8_t> valid_input(std::mt19937_64& rng) {
   return input;
 }
 
-void mutate(std::vector<std::uint8_t>& input, std::mt19937_64& rng) {
-  const int mutations = 1 + static_cast<int>(rng() % 4);
-  for (int m = 0; m < mutations && !input.empty(); ++m) {
-    const std::size_t at = rng() % input.size();
-    switch (rng() % 6) {
-      case 0: input[at] ^= static_cast<std::uint8_t>(1u << (rng() % 8)); break;
-      case 1: input[at] = static_cast<std::uint8_t>(rng()); break;
-      case 2: input.resize(at); break;
-      case 3: input.insert(input.begin() + static_cast<std::ptrdiff_t>(at), static_cast<std::uint8_t>(rng())); break;
-      case 4: {  // a length field made huge
-        for (std::size_t i = at; i < std::min(input.size(), at + 8); ++i) input[i] = 0xff;
-        break;
-      }
-      default: {  // splice a copy of one region over another
-        const std::size_t from = rng() % input.size(), length = rng() % 64;
-        for (std::size_t i = 0; i < length && from + i < input.size() && at + i < input.size(); ++i)
-          input[at + i] = input[from + i];
-      }
-    }
-  }
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  double seconds = 2.0;
-  std::uint64_t seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string_view(argv[i]) == "--seconds") seconds = std::atof(argv[i + 1]);
-    if (std::string_view(argv[i]) == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
-  }
-  std::mt19937_64 rng(seed);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  std::size_t runs = 0;
-  while (std::chrono::steady_clock::now() < until) {
-    std::vector<std::uint8_t> input = valid_input(rng);
-    if (runs % 5 != 0) mutate(input, rng);  // one in five stays valid
-    LLVMFuzzerTestOneInput(input.data(), input.size());
-    ++runs;
-  }
-  std::printf("stream_fuzz: %zu inputs in %.1f s, no failure\n", runs, seconds);
-  return 0;
-}
+int main(int argc, char** argv) { return qcoll::test::fuzz::drive(argc, argv, "stream_fuzz", valid_input); }
 #endif
