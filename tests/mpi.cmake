@@ -41,6 +41,7 @@ foreach(mpi openmpi mpich)
   qcoll_mpi_test(${mpi} split_into_halves RANKS 4 ARGS split 4194304
     LINES "4:split collectives correct as rank [01] of 2")
   qcoll_mpi_test(${mpi} mismatched_sizes RANKS 3 ARGS mismatch LINES "3:count mismatch reported")
+  qcoll_mpi_test(${mpi} soak RANKS 4 ARGS soak ${soak_calls} LINES "4:soak of ${soak_calls} collectives correct")
   qcoll_mpi_test(${mpi} mismatched_sizes_across_algorithms RANKS 3 ARGS mismatch_algorithms 64
     LINES "3:count mismatch reported")
   # A rank asleep for three timeouts: the others give up within their deadline and abort;

@@ -19,6 +19,8 @@
 #include <qcoll/transports/mpi.hpp>
 #endif
 
+#include <malloc.h>
+
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
@@ -33,11 +35,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -790,6 +796,239 @@ void kill_during_compressed(endpoint_ref transport, communicator_options options
   fail("50 compressed allreduces completed although a rank was killed");
 }
 
+// ---- The soak: collectives of every kind back to back, resources watched ----
+
+/// What this process holds: resident memory, open descriptors, threads, and mappings
+/// of shared memory (named segments and memfd regions).
+struct held_resources {
+  long rss_kib = 0, descriptors = 0, threads = 0, shared_mappings = 0;
+};
+
+held_resources resources_held() {
+  held_resources held;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("VmRSS:")) held.rss_kib = std::stol(line.substr(6));
+    if (line.starts_with("Threads:")) held.threads = std::stol(line.substr(8));
+  }
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++held.descriptors;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("/dev/shm/") != std::string::npos || line.find("/memfd:") != std::string::npos) ++held.shared_mappings;
+  return held;
+}
+
+std::string describe(const held_resources& held) {
+  return fmt::format("rss {} KiB, {} descriptors, {} threads, {} shared mappings", held.rss_kib, held.descriptors,
+                     held.threads, held.shared_mappings);
+}
+
+/// `calls` collectives chosen by one random sequence that every rank draws alike:
+/// allreduce (sum, avg, min, max; float, double, bfloat16, float16; in place and out),
+/// reduce_scatter, all_gather, broadcast, barrier, started calls, calls on a
+/// sub-communicator, and compressed allreduces with every quantizer (blocking and
+/// started), of 0 B to 16 MiB; now and then a compressed plan made and dropped. Every
+/// result is checked (exact ones element by element; lossy ones against the exact sum
+/// and, every 1,000 calls, bitwise across the ranks). Descriptors, threads and shared
+/// mappings must be the same at the end as after the first 1,000 calls (or half the
+/// calls, in a short soak), and resident memory may not grow by more than 2 MiB (the first calls take every kind
+/// to the largest size, so that the high-water marks are reached before the first look).
+void soak(endpoint_ref transport, communicator_options options, std::size_t calls) {
+  // glibc raises its mmap threshold to the largest block freed, after which big buffers
+  // stay in the heap when freed: resident memory would then track the largest size seen
+  // so far, not what is live. A fixed threshold makes it measure what is held.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  communicator comm(transport, options);
+  const rank_t n = comm.size(), me = comm.rank();
+  auto half = comm.split(static_cast<std::int64_t>(me % 2), static_cast<std::int64_t>(me));
+  if (!half) fail("split gave no communicator");
+  const auto half_sum = [&](std::size_t i) {
+    float sum = 0;
+    for (rank_t r = me % 2; r < n; r += 2) sum += value_of(r, i);
+    return sum;
+  };
+  std::mt19937_64 choose(20261128);  // the same sequence on every rank
+  const auto pick_count = [&]() -> std::size_t {
+    if (choose() % 50 == 0) return 0;
+    const unsigned log2 = static_cast<unsigned>(choose() % 10 == 0 ? choose() % 23 : choose() % 13);
+    return std::min<std::size_t>((std::size_t{1} << log2) + choose() % 7, std::size_t{1} << 22);  // ≤ 16 MiB of floats
+  };
+  const auto check = [&](bool ok, std::size_t call, std::string_view what, std::size_t count) {
+    if (!ok) fail(fmt::format("soak call {}: {} of {} values is wrong", call, what, count));
+  };
+
+  // The compressed plans, made once (a few made and dropped along the way as well).
+  auto k_level = quantizers::k_level_options::with_bits(4);
+  std::tuple<quantizers::identity<float>, quantizers::one_bit, quantizers::k_level, quantizers::bfp> quantizer_set{
+      quantizers::identity<float>{}, quantizers::one_bit{}, quantizers::k_level(k_level), quantizers::bfp{}};
+  const std::size_t plan_counts[] = {0, 1, 2049, 65537, 1048579};
+  auto plans = std::apply([&](const auto&... q) {
+    return std::make_tuple([&] {
+      std::vector<compressed_allreduce_plan<std::decay_t<decltype(q)>>> list;
+      for (std::size_t count : plan_counts) list.emplace_back(comm, count, q);
+      return list;
+    }()...);
+  }, quantizer_set);
+  std::uint64_t lossy_hash = 0;
+  const auto check_identical = [&](std::size_t call) {
+    std::vector<double> halves{static_cast<double>(lossy_hash >> 32), static_cast<double>(lossy_hash & 0xffffffffu)};
+    std::vector<double> least = halves, greatest = halves;
+    comm.allreduce(std::span<double>(least), reduce_op::min);
+    comm.allreduce(std::span<double>(greatest), reduce_op::max);
+    if (least != halves || greatest != halves) fail(fmt::format("soak: lossy results differ between ranks by call {}", call));
+  };
+  const auto compressed_call = [&](auto& plan, std::size_t call, bool started) {
+    using Q = typename std::decay_t<decltype(plan)>::quantizer_type;
+    constexpr bool exact = std::is_same_v<Q, quantizers::identity<float>>;
+    const std::size_t count = plan.count();
+    const auto seed = static_cast<unsigned>(call);
+    std::vector<float> in(count), out(count);
+    for (std::size_t i = 0; i < count; ++i) in[i] = exact ? integer_input(me, seed, i) : noise_input(me, seed, i);
+    if (started) {
+      comm.start_allreduce(plan, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+      plan.wait();
+    } else {
+      comm.allreduce(plan, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+    }
+    double dot = 0, out_norm = 0, exact_norm = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      double sum = 0;
+      for (rank_t r = 0; r < n; ++r) sum += exact ? integer_input(r, seed, i) : noise_input(r, seed, i);
+      if (exact) check(static_cast<double>(out[i]) == sum, call, "an identity compressed allreduce", count);
+      check(std::isfinite(out[i]), call, "a compressed allreduce", count);
+      dot += out[i] * sum;
+      out_norm += static_cast<double>(out[i]) * out[i];
+      exact_norm += sum * sum;
+    }
+    // Error feedback may leave one call far off (least_cosine); a right result is not opposite.
+    if (!exact && count > 1 && !(dot / std::sqrt(out_norm * exact_norm) > 0.0))
+      fail(fmt::format("soak call {}: a {} compressed allreduce of {} values points away from the exact sum", call,
+                       Q::name, count));
+    lossy_hash = mix(lossy_hash ^ fnv1a(out));
+  };
+
+  const std::size_t checkpoint = std::min<std::size_t>(1000, calls / 2);
+  held_resources at_checkpoint;
+  std::size_t compressed_calls = 0, sub_calls = 0, started_calls = 0;
+  for (std::size_t call = 0; call < calls; ++call) {
+    if (call == checkpoint) {
+      check_identical(call);
+      at_checkpoint = resources_held();
+    }
+    if (call % 1000 == 999) check_identical(call);
+    if (me == 0 && call > checkpoint && call % std::max<std::size_t>(1000, calls / 10) == 0)
+      fmt::print("rank 0: soak call {}: {}\n", call, describe(resources_held()));
+    // The first 20 calls are each kind at the largest size, twice: resident memory then
+    // holds every buffer's high-water mark before the first measurement.
+    const std::size_t count = call < 20 ? std::size_t{1} << 22 : pick_count();
+    switch (call < 20 ? call % 10 : choose() % 10) {
+      case 0: {
+        const reduce_op op = std::array{reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max}[choose() % 4];
+        std::vector<float> data = contribution(me, count);
+        comm.allreduce(std::span<float>(data), op);
+        for (std::size_t i = 0; i < count; ++i) {
+          const float expected = op == reduce_op::sum   ? sum_of(n, i)
+                                 : op == reduce_op::avg ? sum_of(n, i) / static_cast<float>(n)
+                                 : op == reduce_op::min ? value_of(0, i)
+                                                        : value_of(n - 1, i);
+          check(data[i] == expected, call, fmt::format("an allreduce {}", to_string(op)), count);
+        }
+        break;
+      }
+      case 1: {
+        std::vector<double> in(count), out(count, -1.0);
+        for (std::size_t i = 0; i < count; ++i) in[i] = value_of(me, i);
+        comm.allreduce(std::span<const double>(in), std::span<double>(out), reduce_op::sum);
+        for (std::size_t i = 0; i < count; ++i) check(out[i] == sum_of(n, i), call, "a double allreduce", count);
+        break;
+      }
+      case 2: {
+        const auto narrow = [&](auto zero) {
+          using T = decltype(zero);
+          std::vector<T> in(count), out(count);
+          for (std::size_t i = 0; i < count; ++i) in[i] = T(value_of(me, i));
+          comm.allreduce(std::span<const T>(in), std::span<T>(out), reduce_op::sum);
+          for (std::size_t i = 0; i < count; ++i) {
+            float exact = 0;
+            for (rank_t r = 0; r < n; ++r) exact += static_cast<float>(T(value_of(r, i)));
+            check(out[i].bits == T(exact).bits, call, "a 16-bit allreduce", count);
+          }
+        };
+        if (choose() % 2) narrow(bfloat16{});
+        else narrow(float16{});
+        break;
+      }
+      case 3: {
+        const std::vector<float> in = contribution(me, count);
+        const block_range mine = block_of(count, n, me);
+        std::vector<float> block(mine.size);
+        comm.reduce_scatter(std::span<const float>(in), std::span<float>(block), reduce_op::sum);
+        for (std::size_t i = 0; i < mine.size; ++i)
+          check(block[i] == sum_of(n, mine.offset + i), call, "a reduce_scatter", count);
+        break;
+      }
+      case 4: {
+        const block_range mine = block_of(count, n, me);
+        std::vector<float> own(mine.size), gathered(count, -1.0f);
+        for (std::size_t i = 0; i < mine.size; ++i) own[i] = static_cast<float>(mine.offset + i);
+        comm.all_gather(std::span<const float>(own), std::span<float>(gathered));
+        for (std::size_t i = 0; i < count; ++i) check(gathered[i] == static_cast<float>(i), call, "an all_gather", count);
+        break;
+      }
+      case 5: {
+        const rank_t root = static_cast<rank_t>(choose() % n);
+        std::vector<float> data = me == root ? contribution(root, count) : std::vector<float>(count);
+        comm.broadcast(std::span<float>(data), root);
+        for (std::size_t i = 0; i < count; ++i) check(data[i] == value_of(root, i), call, "a broadcast", count);
+        break;
+      }
+      case 6: comm.barrier(); break;
+      case 7: {
+        std::vector<float> data = contribution(me, count);
+        collective_handle handle;
+        comm.start_allreduce(std::span<float>(data), reduce_op::sum, handle);
+        handle.wait();
+        for (std::size_t i = 0; i < count; ++i) check(data[i] == sum_of(n, i), call, "a started allreduce", count);
+        ++started_calls;
+        break;
+      }
+      case 8: {
+        std::vector<float> data = contribution(me, count);
+        half->allreduce(std::span<float>(data), reduce_op::sum);
+        for (std::size_t i = 0; i < count; ++i) check(data[i] == half_sum(i), call, "a sub-communicator allreduce", count);
+        ++sub_calls;
+        break;
+      }
+      default: {
+        const std::size_t which = choose() % std::size(plan_counts);
+        const bool started = choose() % 2 == 0;
+        switch (choose() % 4) {
+          case 0: compressed_call(std::get<0>(plans)[which], call, started); break;
+          case 1: compressed_call(std::get<1>(plans)[which], call, started); break;
+          case 2: compressed_call(std::get<2>(plans)[which], call, started); break;
+          default: compressed_call(std::get<3>(plans)[which], call, started); break;
+        }
+        ++compressed_calls;
+        break;
+      }
+    }
+    if (call % 500 == 250) {  // a plan made, used once and dropped
+      compressed_allreduce_plan<quantizers::one_bit> passing(comm, 100 + call % 1000);
+      compressed_call(passing, call, false);
+    }
+  }
+  check_identical(calls);
+  const held_resources at_end = resources_held();
+  fmt::print("rank {}: soak of {} collectives correct ({} compressed, {} started, {} on a sub-communicator); "
+             "after {} calls: {}; at the end: {}\n",
+             me, calls, compressed_calls, started_calls, sub_calls, checkpoint, describe(at_checkpoint),
+             describe(at_end));
+  if (at_end.descriptors != at_checkpoint.descriptors || at_end.threads != at_checkpoint.threads ||
+      at_end.shared_mappings != at_checkpoint.shared_mappings || at_end.rss_kib > at_checkpoint.rss_kib + 2 * 1024)
+    fail(fmt::format("rank {}: resources grew during the soak: {} after {} calls, {} at the end", me,
+                     describe(at_checkpoint), checkpoint, describe(at_end)));
+}
+
 #ifdef QCOLL_TEST_MPI
 // ---- MPI only: failures an MPI launcher lets the ranks see ----
 
@@ -881,6 +1120,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "freeze") freeze_a_rank(comm);
   else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "grid") grid(endpoint_ref(comm.transport()), comm.options(), amount);
+  else if (scenario == "soak") soak(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "compressed_kill" || scenario == "compressed_kill_started")
     kill_during_compressed(endpoint_ref(comm.transport()), comm.options(), amount, scenario.ends_with("started"));
 #ifdef QCOLL_TEST_MPI
