@@ -1,7 +1,9 @@
 // Fuzz target for the record stream the process transports receive (stream/engine.hpp).
 //
-// Input: [receive count: 1 byte][per receive: size u16 LE, tag 1 byte][stream bytes…].
-// The receives are posted on rank 1 with guard bytes around each buffer, the stream is
+// Input: [receive count: 1 byte][per receive: size u16 LE, tag 1 byte, when 1 byte]
+// [stream bytes…]. The receives are posted on rank 1 with guard bytes around each
+// buffer, each once `when` × 64 bytes of the stream have been fed (so messages also
+// arrive before their receive: staged, or parked once the peer is gone); the stream is
 // what "rank 0" wrote, then rank 0 leaves. The target aborts if any byte outside a
 // posted buffer changed, if a receive reported success with a size other than its own,
 // or if a receive is still pending after the peer left (a hang in a real job).
@@ -41,33 +43,52 @@ constexpr std::byte guard{0xA5};
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1) return 0;
-  const std::size_t receives = std::min<std::size_t>(data[0] % 5, (size - 1) / 3);
+  const std::size_t receives = std::min<std::size_t>(data[0] % 5, (size - 1) / 4);
   std::size_t at = 1;
   struct posted {
     std::vector<std::byte> storage;
     std::size_t size;
+    transports::tag_t tag;
+    std::size_t when;  // stream bytes fed before it is posted
+    bool live = false;
     stream::request request;
   };
   std::vector<posted> posts(receives);
-  // A pipe smaller than most messages, so payloads are read in pieces.
-  test::pair_of_engines pair(4096);
   for (posted& p : posts) {
     p.size = static_cast<std::size_t>(data[at] | data[at + 1] << 8);
-    const auto tag = static_cast<transports::tag_t>(data[at + 2] % 3);
-    at += 3;
+    p.tag = static_cast<transports::tag_t>(data[at + 2] % 3);
+    p.when = std::size_t{data[at + 3]} * 64;
+    at += 4;
     p.storage.assign(p.size + 2 * guard_bytes, guard);
-    pair.ranks[1]->post_recv(p.request, 0, tag, std::span(p.storage).subspan(guard_bytes, p.size));
   }
-  // Feed the stream through the pipe in pieces, then let rank 0 leave.
+  // A pipe smaller than most messages, so payloads are read in pieces.
+  test::pair_of_engines pair(4096);
+  const auto post_due = [&](std::size_t fed) {
+    for (posted& p : posts)
+      if (!p.live && p.when <= fed) {
+        pair.ranks[1]->post_recv(p.request, 0, p.tag, std::span(p.storage).subspan(guard_bytes, p.size));
+        p.live = true;
+      }
+  };
+  // Feed the stream through the pipe in pieces, posting receives as they fall due,
+  // then let rank 0 leave.
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data + at), size - at);
   for (std::size_t fed = 0; fed < bytes.size();) {
+    post_due(fed);
+    std::size_t next_post = bytes.size();
+    for (const posted& p : posts)
+      if (!p.live) next_post = std::min(next_post, p.when);
     const std::size_t room = 4096 - pair.world->pipes[0][1].bytes.size();
-    const std::size_t n = std::min(room, bytes.size() - fed);
+    const std::size_t n = std::min({room, bytes.size() - fed, next_post - fed});
     pair.inject(bytes.subspan(fed, n));
     fed += n;
     pair.ranks[1]->test(pair.probe);
-    if (n == 0 && pair.world->pipes[0][1].bytes.size() == 4096) break;  // stalled: nobody reads
+    if (n == 0 && pair.world->pipes[0][1].bytes.size() == 4096) {  // stalled: nobody reads
+      if (next_post == bytes.size()) break;
+      post_due(next_post);  // the next receive, early: it may be the one the reader waits for
+    }
   }
+  post_due(bytes.size() + 256 * 64);
   pair.ranks.erase(pair.ranks.begin());
   for (posted& p : posts) {
     if (!pair.ranks[0]->test(p.request)) failure("a receive is still pending after its peer left");
@@ -107,6 +128,7 @@ std::vector<std::uint8_t> valid_input(std::mt19937_64& rng) {
     input.push_back(static_cast<std::uint8_t>(size));
     input.push_back(static_cast<std::uint8_t>(size >> 8));
     input.push_back(static_cast<std::uint8_t>(tag));
+    input.push_back(static_cast<std::uint8_t>(rng() % 2 ? 0 : rng() % 64));  // most before, some after
   }
   for (const auto& [size, tag] : shapes) {
     append_record(input, stream::record_type::message, tag, size);
