@@ -130,6 +130,7 @@ struct rank_state {
 /// survivors' sum.
 template <class Comm>
 void grid_after_shrink(Comm& comm, const rank_state& s, rank_t first_size) {
+  if (first_size % 2 != 0) fail("the grid check needs an even number of ranks (a 2 x n/2 torus)");
   std::vector<topologies::degraded_node> lost;
   for (rank_t r = 0; r < first_size; ++r)
     if (!std::binary_search(s.first_ranks.begin(), s.first_ranks.end(), r)) lost.push_back(topologies::degraded_node::fully(r));
@@ -139,10 +140,24 @@ void grid_after_shrink(Comm& comm, const rank_state& s, rank_t first_size) {
   grid_allreduce_plan plan(comm, routing, values, quantizers::identity<float>{});
   std::vector<float> in(values), out(values);
   for (std::size_t i = 0; i < values; ++i) in[i] = float((s.first_rank + 1) * (i % 97));
+  // Some sets of lost nodes leave a survivor's node without a route: the routing
+  // excludes it, its call is refused (and only its), and the sum is the included nodes'.
+  if (!routing.is_included(s.first_rank)) {
+    try {
+      comm.allreduce(plan, std::span<const float>(in), std::span(out), reduce_op::sum);
+    } catch (const qcoll::error& e) {
+      if (e.code() != errc::invalid_argument || std::string_view(e.what()).find("excludes") == std::string_view::npos)
+        throw;
+      fmt::print("rank {}: grid allreduce re-planned around {} lost node(s) of the 2x{} torus: this node excluded\n",
+                 s.first_rank, lost.size(), first_size / 2);
+      return;
+    }
+    fail("grid allreduce after the shrink: a node the routing excludes took part");
+  }
   comm.allreduce(plan, std::span<const float>(in), std::span(out), reduce_op::sum);
   for (std::size_t i = 0; i < values; ++i) {
     float sum = 0;
-    for (rank_t r : s.first_ranks) sum += float((r + 1) * (i % 97));
+    for (rank_t r : routing.included()) sum += float((r + 1) * (i % 97));
     if (out[i] != sum) fail(fmt::format("grid allreduce after the shrink: value {} is {}, not {}", i, out[i], sum));
   }
   fmt::print("rank {}: grid allreduce re-planned around {} lost node(s) of the 2x{} torus: correct\n", s.first_rank,

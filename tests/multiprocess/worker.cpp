@@ -20,6 +20,7 @@
 #endif
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -1029,6 +1030,77 @@ void soak(endpoint_ref transport, communicator_options options, std::size_t call
                      describe(at_checkpoint), checkpoint, describe(at_end)));
 }
 
+// ---- One trial of the fault campaign (tests/faults/campaign.py) ----
+
+std::int64_t wall_clock_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// `calls` collectives of random kinds and sizes (a sequence every rank draws alike from
+/// QCOLL_CAMPAIGN_SEED), each checked, while tests/faults/campaign.py kills or stops a rank at a
+/// random moment. Each rank prints its pid first, then either "campaign done" or, for
+/// the error it got, "campaign error at <ms since the epoch>: <code>: <message>" and
+/// exits 3. The driver judges the lines.
+void campaign(endpoint_ref transport, communicator_options options, std::size_t calls) {
+  const char* seed = std::getenv("QCOLL_CAMPAIGN_SEED");
+  communicator comm(transport, options);
+  const rank_t n = comm.size(), me = comm.rank();
+  fmt::print("rank {}: campaign pid {}\n", me, ::getpid());
+  std::fflush(stdout);
+  std::mt19937_64 choose(seed ? std::strtoull(seed, nullptr, 10) : 1);
+  compressed_allreduce_plan<quantizers::one_bit> one_bit_plan(comm, 65537);
+  compressed_allreduce_plan<quantizers::identity<float>> identity_plan(comm, 65537);
+  std::size_t call = 0;
+  try {
+    for (; call < calls; ++call) {
+      const std::size_t count = choose() % 4 == 0 ? choose() % (1u << 20) : choose() % 4096;
+      switch (choose() % 5) {
+        case 0:
+        case 1: {
+          std::vector<float> data = contribution(me, count);
+          comm.allreduce(std::span<float>(data), reduce_op::sum);
+          for (std::size_t i = 0; i < count; ++i)
+            if (data[i] != sum_of(n, i)) fail(fmt::format("campaign call {}: allreduce wrong at {}", call, i));
+          break;
+        }
+        case 2: {
+          const rank_t root = static_cast<rank_t>(choose() % n);
+          std::vector<float> data = me == root ? contribution(root, count) : std::vector<float>(count);
+          comm.broadcast(std::span<float>(data), root);
+          for (std::size_t i = 0; i < count; ++i)
+            if (data[i] != value_of(root, i)) fail(fmt::format("campaign call {}: broadcast wrong at {}", call, i));
+          break;
+        }
+        case 3: {
+          std::vector<float> in(65537), out(65537);
+          for (std::size_t i = 0; i < in.size(); ++i) in[i] = integer_input(me, static_cast<unsigned>(call), i);
+          comm.allreduce(identity_plan, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+          for (std::size_t i = 0; i < in.size(); ++i) {
+            double sum = 0;
+            for (rank_t r = 0; r < n; ++r) sum += integer_input(r, static_cast<unsigned>(call), i);
+            if (static_cast<double>(out[i]) != sum) fail(fmt::format("campaign call {}: compressed wrong at {}", call, i));
+          }
+          break;
+        }
+        default: {
+          std::vector<float> in(65537), out(65537);
+          for (std::size_t i = 0; i < in.size(); ++i) in[i] = noise_input(me, static_cast<unsigned>(call), i);
+          comm.start_allreduce(one_bit_plan, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+          one_bit_plan.wait();
+          for (float v : out)
+            if (!std::isfinite(v)) fail(fmt::format("campaign call {}: one_bit result not finite", call));
+        }
+      }
+    }
+  } catch (const qcoll::error& e) {
+    fmt::print("rank {}: campaign error at {}: {}: {}\n", me, wall_clock_ms(), e.code().message(), e.what());
+    std::fflush(stdout);
+    std::exit(3);
+  }
+  fmt::print("rank {}: campaign done: {} calls correct\n", me, calls);
+}
+
 #ifdef QCOLL_TEST_MPI
 // ---- MPI only: failures an MPI launcher lets the ranks see ----
 
@@ -1121,6 +1193,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "grid") grid(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "soak") soak(endpoint_ref(comm.transport()), comm.options(), amount);
+  else if (scenario == "campaign") campaign(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "compressed_kill" || scenario == "compressed_kill_started")
     kill_during_compressed(endpoint_ref(comm.transport()), comm.options(), amount, scenario.ends_with("started"));
 #ifdef QCOLL_TEST_MPI

@@ -1,0 +1,20 @@
+# The randomized fault campaign (tests/faults/campaign.py; docs/testing.md has the long
+# run): random transport, world size and fault (a rank killed or stopped at a random
+# moment, or an elastic job losing ranks), judged by what every rank says and leaves.
+# CI runs a few trials in the release builds; under the sanitizers a trial's 2 s step
+# deadline would be the sanitizer's slowness, not a fault.
+if(NOT TARGET transport_worker OR NOT TARGET recovery_worker OR CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  return()
+endif()
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(NOT Python3_FOUND)
+  return()
+endif()
+set(campaign_transports shm,tcp)
+if(TARGET transport_worker_mpich)
+  set(campaign_transports shm,tcp,mpich)
+endif()
+add_test(NAME faults.campaign
+  COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/faults/campaign.py ${PROJECT_BINARY_DIR}
+          --trials 10 --seed 1 --transports ${campaign_transports})
+set_tests_properties(faults.campaign PROPERTIES PASS_REGULAR_EXPRESSION "every trial passed" TIMEOUT 300)
