@@ -927,13 +927,15 @@ void soak(endpoint_ref transport, communicator_options options, std::size_t call
         const reduce_op op = std::array{reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max}[choose() % 4];
         std::vector<float> data = contribution(me, count);
         comm.allreduce(std::span<float>(data), op);
+        bool right = true;
         for (std::size_t i = 0; i < count; ++i) {
           const float expected = op == reduce_op::sum   ? sum_of(n, i)
                                  : op == reduce_op::avg ? sum_of(n, i) / static_cast<float>(n)
                                  : op == reduce_op::min ? value_of(0, i)
                                                         : value_of(n - 1, i);
-          check(data[i] == expected, call, fmt::format("an allreduce {}", to_string(op)), count);
+          right = right && data[i] == expected;
         }
+        check(right, call, fmt::format("an allreduce {}", to_string(op)), count);
         break;
       }
       case 1: {
