@@ -176,7 +176,20 @@ BOOST_AUTO_TEST_CASE(malformed_streams_fail_the_receive_with_a_protocol_error) {
   const auto second = message_record(0, 16, header_for(4));
   nested.insert(nested.end(), second.begin(), second.end());
 
+  const auto waiting_with_payload = record(stream::record_type::waiting, 1, 4);
+  const auto waiting_for_no_rank = record(stream::record_type::waiting, 2, 0);
+  const auto waiting_for_itself = record(stream::record_type::waiting, 0, 0);
+  auto waiting_inside = message_record(0, 16, header_for(4));
+  waiting_inside.insert(waiting_inside.end(), chunk8.begin(), chunk8.end());
+  waiting_inside.resize(waiting_inside.size() + 8);
+  const auto waiting = record(stream::record_type::waiting, 1, 0);
+  waiting_inside.insert(waiting_inside.end(), waiting.begin(), waiting.end());
+
   const std::vector<hostile> cases{{"bad magic", bad_magic},       {"bad version", bad_version},
+                                   {"waiting record with a payload", waiting_with_payload},
+                                   {"waiting for a rank out of range", waiting_for_no_rank},
+                                   {"waiting for itself", waiting_for_itself},
+                                   {"waiting record inside a message", waiting_inside},
                                    {"unknown record type", bad_type}, {"unknown enum values", bad_enums},
                                    {"data before any message", data_first},
                                    {"chunk over the limit", oversize_chunk},
@@ -331,6 +344,80 @@ BOOST_AUTO_TEST_CASE(a_timed_out_receive_is_withdrawn_and_a_half_filled_one_brea
   stream::request next;
   pair.ranks[1]->post_recv(next, 0, 0, buffer);
   BOOST_TEST(pair.ranks[1]->wait(next, clock::now()) == errc::timeout, "the broken stream fails what comes after");
+}
+
+namespace {
+
+/// Three engines over memory pipes for ranks in threads of their own, polling briefly.
+struct three_ranks {
+  std::shared_ptr<test::memory_world> world = std::make_shared<test::memory_world>(64 << 10, 3);
+  std::vector<std::unique_ptr<stream::engine>> ranks =
+      test::engines_over_memory(world, {std::chrono::microseconds(0), std::chrono::milliseconds(50), std::chrono::microseconds(0)});
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_rank_waiting_on_a_live_rank_lets_the_silent_one_be_named) {
+  // Rank 2 stopped: nothing drives its engine. Rank 1 waits on rank 0, which waits on
+  // rank 2 from half a span later. Were deadlines hard, rank 1's would pass first and it
+  // would blame rank 0; rank 0 says it is alive and waiting, so rank 0's deadline passes
+  // first, on the silent rank, and rank 1 hears rank 0's abort naming it.
+  three_ranks job;
+  constexpr auto span = std::chrono::milliseconds(400);
+  std::vector<std::byte> from_0(64), from_2(64);
+  std::error_code waited_on_2;
+  transports::stall stall_of_2;
+  std::thread rank_0([&] {
+    std::this_thread::sleep_for(span / 2);
+    stream::request recv;
+    job.ranks[0]->post_recv(recv, 2, 0, from_2);
+    waited_on_2 = job.ranks[0]->wait(recv, clock::now() + span);
+    stall_of_2 = job.ranks[0]->stall(2);
+    job.ranks[0]->abort(make_error_code(errc::timeout), "no progress from peer 2");
+  });
+  stream::request recv;
+  job.ranks[1]->post_recv(recv, 0, 0, from_0);
+  const deadline started = clock::now();
+  const std::error_code waited_on_0 = job.ranks[1]->wait(recv, started + span);
+  const auto took = clock::now() - started;
+  rank_0.join();
+  BOOST_TEST(waited_on_2 == errc::timeout);
+  BOOST_TEST(!stall_of_2.peer_alive, "rank 2 said nothing");
+  BOOST_TEST(waited_on_0 == errc::timeout);
+  BOOST_TEST(job.ranks[1]->failure().reason == "no progress from peer 2", "rank 1 reports rank 0's finding");
+  BOOST_TEST(took >= span + span / 2, "rank 1 waited until rank 0 gave up, not for its own span alone");
+}
+
+BOOST_AUTO_TEST_CASE(ranks_waiting_on_each_other_time_out_at_twice_the_span_and_say_so) {
+  // A deadlock of live ranks (say, two roots of one broadcast): each hears the other,
+  // so silence never ends the waits; the bound of twice the span does, and each learns
+  // that the other waits for it.
+  three_ranks job;
+  constexpr auto span = std::chrono::milliseconds(200);
+  std::error_code results[2];
+  transports::stall stalls[2];
+  std::chrono::milliseconds took[2];
+  std::vector<std::thread> threads;
+  for (rank_t r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<std::byte> buffer(16);
+      stream::request recv;
+      job.ranks[r]->post_recv(recv, 1 - r, 0, buffer);
+      const deadline started = clock::now();
+      results[r] = job.ranks[r]->wait(recv, started + span);
+      took[r] = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - started);
+      stalls[r] = job.ranks[r]->stall(1 - r);
+    });
+  for (std::thread& t : threads) t.join();
+  for (rank_t r = 0; r < 2; ++r) {
+    BOOST_TEST_CONTEXT("rank " << r) {
+      BOOST_TEST(results[r] == errc::timeout);
+      BOOST_TEST(took[r] >= 2 * span);
+      BOOST_TEST(stalls[r].peer_alive);
+      BOOST_TEST((stalls[r].waits_for == std::optional<rank_t>(r)), "the peer waits for this rank");
+      BOOST_TEST((stalls[r].waited >= 2 * span && stalls[r].waited <= took[r]));
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(destroying_a_posted_request_cancels_it) {

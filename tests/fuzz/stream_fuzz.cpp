@@ -11,7 +11,7 @@
 //
 // Built as a libFuzzer binary with -DQCOLL_FUZZ=ON and clang; otherwise ctest runs
 // driver.hpp's main over the corpus and for a few seconds on valid streams (messages
-// of random sizes and tags in data chunks, aborts), mutated.
+// of random sizes and tags in data chunks, waiting records between them, aborts), mutated.
 
 #include <qcoll/transports/stream/engine.hpp>
 
@@ -136,6 +136,7 @@ std::vector<std::uint8_t> valid_input(std::mt19937_64& rng) {
     input.push_back(static_cast<std::uint8_t>(rng() % 2 ? 0 : rng() % 8 == 0 ? 255 : rng() % 64));
   }
   for (const auto& [size, tag] : shapes) {
+    if (rng() % 4 == 0) append_record(input, stream::record_type::waiting, 1, 0);  // "alive, waiting for rank 1"
     append_record(input, stream::record_type::message, tag, size);
     std::array<std::byte, stream::message_header_bytes> header{};
     stream::write_message_header(header, {1, size / 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, algorithm::unspecified});

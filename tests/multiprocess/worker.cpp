@@ -373,6 +373,31 @@ void kill_a_rank_survivors_give_up(Comm& comm) {
 
 /// The last rank stops (SIGSTOP) in the middle of an allreduce without closing anything:
 /// every other rank must fail within about one step timeout, none may hang.
+/// Rank 0 joins half a deadline after the other live ranks: they wait on it (alive,
+/// waiting itself) longer than it waits on the silent rank, so were deadlines counted
+/// from the start of a wait rather than from the peer's last sign of life, theirs would
+/// pass first and name rank 0. Returns when this rank started.
+template <class Comm>
+std::chrono::steady_clock::time_point start_after_the_others(Comm& comm) {
+  const auto started = std::chrono::steady_clock::now();
+  if (comm.rank() == 0) std::this_thread::sleep_for(comm.options().timeout / 2);
+  return started;
+}
+
+/// Every live rank's error is a timeout within twice the deadline that names the
+/// silent rank as the one that made no progress (directly, or in the abort it adopted).
+template <class Comm>
+std::chrono::milliseconds expect_the_silent_rank_named(Comm& comm, rank_t victim,
+                                                       std::chrono::steady_clock::time_point started,
+                                                       const qcoll::error& e) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+  if (e.code() != errc::timeout) fail(fmt::format("expected a timeout, got: {}", e.what()));
+  if (ms > 2 * comm.options().timeout) fail(fmt::format("the timeout was reported only after {}", ms));
+  if (std::string_view(e.what()).find(fmt::format("no progress from peer {} ", victim)) == std::string_view::npos)
+    fail(fmt::format("the error does not name rank {} as the silent one: {}", victim, e.what()));
+  return ms;
+}
+
 template <class Comm>
 void freeze_a_rank(Comm& comm) {
   const rank_t victim = comm.size() - 1;
@@ -381,13 +406,11 @@ void freeze_a_rank(Comm& comm) {
     comm.allreduce(std::span<float>(data), reduce_op::sum);
     std::raise(SIGSTOP);
   }
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = start_after_the_others(comm);
   try {
     for (int round = 0; round < 100; ++round) comm.allreduce(std::span<float>(data), reduce_op::sum);
   } catch (const qcoll::error& e) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
-    if (e.code() != errc::timeout) fail(fmt::format("expected a timeout, got: {}", e.what()));
-    if (ms > 2 * comm.options().timeout) fail(fmt::format("the timeout was reported only after {}", ms));
+    const auto ms = expect_the_silent_rank_named(comm, victim, started, e);
     fmt::print("rank {}: gave up on the frozen rank after {} ms: {}\n", comm.rank(), ms.count(), e.what());
     return;
   }
@@ -1128,18 +1151,22 @@ void stall_a_rank(Comm& comm) {
   const rank_t victim = comm.size() - 1;
   std::vector<float> data = contribution(comm.rank(), std::size_t{1} << 20);
   comm.allreduce(std::span<float>(data), reduce_op::sum);
-  const auto started = std::chrono::steady_clock::now();
-  if (comm.rank() == victim) std::this_thread::sleep_for(3 * comm.options().timeout);
-  try {
-    for (int round = 0; round < 100; ++round) comm.allreduce(std::span<float>(data), reduce_op::sum);
-  } catch (const qcoll::error& e) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
-    if (e.code() != errc::timeout) fail(fmt::format("expected a timeout, got: {}", e.what()));
-    if (comm.rank() == victim) {
+  if (comm.rank() == victim) {
+    std::this_thread::sleep_for(3 * comm.options().timeout);
+    try {
+      comm.allreduce(std::span<float>(data), reduce_op::sum);
+    } catch (const qcoll::error& e) {
+      if (e.code() != errc::timeout) fail(fmt::format("expected a timeout, got: {}", e.what()));
       fmt::print("rank {}: woke up to the others' abort: {}\n", comm.rank(), e.what());
       return;
     }
-    if (ms > 2 * comm.options().timeout) fail(fmt::format("the timeout was reported only after {}", ms));
+    fail("the allreduce completed although the others had given up");
+  }
+  const auto started = start_after_the_others(comm);
+  try {
+    for (int round = 0; round < 100; ++round) comm.allreduce(std::span<float>(data), reduce_op::sum);
+  } catch (const qcoll::error& e) {
+    const auto ms = expect_the_silent_rank_named(comm, victim, started, e);
     fmt::print("rank {}: gave up on the stalled rank after {} ms: {}\n", comm.rank(), ms.count(), e.what());
     return;
   }

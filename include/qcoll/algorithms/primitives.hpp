@@ -354,10 +354,23 @@ class primitives {
                                            qcoll::detail::describe(header_), transport_.rank(), transport_.size(), peer,
                                            failed.reason));
     }
-    if (code == errc::timeout)
+    if (code == errc::timeout) {
+      if constexpr (liveness_transport<Transport>) {
+        if (const transports::stall stall = transport_.stall(peer); stall.peer_alive)
+          fail_with(code, qcoll::detail::format("peer {} is alive but {} did not finish within {}ms: {}", peer, what,
+                                                stall.waited.count(), what_it_waits_for(stall)));
+      }
       fail_with(code, qcoll::detail::format("no progress from peer {} within {}ms while {}", peer, timeout_.count(), what));
+    }
     if (code == errc::peer_lost) fail_with(code, qcoll::detail::format("peer {} was lost while {}", peer, what));
     fail_with(code, qcoll::detail::format("peer {}: {} while {}", peer, code.message(), what));
+  }
+
+  std::string what_it_waits_for(const transports::stall& stall) const {
+    if (!stall.waits_for) return "it sent something, but not what this rank waits for";
+    if (*stall.waits_for == transport_.rank())
+      return "it waits for this rank, which waits for it (did every rank make the same calls?)";
+    return qcoll::detail::format("it waits for peer {}", *stall.waits_for);
   }
 
   errc mismatch_of(const transports::message_header& got) const noexcept {

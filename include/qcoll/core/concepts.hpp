@@ -73,6 +73,18 @@ concept transport = requires(T& t, const T& ct, typename T::request& request, ra
   { ct.failure() } -> std::same_as<transports::failure>;
 };
 
+/// A transport that tells a silent peer from a live one that waits on something else.
+/// Its wait(request, until) fails only when the peer was silent for the whole span
+/// from the call to `until`: while the peer is heard from (its data, or the small
+/// "alive, waiting for rank w" notes a rank sends every quarter of a span, at most
+/// every second, to every peer while it waits), the deadline moves on, up to twice
+/// the span. stall(peer) then says which of the two ended the last timed-out wait on
+/// that peer, so an error names the rank that stopped, not a live one waiting for it.
+template <class T>
+concept liveness_transport = transport<T> && requires(const T& ct, rank_t peer) {
+  { ct.stall(peer) } -> std::same_as<transports::stall>;
+};
+
 /// A transport that can also read a peer's memory directly, for single-copy ring
 /// steps (algorithm::ring_single_copy): single_copy() says whether every pair of ranks
 /// may (shm: the kernel permits cross-memory attach between them; in-process: always),

@@ -8,8 +8,10 @@
 
 #include <qcoll/core/types.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -77,6 +79,16 @@ struct shared_region {
   std::uint64_t handle = 0;  ///< the transport's handle for it (shm: the owner's file descriptor)
   std::uint64_t base = 0;    ///< where the region's bytes begin in the owner's address space
   std::uint64_t bytes = 0;   ///< how many there are
+};
+
+/// What a transport that watches its peers' liveness (liveness_transport) learned about
+/// a peer while a wait on it timed out: whether the peer was heard from during the
+/// wait (it is alive but did not do what the wait needed: it waits on something
+/// itself), and, when it said so, which rank it waits for.
+struct stall {
+  bool peer_alive = false;
+  std::optional<rank_t> waits_for;  ///< in the transport's own numbering
+  std::chrono::milliseconds waited{0};  ///< how long the wait lasted
 };
 
 /// Why a transport can no longer deliver: the first abort's code and words.

@@ -48,7 +48,9 @@
 /// the same words. MPI reports a dead process only as errors of the calls that touch
 /// it (the communicators use MPI_ERRORS_RETURN; such an error fails the peer's
 /// requests with errc::peer_lost and MPI's own message) or not at all; a rank that
-/// waits on a dead peer fails with errc::timeout at its deadline. Open MPI's and
+/// waits on a dead peer fails with errc::timeout at its deadline. A deadline counts
+/// the peer's silence (transports/liveness.hpp): a waiting rank sends every peer a
+/// 4-byte "alive, waiting for rank w" note on the control communicator (tag 1). Open MPI's and
 /// MPICH's launchers end the whole job when a rank dies: recovering survivors needs
 /// ULFM, which neither Debian package enables.
 
@@ -59,6 +61,7 @@
 #include <qcoll/detail/format.hpp>
 #include <qcoll/detail/little_endian.hpp>
 #include <qcoll/detail/log.hpp>
+#include <qcoll/transports/liveness.hpp>
 #include <qcoll/transports/stream/records.hpp>
 
 // The C API only: the deprecated C++ bindings would need libmpi_cxx (a program that
@@ -281,7 +284,11 @@ struct state {
     }
     broken.resize(size);
     abort_sends.assign(size, MPI_REQUEST_NULL);
+    liveness.resize(size);
+    note_sends.assign(size, MPI_REQUEST_NULL);
+    note_messages = std::make_unique<std::array<std::byte, 4>[]>(size);
     post_control_receive();
+    post_note_receive();
   }
 
   state(const state&) = delete;
@@ -289,16 +296,18 @@ struct state {
 
   ~state() {
     std::lock_guard lock(mutex);
-    if (control_request != MPI_REQUEST_NULL) {
-      MPI_Cancel(&control_request);
-      MPI_Wait(&control_request, MPI_STATUS_IGNORE);
+    poll_notes();  // receives the notes that came while no one waited: MPI warns of unmatched ones
+    for (MPI_Request* listening : {&control_request, &note_request}) {
+      if (*listening == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(listening);
+      MPI_Wait(listening, MPI_STATUS_IGNORE);
     }
     while (head) withdraw(*head, make_error_code(errc::aborted));
     drain(clock::now() + opts.withdraw_grace, clock::now() + opts.abort_flush, true);
     for (orphan& o : orphans)  // a payload the sender never sent: its sink is unmatched
       if (o.sink) MPI_Cancel(&o.request);
     test_orphans();
-    const bool leftovers = !orphans.empty() || pending_abort_sends();
+    const bool leftovers = !orphans.empty() || pending_control_sends();
     if (leftovers) {
       std::string which;
       for (const orphan& o : orphans) which += qcoll::detail::format("{}{} peer {}", which.empty() ? "" : ", ", o.what, o.peer);
@@ -309,9 +318,11 @@ struct state {
         MPI_Request_free(&o.request);
         (void)o.sink.release();  // MPI may still write into it
       }
-      for (MPI_Request& r : abort_sends)
-        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-      (void)abort_message.release();  // MPI may still read it
+      for (auto* sends : {&abort_sends, &note_sends})
+        for (MPI_Request& r : *sends)
+          if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      (void)abort_message.release();  // MPI may still read them
+      (void)note_messages.release();
       return;
     }
     for (MPI_Comm* comm : {&frames, &payloads, &clears, &control}) MPI_Comm_free(comm);
@@ -417,19 +428,28 @@ struct state {
     return r.state_ == request::state::done;
   }
 
+  /// Polls until `r` completes or its peer has been silent for as long as from now to
+  /// `until` (at most twice that in all: transports/liveness.hpp).
   std::error_code wait(request& r, deadline until) {
-    const deadline spin_until = clock::now() + *opts.spin;
+    const deadline started = clock::now();
+    const deadline spin_until = started + *opts.spin;
+    std::optional<transports::liveness_watch> watch;
     for (;;) {
       {
         std::lock_guard lock(mutex);
         if (r.state_ == request::state::done) return r.result_;
         if (r.owner_ != this || r.state_ == request::state::idle) return make_error_code(errc::invalid_argument);
+        transports::peer_liveness& live = liveness[r.peer_];
+        if (!watch) watch.emplace(started, until, live);
         progress_locked();
         if (r.state_ == request::state::done) return r.result_;
-        if (clock::now() >= until) {
+        const deadline now = clock::now();
+        if (now >= watch->silent_until(now, live)) {
+          live.last_stall = watch->stall(now, live);
           withdraw(r, make_error_code(errc::timeout));
           return r.result_;
         }
+        if (watch->note_due(now)) say_waiting(r.peer_);
       }
       if (clock::now() < spin_until)
         std::this_thread::yield();  // lets an oversubscribed peer run
@@ -440,6 +460,7 @@ struct state {
 
   void progress_locked() {
     poll_control();
+    poll_notes();
     for (request* r = head; r;) {
       request* next = r->next_;
       advance(*r);
@@ -549,6 +570,7 @@ struct state {
 
   /// The frame is in r.frame_: check it, then finish or receive the payload.
   void frame_arrived(request& r, std::optional<std::size_t> inline_bytes_received = std::nullopt) {
+    ++liveness[r.peer_].heard;
     std::string problem;
     const auto header = stream::read_message_header(
         std::span<const std::byte>(r.frame_).subspan<8, stream::message_header_bytes>(), problem);
@@ -682,6 +704,50 @@ struct state {
     fail_all(code, reason, true);
   }
 
+  /// The liveness notes (transports/liveness.hpp): four bytes, the rank this one waits
+  /// for, on the control communicator with a tag of their own.
+  static constexpr int note_tag = 1;
+
+  void post_note_receive() {
+    MPI_Irecv(note_received.data(), int(note_received.size()), MPI_BYTE, MPI_ANY_SOURCE, note_tag, control,
+              &note_request);
+  }
+
+  void poll_notes() {
+    for (;;) {
+      if (note_request == MPI_REQUEST_NULL) return;
+      int done = 0, count = 0;
+      MPI_Status status;
+      if (MPI_Test(&note_request, &done, &status) != MPI_SUCCESS || !done) return;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      const auto from = rank_t(status.MPI_SOURCE);
+      const auto waits_for = rank_t(qcoll::detail::load_le<std::uint32_t>(note_received.data()));
+      if (from < size && from != rank && count == 4 && waits_for < size && waits_for != from) {
+        transports::peer_liveness& live = liveness[from];
+        ++live.heard;
+        ++live.waiting_notes;
+        live.waits_for = waits_for;
+      }
+      post_note_receive();
+    }
+  }
+
+  /// Tells every peer this rank is alive and waits for `waits_for`; a peer whose last
+  /// note MPI still holds is skipped (it is not reading them).
+  void say_waiting(rank_t waits_for) {
+    if (failure.code) return;
+    for (rank_t p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      if (note_sends[p] != MPI_REQUEST_NULL) {
+        int done = 0;
+        MPI_Test(&note_sends[p], &done, MPI_STATUS_IGNORE);
+        if (!done) continue;
+      }
+      qcoll::detail::store_le(note_messages[p].data(), std::uint32_t(waits_for));
+      MPI_Isend(note_messages[p].data(), 4, MPI_BYTE, int(p), note_tag, control, &note_sends[p]);
+    }
+  }
+
   void fail_all(std::error_code code, std::string_view reason, bool tell_peers) {
     if (failure.code) return;
     failure = {code, std::string(reason.substr(0, stream::max_reason_bytes))};
@@ -703,15 +769,18 @@ struct state {
     drain(clock::now() + opts.withdraw_grace, clock::now() + opts.abort_flush);  // best effort and bounded
   }
 
-  bool pending_abort_sends() {
-    bool pending = false;
-    for (MPI_Request& r : abort_sends) {
+  bool pending_abort_sends() { return pending(abort_sends); }
+  bool pending_control_sends() { return pending(abort_sends) || pending(note_sends); }
+
+  static bool pending(std::vector<MPI_Request>& sends) {
+    bool any = false;
+    for (MPI_Request& r : sends) {
       if (r == MPI_REQUEST_NULL) continue;
       int done = 0;
       MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-      pending = pending || !done;
+      any = any || !done;
     }
-    return pending;
+    return any;
   }
 
   /// Lets MPI finish the orphaned transfers (until `orphans_until`) and the abort
@@ -751,6 +820,11 @@ struct state {
   std::unique_ptr<std::array<std::byte, abort_message_bytes>> abort_received, abort_message;
   MPI_Request control_request = MPI_REQUEST_NULL;
   std::vector<MPI_Request> abort_sends;
+  std::vector<transports::peer_liveness> liveness;  // per peer
+  std::array<std::byte, 4> note_received{};
+  MPI_Request note_request = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> note_sends;  // per peer: the last liveness note
+  std::unique_ptr<std::array<std::byte, 4>[]> note_messages;
   transports::failure failure;
 };
 
@@ -782,6 +856,10 @@ class transport {
     std::lock_guard lock(state_->mutex);
     return state_->failure;
   }
+  transports::stall stall(rank_t peer) const {
+    std::lock_guard lock(state_->mutex);
+    return peer < state_->size ? state_->liveness[peer].last_stall : transports::stall{};
+  }
   /// The highest tag MPI accepts here (the communicator's MPI_TAG_UB).
   tag_t max_tag() const noexcept { return state_->tag_upper_bound; }
 
@@ -796,6 +874,6 @@ inline request::~request() {
   }
 }
 
-static_assert(qcoll::transport<transport>);
+static_assert(qcoll::liveness_transport<transport>);
 
 }  // namespace qcoll::transports::mpi

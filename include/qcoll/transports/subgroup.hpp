@@ -20,8 +20,10 @@
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <system_error>
@@ -81,6 +83,17 @@ class subgroup {
   std::error_code wait(request& r, deadline until) { return base_->wait(r, until); }
   void abort(std::error_code code, std::string_view reason) { base_->abort(code, reason); }
   transports::failure failure() const { return base_->failure(); }
+  /// The base's, with the rank it names renumbered (dropped when it is not a member).
+  transports::stall stall(rank_t peer) const
+    requires liveness_transport<Base>
+  {
+    transports::stall s = base_->stall(base_peer(peer));
+    if (s.waits_for && !members_.empty()) {
+      const auto found = std::find(members_.begin(), members_.end(), *s.waits_for);
+      s.waits_for = found == members_.end() ? std::nullopt : std::optional<rank_t>(rank_t(found - members_.begin()));
+    }
+    return s;
+  }
 
   // Single-copy reads, where the base transport offers them.
   bool single_copy() const

@@ -16,6 +16,10 @@
 /// one peer are therefore delivered in the order they were sent across all tags, and a
 /// program must post receives from a peer in the order that peer sends — which every
 /// qcoll algorithm does.
+///
+/// Liveness (transports/liveness.hpp): a wait that lasts sends every peer between
+/// messages a `waiting` record, and a wait's deadline counts only its peer's silence
+/// (any byte read from it restarts the count), up to twice the span.
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
@@ -23,6 +27,7 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/format.hpp>
+#include <qcoll/transports/liveness.hpp>
 #include <qcoll/transports/stream/records.hpp>
 #include <qcoll/tuning/table.hpp>
 
@@ -178,14 +183,17 @@ class engine {
     return r.state_ == request::state::done;
   }
 
-  /// Moves everything until `r` completes or `until` passes. On a timeout the request
-  /// is withdrawn (its buffer is free again); one caught half-transferred breaks the
-  /// stream to that peer, since the rest of its bytes can no longer be placed.
+  /// Moves everything until `r` completes or its peer has been silent for as long as
+  /// from now to `until` (at most twice that in all: see Liveness above). On a timeout
+  /// the request is withdrawn (its buffer is free again); one caught half-transferred
+  /// breaks the stream to that peer, since the rest of its bytes can no longer be placed.
   std::error_code wait(request& r, deadline until) {
     if (r.state_ == request::state::idle || r.engine_ != this) return make_error_code(errc::invalid_argument);
     deadline now = clock::now();
     const deadline spin_until = now + options_.spin.value_or(std::chrono::microseconds(50));
     const deadline pause_until = now + options_.pause.value_or(std::chrono::microseconds(0));
+    transports::peer_liveness& live = peers_[r.peer_].in.live;
+    transports::liveness_watch watch(now, until, live);
     bool woken = false;  // after a sleep, whatever woke it is read, from whichever peer
     for (unsigned polls = 1;; ++polls) {
       const std::uint64_t seen = pipes_->activity();
@@ -199,16 +207,18 @@ class engine {
         continue;
       }
       now = clock::now();
-      if (now >= until) {
+      if (now >= watch.silent_until(now, live)) {
+        live.last_stall = watch.stall(now, live);
         withdraw(r, make_error_code(errc::timeout));
         return r.result_;
       }
+      if (watch.note_due(now)) say_waiting(r.peer_);
       if (now < spin_until) {
         if (now < pause_until) qcoll::detail::cpu_relax();
         else std::this_thread::yield();  // lets a peer on this core run
         continue;
       }
-      sleep(seen, until);
+      sleep(seen, std::min(watch.silent_until(now, live), watch.next_note()));
       woken = true;
     }
   }
@@ -242,6 +252,11 @@ class engine {
 
   /// The first abort's code and reason, this rank's or a peer's; empty while intact.
   transports::failure failure() const { return failure_; }
+
+  /// What ended the last wait on `peer` that timed out (see Liveness above).
+  transports::stall stall(rank_t peer) const {
+    return peer < size_ ? peers_[peer].in.live.last_stall : transports::stall{};
+  }
 
   /// Bytes this rank has written into its pipes or sockets, record headers included:
   /// what it sent, measured where it leaves (a single-copy step's block, which the peer
@@ -296,6 +311,7 @@ class engine {
     std::string reason;
     std::error_code broken;
     std::string why;
+    transports::peer_liveness live;  // heard: a read from it moved bytes; notes: its waiting records
   };
 
   struct peer_state {
@@ -493,6 +509,20 @@ class engine {
     out.message_open = false;
   }
 
+  /// A waiting record to every peer whose stream is between messages (one that is
+  /// not hears this rank's bytes anyway, or is not reading from it).
+  void say_waiting(rank_t waits_for) {
+    if (failure_.code) return;
+    for (rank_t p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      outgoing& out = peers_[p].out;
+      if (out.broken || has_output(out)) continue;
+      out.staged_size = out.staged_done = 0;
+      stage_record(out, {record_type::waiting, static_cast<std::uint32_t>(waits_for), 0});
+      pump_out(p);
+    }
+  }
+
   void break_out(rank_t p, std::error_code code, std::string why) {
     outgoing& out = peers_[p].out;
     if (out.broken) return;
@@ -579,7 +609,10 @@ class engine {
       in.staged_have += n;
       if (in.staged_have == in.staged_need) on_staged(p);
     }
-    if (moved) pipes_->notify(p);
+    if (moved) {
+      ++in.live.heard;
+      pipes_->notify(p);
+    }
     return moved;
   }
 
@@ -616,6 +649,14 @@ class engine {
                                           in.message_left));
         in.at = phase::payload;
         in.chunk_left = record->length;
+        return;
+      case record_type::waiting:
+        if (in.message_left != 0) return malformed(p, "a waiting record inside a message");
+        if (record->tag >= size_ || record->tag == p)
+          return malformed(p, qcoll::detail::format("a waiting record for rank {} of {}", record->tag, size_));
+        in.live.waits_for = record->tag;
+        ++in.live.waiting_notes;
+        expect_record(in);
         return;
       case record_type::abort:
         in.at = phase::reason;
@@ -765,6 +806,7 @@ class endpoint {
   std::error_code wait(request& r, deadline until) { return engine_->wait(r, until); }
   void abort(std::error_code code, std::string_view reason) { engine_->abort(code, reason); }
   transports::failure failure() const { return engine_->failure(); }
+  transports::stall stall(rank_t peer) const { return engine_->stall(peer); }
   /// Bytes this rank has sent through the transport (engine::bytes_written).
   std::uint64_t bytes_written() const noexcept { return engine_->bytes_written(); }
   /// The timeout of the job it was joined from (QCOLL_TIMEOUT_MS): a communicator made

@@ -12,6 +12,10 @@
 ///          (u64 sequence, u64 count, u32 root, u8 kind, u8 type, u8 op, u8 algorithm).
 /// data:    length = chunk bytes, 1 … max_chunk_bytes, never past the message's end.
 /// abort:   length = reason bytes, at most max_reason_bytes; tag = qcoll::errc value.
+/// waiting: length = 0; tag = the rank the sender is waiting for. Sent only between
+///          messages, by a rank whose wait has lasted a while, to every peer: it says
+///          "alive, waiting", so a peer waiting on it blames the rank it waits for,
+///          not it (engine::wait).
 /// Anything else is a protocol error: the receiver never allocates a size a peer
 /// chose, and only writes into a posted buffer of exactly the announced length.
 
@@ -30,9 +34,10 @@
 namespace qcoll::transports::stream {
 
 inline constexpr std::uint16_t record_magic = 0x5143;  // "CQ" on the wire
-/// 2: data records of up to 1 MiB (1: 256 KiB). A peer of the other version fails the
-/// stream with "record version", not with a chunk it would take for malformed.
-inline constexpr std::uint8_t record_version = 2;
+/// 3: waiting records. 2: data records of up to 1 MiB (1: 256 KiB). A peer of another
+/// version fails the stream with "record version", not with a record it would take for
+/// malformed.
+inline constexpr std::uint8_t record_version = 3;
 inline constexpr std::size_t record_header_bytes = 16;
 inline constexpr std::size_t message_header_bytes = 24;
 /// Large enough that a ring slice (tuning_table::ring_slice_bytes) is one record, whose
@@ -46,7 +51,7 @@ inline constexpr std::size_t message_header_bytes = 24;
 inline constexpr std::size_t max_chunk_bytes = std::size_t{1} << 20;
 inline constexpr std::size_t max_reason_bytes = 4096;
 
-enum class record_type : std::uint8_t { message = 1, data = 2, abort = 3 };
+enum class record_type : std::uint8_t { message = 1, data = 2, abort = 3, waiting = 4 };
 
 struct record_header {
   record_type type = record_type::message;
@@ -90,6 +95,12 @@ inline std::optional<record_header> read_record_header(std::span<const std::byte
     case record_type::abort:
       if (h.length > max_reason_bytes) {
         problem = "abort record of " + std::to_string(h.length) + " bytes (at most 4096 allowed)";
+        return std::nullopt;
+      }
+      return h;
+    case record_type::waiting:
+      if (h.length != 0) {
+        problem = "waiting record of " + std::to_string(h.length) + " bytes (0 allowed)";
         return std::nullopt;
       }
       return h;
