@@ -3,7 +3,7 @@
 size and fault at a random moment, each judged by what every rank says and leaves.
 
 usage: tests/faults/campaign.py BUILD [--trials N] [--seed S] [--transports shm,tcp,mpich]
-                                      [--faults none,kill,stop,elastic] [--show]
+                                      [--faults none,kill,stop,elastic,cut,slow] [--show]
 
 Trial kinds (the worker scenarios are in tests/multiprocess/):
 - none     worker `campaign`: collectives of random kinds and sizes, every result
@@ -16,6 +16,16 @@ Trial kinds (the worker scenarios are in tests/multiprocess/):
 - elastic  `recovery_worker residuals` (tcp and shm, 4, 6 or 8 ranks): random ranks, fewer than half,
            die at a fixed step; the survivors must shrink, agree, carry on and check
            their sums against every rank's inputs and residual mass.
+- cut      worker `campaign` over TCP in the network lab (benchmarks/netlab: every rank
+           in a network namespace of its own behind a bridge, 1 Gbit/s links): a random
+           rank's link is cut (its bridge port goes down: packets dropped, nobody told)
+           0–1 s after all joined. The others must fail naming it, as for `stop`; the cut
+           rank fails as it will (it is cut off, not judged).
+- slow     the same lab, and a random rank's link slows to 50 or 100 Mbit/s 0.05–0.5 s
+           after the start (`netlab --link-slow`), 30–100 calls: every rank must finish
+           with correct results — a slow link is not a failure. A job that finished
+           before its link slowed counts as "finished before the fault".
+The network faults need root and network namespaces (netlab.md).
 Under MPI (MPICH's mpirun), a killed rank makes the launcher end the whole job: the
 judgement is then only that every process is gone within the deadline.
 
@@ -37,6 +47,7 @@ import tempfile
 import threading
 import time
 
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEP_TIMEOUT_MS = 2000   # QCOLL_TIMEOUT_MS of every trial: a stopped rank is found within it
 TRIAL_DEADLINE_S = 60    # a trial that runs longer is a hang
 
@@ -49,6 +60,8 @@ class Trial:
         self.fault = self.random.choice(faults)
         candidates = [t for t in transports if not (self.fault == "elastic" and t == "mpich")]
         self.transport = self.random.choice(candidates or ["tcp"])
+        if self.fault in ("cut", "slow"):
+            self.transport = "netlab"  # TCP between network namespaces
         # recovery_worker's check after the shrink plays the first world on a 2 × n/2 torus.
         self.size = self.random.choice([4, 6, 8]) if self.fault == "elastic" else self.random.randint(2, 8)
         self.marker = f"qcoll-campaign-{os.getpid()}-{seed}"
@@ -57,6 +70,8 @@ class Trial:
         self.pids = {}
         self.fault_time_ms = None
         self.victims = []
+        self.lab_name = f"qc{os.getpid() % 10000}x{seed}"  # netlab's namespaces: <name>-r<rank>, <name>-hub
+        self.slowed = None
 
     def command(self, directory):
         env = dict(os.environ, QCOLL_TIMEOUT_MS=str(STEP_TIMEOUT_MS), QCOLL_CAMPAIGN_SEED=str(self.seed),
@@ -67,12 +82,20 @@ class Trial:
             worker = [os.path.join(self.build, "tests", "recovery_worker"), "residuals",
                       ",".join(map(str, self.victims)), directory]  # the directory's name has the marker
         else:
-            calls = self.random.randint(100, 1000)
+            calls = self.random.randint(30, 100) if self.fault == "slow" else self.random.randint(100, 1000)
             worker = [os.path.join(self.build, "tests",
                                    "transport_worker_mpich" if self.transport == "mpich" else "transport_worker"),
                       "campaign", str(calls), self.marker]
         if self.transport == "mpich":
             return ["mpirun.mpich", "-np", str(self.size), *worker], env
+        if self.transport == "netlab":
+            lab = [os.path.join(SOURCE_DIR, "benchmarks", "netlab"), "-n", str(self.size), "--name", self.lab_name,
+                   "--rate", "1gbit", "--keep-going", "--timeout", str(TRIAL_DEADLINE_S - 5)]
+            if self.fault == "slow":
+                self.slowed = self.random.randrange(self.size)
+                rate = self.random.choice(["50mbit", "100mbit"])
+                lab += ["--link-slow", f"{self.slowed}@{self.random.uniform(0.05, 0.5):.2f}:{rate}"]
+            return [*lab, "--", *worker], env
         launcher = os.path.join(self.build, "tools", "qcoll-run", "qcoll-run")
         return [launcher, "-n", str(self.size), "--transport", self.transport, "--keep-going",
                 "--timeout", str(TRIAL_DEADLINE_S - 5), "--grace", "1", *worker], env
@@ -84,7 +107,7 @@ class Trial:
             process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             reader = threading.Thread(target=self.read, args=(process,), daemon=True)
             reader.start()
-            if self.fault in ("kill", "stop"):
+            if self.fault in ("kill", "stop", "cut"):
                 self.inject(process, started)
             if self.fault == "stop" and self.victims:
                 # A stopped rank never exits by itself: once the others have spoken (or
@@ -122,6 +145,11 @@ class Trial:
         victim = self.random.randrange(self.size)
         self.victims = [victim]
         self.fault_time_ms = time.time() * 1000
+        if self.fault == "cut":  # as netlab's --link-down does it: the hub's end of the victim's veth
+            if subprocess.run(["ip", "-n", f"{self.lab_name}-hub", "link", "set", "dev", f"v{victim}", "down"],
+                              capture_output=True).returncode != 0:
+                self.victims = []  # the lab is gone: the job had ended
+            return
         try:
             os.kill(self.pids[victim], signal.SIGKILL if self.fault == "kill" else signal.SIGSTOP)
         except ProcessLookupError:
@@ -147,6 +175,9 @@ class Trial:
         ps = subprocess.run(["pgrep", "-f", self.marker], capture_output=True, text=True).stdout.split()
         ps = [p for p in ps if int(p) != os.getpid()]
         segments = [f for f in os.listdir("/dev/shm") if self.job_id in f]
+        if self.transport == "netlab":
+            namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            segments += [line.split()[0] for line in namespaces.splitlines() if line.startswith(self.lab_name + "-")]
         return ps, segments
 
     def kill_everything(self, process):
@@ -168,7 +199,10 @@ class Trial:
         if processes or segments:
             self.kill_everything(None)
             for name in segments:
-                os.unlink(os.path.join("/dev/shm", name))
+                if name.startswith(self.lab_name + "-"):
+                    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+                else:
+                    os.unlink(os.path.join("/dev/shm", name))
             return "leftovers", f"left processes {processes} and segments {segments}", None
         if hung:
             return "hang", f"still running after {TRIAL_DEADLINE_S} s", None
@@ -200,6 +234,9 @@ class Trial:
                 return "wrong", f"rank {rank}'s error does not name rank {self.victims[0]}: {message}", None
             ms = int(said[rank].group(3)) - self.fault_time_ms
             detection = ms if detection is None else max(detection, ms)
+        if self.fault == "slow":
+            slowed = any("link slowed" in line for line in self.lines)
+            return ("correct results" if slowed else "finished before the fault"), None, None
         if not self.victims:
             return "correct results", None, None
         if launcher_ends and detection is None:

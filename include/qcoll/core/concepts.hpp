@@ -77,8 +77,8 @@ concept transport = requires(T& t, const T& ct, typename T::request& request, ra
 /// Its wait(request, until) fails only when the peer was silent for the whole span
 /// from the call to `until`: while the peer is heard from (its data, or the small
 /// "alive, waiting for rank w" notes a rank sends every quarter of a span, at most
-/// every second, to every peer while it waits), the deadline moves on, up to twice
-/// the span. stall(peer) then says which of the two ended the last timed-out wait on
+/// every second, to every peer while it waits), the deadline moves on, until twice the
+/// span passes without a byte of the request itself moving. stall(peer) then says which of the two ended the last timed-out wait on
 /// that peer, so an error names the rank that stopped, not a live one waiting for it.
 template <class T>
 concept liveness_transport = transport<T> && requires(const T& ct, rank_t peer) {

@@ -8,7 +8,9 @@
 /// every second), and a wait's deadline counts only its peer's silence: anything heard
 /// from the peer restarts the count. Ranks that wait on each other (a deadlock of live
 /// ranks: say, two roots of one broadcast) hear each other forever, so twice the span
-/// ends a wait in any case, and the stall says who waits for whom.
+/// without a byte of the awaited message itself moving ends a wait in any case, and the
+/// stall says who waits for whom. (A large message over a slow link moves its own bytes:
+/// it is never cut off while they flow.)
 ///
 /// The transports keep a peer_liveness per peer (bumping it as they hear the peer) and
 /// run each wait under a liveness_watch; sending the notes is theirs.
@@ -19,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 
 namespace qcoll::transports {
@@ -32,7 +35,7 @@ struct peer_liveness {
 };
 
 /// One wait's deadline: `until - now` of silence from the peer ends it, and so does
-/// twice that in all. While it lasts, note_due() says when to tell the peers this rank
+/// twice that without progress of the request itself. While it lasts, note_due() says when to tell the peers this rank
 /// is waiting.
 class liveness_watch {
  public:
@@ -46,11 +49,16 @@ class liveness_watch {
         heard_at_(now),
         notes_(peer.waiting_notes) {}
 
-  /// When the wait ends unless the peer is heard from before.
-  deadline silent_until(deadline now, const peer_liveness& peer) {
+  /// When the wait ends unless the peer is heard from before. `moved`: bytes of the
+  /// awaited request moved so far (progress of the request itself).
+  deadline silent_until(deadline now, const peer_liveness& peer, std::size_t moved) {
     if (peer.heard != heard_) {
       heard_ = peer.heard;
       heard_at_ = now;
+    }
+    if (moved != moved_) {
+      moved_ = moved;
+      hard_until_ = now + std::min(2 * span_, deadline::max() - now);
     }
     return std::min(heard_at_ + span_, hard_until_);
   }
@@ -81,6 +89,7 @@ class liveness_watch {
   std::uint64_t heard_;
   deadline heard_at_;
   std::uint64_t notes_;
+  std::size_t moved_ = 0;
 };
 
 }  // namespace qcoll::transports

@@ -444,7 +444,7 @@ struct state {
         progress_locked();
         if (r.state_ == request::state::done) return r.result_;
         const deadline now = clock::now();
-        if (now >= watch->silent_until(now, live)) {
+        if (now >= watch->silent_until(now, live, r.transferred_)) {
           live.last_stall = watch->stall(now, live);
           withdraw(r, make_error_code(errc::timeout));
           return r.result_;

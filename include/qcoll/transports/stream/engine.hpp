@@ -19,7 +19,8 @@
 ///
 /// Liveness (transports/liveness.hpp): a wait that lasts sends every peer between
 /// messages a `waiting` record, and a wait's deadline counts only its peer's silence
-/// (any byte read from it restarts the count), up to twice the span.
+/// (any byte read from it restarts the count), up to twice the span without progress
+/// of the request itself.
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
@@ -207,7 +208,7 @@ class engine {
         continue;
       }
       now = clock::now();
-      if (now >= watch.silent_until(now, live)) {
+      if (now >= watch.silent_until(now, live, r.transferred_)) {
         live.last_stall = watch.stall(now, live);
         withdraw(r, make_error_code(errc::timeout));
         return r.result_;
@@ -218,7 +219,7 @@ class engine {
         else std::this_thread::yield();  // lets a peer on this core run
         continue;
       }
-      sleep(seen, std::min(watch.silent_until(now, live), watch.next_note()));
+      sleep(seen, std::min(watch.silent_until(now, live, r.transferred_), watch.next_note()));
       woken = true;
     }
   }
