@@ -15,6 +15,15 @@ set(campaign_transports shm,tcp)
 if(TARGET transport_worker_mpich)
   set(campaign_transports shm,tcp,mpich)
 endif()
+# The `garbage` fault's sender (faults/garble.cpp), preloaded into the ranks.
+add_library(qcoll_garble SHARED faults/garble.cpp)
+set_target_properties(qcoll_garble PROPERTIES OUTPUT_NAME qcoll_garble)
+target_link_libraries(qcoll_garble PRIVATE ${CMAKE_DL_LIBS})
+qcoll_warnings(qcoll_garble)
+# A rank that sends garbage once joined: the others name it (worker scenario "garble").
+qcoll_job_test(garbage_after_the_handshake RANKS 4 TRANSPORT tcp ARGS garble LAUNCHER_OPTIONS --keep-going
+  ENVIRONMENT LD_PRELOAD=$<TARGET_FILE:qcoll_garble>
+  LINES "3:refused the garbage of rank 3|1:rank 3: its peers refused its garbage")
 add_test(NAME faults.campaign
   COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/faults/campaign.py ${PROJECT_BINARY_DIR}
           --trials 10 --seed 1 --transports ${campaign_transports} --faults none,kill,stop,elastic)

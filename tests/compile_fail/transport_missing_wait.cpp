@@ -5,6 +5,7 @@ struct transport_without_wait {
   struct request {
     const qcoll::transports::message_header& header() const { return h; }
     std::size_t transferred() const { return 0; }
+    bool header_arrived() const { return false; }
     qcoll::transports::message_header h;
   };
   qcoll::rank_t rank() const { return 0; }

@@ -3,7 +3,7 @@
 size and fault at a random moment, each judged by what every rank says and leaves.
 
 usage: tests/faults/campaign.py BUILD [--trials N] [--seed S] [--transports shm,tcp,mpich]
-                                      [--faults none,kill,stop,elastic,cut,slow] [--show]
+                                      [--faults none,kill,stop,elastic,cut,slow,garbage] [--show]
 
 Trial kinds (the worker scenarios are in tests/multiprocess/):
 - none     worker `campaign`: collectives of random kinds and sizes, every result
@@ -25,6 +25,10 @@ Trial kinds (the worker scenarios are in tests/multiprocess/):
            after the start (`netlab --link-slow`), 30–100 calls: every rank must finish
            with correct results — a slow link is not a failure. A job that finished
            before its link slowed counts as "finished before the fault".
+- garbage  worker `campaign` over TCP (qcoll-run), every rank with tests/faults/garble.cpp
+           preloaded; 0–1 s after all joined a random rank gets SIGUSR1, and from then
+           on every byte it writes to a socket is garbage. The others must finish or
+           fail naming it, as for `kill`.
 The network faults need root and network namespaces (netlab.md).
 Under MPI (MPICH's mpirun), a killed rank makes the launcher end the whole job: the
 judgement is then only that every process is gone within the deadline.
@@ -62,6 +66,8 @@ class Trial:
         self.transport = self.random.choice(candidates or ["tcp"])
         if self.fault in ("cut", "slow"):
             self.transport = "netlab"  # TCP between network namespaces
+        if self.fault == "garbage":
+            self.transport = "tcp"
         # recovery_worker's check after the shrink plays the first world on a 2 × n/2 torus.
         self.size = self.random.choice([4, 6, 8]) if self.fault == "elastic" else self.random.randint(2, 8)
         self.marker = f"qcoll-campaign-{os.getpid()}-{seed}"
@@ -76,6 +82,8 @@ class Trial:
     def command(self, directory):
         env = dict(os.environ, QCOLL_TIMEOUT_MS=str(STEP_TIMEOUT_MS), QCOLL_CAMPAIGN_SEED=str(self.seed),
                    QCOLL_JOB_ID=self.job_id)
+        if self.fault == "garbage":
+            env["LD_PRELOAD"] = os.path.join(self.build, "tests", "libqcoll_garble.so")
         if self.fault == "elastic":
             dead = self.random.sample(range(self.size), self.random.randint(1, (self.size - 1) // 2))
             self.victims = sorted(dead)
@@ -107,7 +115,7 @@ class Trial:
             process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             reader = threading.Thread(target=self.read, args=(process,), daemon=True)
             reader.start()
-            if self.fault in ("kill", "stop", "cut"):
+            if self.fault in ("kill", "stop", "cut", "garbage"):
                 self.inject(process, started)
             if self.fault == "stop" and self.victims:
                 # A stopped rank never exits by itself: once the others have spoken (or
@@ -151,7 +159,8 @@ class Trial:
                 self.victims = []  # the lab is gone: the job had ended
             return
         try:
-            os.kill(self.pids[victim], signal.SIGKILL if self.fault == "kill" else signal.SIGSTOP)
+            os.kill(self.pids[victim], {"kill": signal.SIGKILL, "stop": signal.SIGSTOP,
+                                        "garbage": signal.SIGUSR1}[self.fault])
         except ProcessLookupError:
             self.victims = []  # it had finished: the trial runs without a fault
 

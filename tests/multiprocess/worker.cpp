@@ -1140,6 +1140,36 @@ void campaign(endpoint_ref transport, communicator_options options, std::size_t 
   fmt::print("rank {}: campaign done: {} calls correct\n", me, calls);
 }
 
+/// The last rank starts sending garbage after a first allreduce (tests/faults/garble.cpp,
+/// preloaded: SIGUSR1 turns it on; TCP only). Every other rank fails with a protocol
+/// error that names it as the sender of something that is not a qcoll message, directly
+/// or in the abort it adopted, never as a rank that "called" some other collective.
+template <class Comm>
+void garble_a_rank(Comm& comm) {
+  const rank_t victim = comm.size() - 1;
+  std::vector<float> data = contribution(comm.rank(), std::size_t{1} << 18);
+  if (comm.rank() == victim) {
+    comm.allreduce(std::span<float>(data), reduce_op::sum);
+    std::raise(SIGUSR1);
+  }
+  try {
+    // The others may still be in the first call when the garbage reaches one of them.
+    for (int round = 0; round < 100; ++round) comm.allreduce(std::span<float>(data), reduce_op::sum);
+  } catch (const qcoll::error& e) {
+    if (comm.rank() == victim) {
+      fmt::print("rank {}: its peers refused its garbage: {}\n", comm.rank(), e.what());
+      return;
+    }
+    if (e.code() != errc::protocol_error) fail(fmt::format("expected a protocol error, got: {}", e.what()));
+    const std::string names = fmt::format("peer {} sent something that is not a qcoll message", victim);
+    if (std::string_view(e.what()).find(names) == std::string_view::npos)
+      fail(fmt::format("the error does not say that rank {} sent garbage: {}", victim, e.what()));
+    fmt::print("rank {}: refused the garbage of rank {}\n", comm.rank(), victim);
+    return;
+  }
+  fail("100 allreduces completed although a rank sent garbage");
+}
+
 #ifdef QCOLL_TEST_MPI
 // ---- MPI only: failures an MPI launcher lets the ranks see ----
 
@@ -1239,6 +1269,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "campaign") campaign(endpoint_ref(comm.transport()), comm.options(), amount);
   else if (scenario == "compressed_kill" || scenario == "compressed_kill_started")
     kill_during_compressed(endpoint_ref(comm.transport()), comm.options(), amount, scenario.ends_with("started"));
+  else if (scenario == "garble") garble_a_rank(comm);  // TCP only: tests/faults/garble.cpp
 #ifdef QCOLL_TEST_MPI
   else if (scenario == "stall") stall_a_rank(comm);
   else if (scenario == "abort") abort_with_reason(comm);

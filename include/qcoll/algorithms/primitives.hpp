@@ -332,6 +332,15 @@ class primitives {
 
   void finish_recv(request& r, rank_t from, std::size_t bytes) {
     const std::error_code code = transport_.wait(r, clock::now() + timeout_);
+    // A protocol error with a header: a message of this call's or another's, wrongly
+    // sized. Without one, no message was matched: the peer's stream broke, or a rank
+    // aborted with that code (fail_transport passes its words on).
+    if (code == errc::protocol_error && !r.header_arrived()) {
+      if (!transport_.failure().code)
+        fail_with(code, qcoll::detail::format("peer {} sent something that is not a qcoll message while receiving {} "
+                                              "bytes from it", from, bytes));
+      fail_transport(code, from, qcoll::detail::format("receiving {} bytes from it", bytes));
+    }
     if (!code || code == errc::protocol_error) {
       const transports::message_header& got = r.header();
       if (got != header_) {

@@ -21,6 +21,7 @@ class transport {
    public:
     const transports::message_header& header() const noexcept;
     std::size_t transferred() const noexcept;
+    bool header_arrived() const noexcept;
   };
 
   rank_t rank() const noexcept;

@@ -69,6 +69,7 @@ concept transport = requires(T& t, const T& ct, typename T::request& request, ra
   { t.wait(request, until) } -> std::same_as<std::error_code>;
   { std::as_const(request).header() } -> std::same_as<const transports::message_header&>;
   { std::as_const(request).transferred() } -> std::same_as<std::size_t>;
+  { std::as_const(request).header_arrived() } -> std::same_as<bool>;
   { t.abort(code, reason) } -> std::same_as<void>;
   { ct.failure() } -> std::same_as<transports::failure>;
 };

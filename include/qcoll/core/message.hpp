@@ -45,6 +45,9 @@ class request_base {
 
   const message_header& header() const noexcept { return header_; }
   std::size_t transferred() const noexcept { return transferred_; }
+  /// Whether a receive was matched with a message, so header() is the sender's: a
+  /// receive that failed before (a malformed stream, a lost peer) has none.
+  bool header_arrived() const noexcept { return header_arrived_; }
 
  protected:
   ~request_base() = default;
@@ -58,6 +61,13 @@ class request_base {
     transferred_ = 0;
     result_ = {};
     header_ = {};
+    header_arrived_ = false;
+  }
+
+  /// A receive takes the header of the message it was matched with.
+  void take_header(const message_header& header) noexcept {
+    header_ = header;
+    header_arrived_ = true;
   }
 
   message_header header_{};
@@ -68,6 +78,7 @@ class request_base {
   const std::byte* send_data_ = nullptr;
   std::byte* recv_data_ = nullptr;
   std::size_t size_ = 0;  // bytes to send, or capacity of the receive buffer
+  bool header_arrived_ = false;
   std::error_code result_{};
 };
 

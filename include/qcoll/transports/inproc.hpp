@@ -119,7 +119,7 @@ struct world_state {
 
   /// Called with the lock held; copies with it released so ranks copy in parallel.
   void match(std::unique_lock<std::mutex>& lock, request& send, request& recv) {
-    recv.header_ = send.header_;
+    recv.take_header(send.header_);
     if (send.size_ != recv.size_) {
       // The receiver learns the sender's header and size; the bytes are not copied.
       recv.transferred_ = send.size_;

@@ -581,7 +581,7 @@ struct state {
     if ((inline_frame && length != inline_bytes) || (!inline_frame && length <= inline_payload_bytes))
       return break_stream(r.peer_, qcoll::detail::format("a frame announces {} payload bytes but {} came with it", length,
                                                inline_bytes));
-    r.header_ = *header;
+    r.take_header(*header);
     r.transferred_ = std::size_t(length);
     if (length != r.size_) {
       // Nothing was written into the posted buffer. A separate payload stays unreceived,

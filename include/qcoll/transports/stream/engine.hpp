@@ -687,7 +687,7 @@ class engine {
     const auto found = std::find_if(in.parked.begin(), in.parked.begin() + static_cast<std::ptrdiff_t>(whole),
                                     [&](const incoming::parked_message& m) { return m.tag == r.tag_; });
     if (found == in.parked.begin() + static_cast<std::ptrdiff_t>(whole)) return false;
-    r.header_ = found->header;
+    r.take_header(found->header);
     r.transferred_ = static_cast<std::size_t>(std::min<std::uint64_t>(found->length, SIZE_MAX));
     if (found->length != r.size_) {
       complete(r, make_error_code(errc::protocol_error));
@@ -709,7 +709,7 @@ class engine {
     in.recvs.erase(found);
     in.stalled = false;
     in.message_left = in.record.length;
-    r.header_ = in.stalled_header;
+    r.take_header(in.stalled_header);
     if (in.record.length != r.size_) {
       // The receiver learns the sender's header and size; the payload is read and dropped.
       r.transferred_ = static_cast<std::size_t>(std::min<std::uint64_t>(in.record.length, SIZE_MAX));
