@@ -49,7 +49,7 @@
 /// it (the communicators use MPI_ERRORS_RETURN; such an error fails the peer's
 /// requests with errc::peer_lost and MPI's own message) or not at all; a rank that
 /// waits on a dead peer fails with errc::timeout at its deadline. A deadline counts
-/// the peer's silence (transports/liveness.hpp): a waiting rank sends every peer a
+/// the peer's silence (core/liveness.hpp): a waiting rank sends every peer a
 /// 4-byte "alive, waiting for rank w" note on the control communicator (tag 1). Open MPI's and
 /// MPICH's launchers end the whole job when a rank dies: recovering survivors needs
 /// ULFM, which neither Debian package enables.
@@ -61,7 +61,7 @@
 #include <qcoll/detail/format.hpp>
 #include <qcoll/detail/little_endian.hpp>
 #include <qcoll/detail/log.hpp>
-#include <qcoll/transports/liveness.hpp>
+#include <qcoll/core/liveness.hpp>
 #include <qcoll/transports/stream/records.hpp>
 
 // The C API only: the deprecated C++ bindings would need libmpi_cxx (a program that
@@ -429,7 +429,7 @@ struct state {
   }
 
   /// Polls until `r` completes or its peer has been silent for as long as from now to
-  /// `until` (at most twice that in all: transports/liveness.hpp).
+  /// `until` (at most twice that in all: core/liveness.hpp).
   std::error_code wait(request& r, deadline until) {
     const deadline started = clock::now();
     const deadline spin_until = started + *opts.spin;
@@ -704,7 +704,7 @@ struct state {
     fail_all(code, reason, true);
   }
 
-  /// The liveness notes (transports/liveness.hpp): four bytes, the rank this one waits
+  /// The liveness notes (core/liveness.hpp): four bytes, the rank this one waits
   /// for, on the control communicator with a tag of their own.
   static constexpr int note_tag = 1;
 

@@ -17,7 +17,7 @@
 /// program must post receives from a peer in the order that peer sends — which every
 /// qcoll algorithm does.
 ///
-/// Liveness (transports/liveness.hpp): a wait that lasts sends every peer between
+/// Liveness (core/liveness.hpp): a wait that lasts sends every peer between
 /// messages a `waiting` record, and a wait's deadline counts only its peer's silence
 /// (any byte read from it restarts the count), up to twice the span without progress
 /// of the request itself.
@@ -28,7 +28,7 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/detail/format.hpp>
-#include <qcoll/transports/liveness.hpp>
+#include <qcoll/core/liveness.hpp>
 #include <qcoll/transports/stream/records.hpp>
 #include <qcoll/tuning/table.hpp>
 
