@@ -367,6 +367,7 @@ BOOST_AUTO_TEST_CASE(a_rank_waiting_on_a_live_rank_lets_the_silent_one_be_named)
   std::vector<std::byte> from_0(64), from_2(64);
   std::error_code waited_on_2;
   transports::stall stall_of_2;
+  const deadline started = clock::now();  // before rank 0 starts: its abort comes after span / 2 + span
   std::thread rank_0([&] {
     std::this_thread::sleep_for(span / 2);
     stream::request recv;
@@ -377,14 +378,14 @@ BOOST_AUTO_TEST_CASE(a_rank_waiting_on_a_live_rank_lets_the_silent_one_be_named)
   });
   stream::request recv;
   job.ranks[1]->post_recv(recv, 0, 0, from_0);
-  const deadline started = clock::now();
-  const std::error_code waited_on_0 = job.ranks[1]->wait(recv, started + span);
+  const std::error_code waited_on_0 = job.ranks[1]->wait(recv, clock::now() + span);
   const auto took = clock::now() - started;
   rank_0.join();
   BOOST_TEST(waited_on_2 == errc::timeout);
   BOOST_TEST(!stall_of_2.peer_alive, "rank 2 said nothing");
   BOOST_TEST(waited_on_0 == errc::timeout);
   BOOST_TEST(job.ranks[1]->failure().reason == "no progress from peer 2", "rank 1 reports rank 0's finding");
+  // Causal, not a timing guess: rank 1's wait can only end this way after rank 0's abort.
   BOOST_TEST(took >= span + span / 2, "rank 1 waited until rank 0 gave up, not for its own span alone");
 }
 
