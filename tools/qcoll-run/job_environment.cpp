@@ -10,7 +10,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <random>
 #include <string_view>
 
 extern char** environ;
@@ -37,20 +40,47 @@ std::string random_hex(std::size_t bytes) {
   return hex;
 }
 
-// A loopback port free right now; see make_job_environment about the race this leaves.
-unsigned find_free_loopback_port() {
-  const file_descriptor probe(::socket(AF_INET, SOCK_STREAM, 0));
+/// Whether 127.0.0.1:`port` can be bound right now (port 0: any port the kernel picks);
+/// the port bound, or 0 when it cannot.
+unsigned bind_loopback_briefly(unsigned port) {
+  const file_descriptor probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!probe) throw_system_error("cannot create a socket to find a free port");
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
   socklen_t length = sizeof address;
   if (::bind(probe.get(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
       ::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    throw_system_error("cannot find a free port on 127.0.0.1");
+    return 0;
   }
   return ntohs(address.sin_port);
+}
+
+/// The first port of the kernel's ephemeral range (ip_local_port_range), 0 when unknown.
+unsigned first_ephemeral_port() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  unsigned low = 0, high = 0;
+  return range >> low >> high ? low : 0;
+}
+
+/// A loopback port free right now, below the kernel's ephemeral range where it can:
+/// ports there are never handed out by connect() or bind(0), which the busy neighbours
+/// of a job (other jobs' TCP meshes, a test suite in parallel) do thousands of times, so
+/// only an explicit bind of the same port can still take it before rank 0 binds it (a
+/// port from bind(0) was taken that way once in a CI run). Falls back to bind(0).
+unsigned find_free_loopback_port() {
+  constexpr unsigned lowest = 10000;  // well above the registered services' usual ports
+  const unsigned ephemeral = first_ephemeral_port();
+  if (ephemeral > lowest + 1000) {
+    std::random_device random;
+    std::uniform_int_distribution<unsigned> pick(lowest, ephemeral - 1);
+    for (int attempt = 0; attempt < 64; ++attempt)
+      if (const unsigned port = bind_loopback_briefly(pick(random))) return port;
+  }
+  const unsigned any = bind_loopback_briefly(0);
+  if (any == 0) throw_system_error("cannot find a free port on 127.0.0.1");
+  return any;
 }
 
 }  // namespace

@@ -24,9 +24,10 @@ struct job_environment {
 };
 
 /// QCOLL_JOB_ID and QCOLL_SECRET are kept when set (a non-empty job id), else generated; the
-/// store is a loopback port that was free when qcoll-run looked (bind to port 0, then close).
-/// Another process may take it before rank 0 binds it; rank 0 then fails to serve the store
-/// and the job fails at rendezvous. The window is short, and a rerun picks a new port.
+/// store is a loopback port that was free when qcoll-run looked, chosen below the kernel's
+/// ephemeral port range so that no connect() or bind(0) of another process can take it
+/// before rank 0 binds it. A process that binds that very port explicitly still can; rank 0
+/// then fails to serve the store and the job fails at rendezvous, saying so.
 job_environment make_job_environment(int ranks, const std::string& transport);
 
 /// The complete environment of rank `rank`.
