@@ -558,14 +558,10 @@ struct state {
       code = MPI_Imrecv(r.frame_.data(), int(bytes), MPI_BYTE, &message, &r.frame_request_);
     } else if (bytes == frame_bytes) {  // the frame alone: the payload, if any, follows
       code = MPI_Imrecv(r.frame_.data(), int(frame_bytes), MPI_BYTE, &message, &r.frame_request_);
-    } else {  // an inline payload of the wrong size: into scratch, then reported
+    } else {  // an inline payload of the wrong size: behind the frame, then reported
       r.inline_payload_ = true;
-      scratch.resize(frame_bytes + inline_payload_bytes);
-      code = MPI_Mrecv(scratch.data(), int(scratch.size()), MPI_BYTE, &message, MPI_STATUS_IGNORE);
-      if (code == MPI_SUCCESS) {
-        std::copy_n(scratch.begin(), frame_bytes, r.frame_.begin());
-        return frame_arrived(r, bytes - frame_bytes);
-      }
+      code = MPI_Mrecv(r.frame_.data(), int(bytes), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      if (code == MPI_SUCCESS) return frame_arrived(r, bytes - frame_bytes);
     }
     if (code != MPI_SUCCESS) lose(r.peer_, qcoll::detail::format("receiving a frame failed: {}", mpi_error_text(code)));
   }
@@ -821,7 +817,6 @@ struct state {
     std::unique_ptr<std::byte[]> sink;  // a sink receive's own buffer
   };
   std::vector<orphan> orphans;            // transfers withdrawn while MPI still held them
-  std::vector<std::byte> scratch;         // an inline payload of the wrong size lands here
   std::unique_ptr<std::array<std::byte, abort_message_bytes>> abort_received, abort_message;
   MPI_Request control_request = MPI_REQUEST_NULL;
   std::vector<MPI_Request> abort_sends;
