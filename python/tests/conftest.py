@@ -8,6 +8,7 @@ import datetime
 import faulthandler
 import os
 import queue
+import random
 import socket
 import time
 import traceback
@@ -17,7 +18,25 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port for torchrun's or the store's listener, free now and below the kernel's
+    ephemeral range: a port from bind(0) is in that range, so between closing it here and
+    the listener's bind any connect() or bind(0) nearby may take it (as qcoll-run chooses
+    its store port, tools/qcoll-run)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    generator = random.SystemRandom()
+    for _ in range(100):
+        port = generator.randrange(10000, max(ephemeral_low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # everything below the range is taken: the old way
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
