@@ -679,8 +679,8 @@ BOOST_AUTO_TEST_CASE(every_rule_chooses_from_plain_data) {
                    "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"));
 }
 
-BOOST_AUTO_TEST_CASE(qcoll_debug_info_names_the_algorithm_of_each_call) {
-  // QCOLL_DEBUG=INFO: one line per exact collective, on stderr (captured here).
+BOOST_AUTO_TEST_CASE(qcoll_debug_info_names_the_algorithm_and_copy_path_of_each_call) {
+  // QCOLL_DEBUG=INFO: one line per exact collective when it ends, on stderr (captured here).
   ::setenv("QCOLL_DEBUG", "INFO", 1);
   std::FILE* captured = std::tmpfile();
   BOOST_TEST_REQUIRE(captured != nullptr);
@@ -703,15 +703,35 @@ BOOST_AUTO_TEST_CASE(qcoll_debug_info_names_the_algorithm_of_each_call) {
   std::rewind(captured);
   log.resize(std::fread(log.data(), 1, log.size(), captured));
   std::fclose(captured);
-  for (const char* line :
-       {"qcoll: rank 0 of 4: allreduce(count=16, f32, sum) #0 via recursive_doubling (64 bytes): bytes <= allreduce_small_bytes\n",
-        "qcoll: rank 1 of 4: allreduce(count=40000, f32, sum) #1 via halving_doubling (160000 bytes): bytes <= "
-        "allreduce_halving_bytes, 2^k >= 4 ranks, steps through the transport\n",
-        "qcoll: rank 3 of 4: allreduce(count=400000, f32, sum) #2 via ring_single_copy (1600000 bytes): steps of >= "
-        "single_copy_bytes, and the transport reads peers' memory\n",
-        "qcoll: rank 2 of 4: broadcast(count=16, f32, root=1) #3 via binomial_tree (64 bytes): bytes <= broadcast_small_bytes\n",
-        "qcoll: rank 1 of 4: barrier #4 via dissemination (0 bytes): every pair linked\n"})
-    BOOST_TEST(log.find(line) != std::string::npos, "missing: " << line << "in:\n" << log);
+  // Each call's line: the choice, then its time and where its bytes went.
+  struct expected {
+    const char* choice;
+    const char* paths;  // what this rank moved, and how
+  };
+  // Recursive doubling on 4 ranks: two exchanges of the whole 64 bytes. Halving-doubling:
+  // 2(n-1)/n of 160,000 bytes sent. Ring single copy (in-process: the transport's
+  // read_peer): 2(n-1)/n of 1,600,000 bytes read from the peers, and per step only the
+  // 56 bytes that say where the block is. A barrier moves no bytes.
+  for (const expected& call : std::initializer_list<expected>{
+           {"qcoll: rank 0 of 4: allreduce(count=16, f32, sum) #0 via recursive_doubling (64 bytes): bytes <= "
+            "allreduce_small_bytes; ",
+            " bytes: transport 128, mapped 0, peer_read 0, staged 0\n"},
+           {"qcoll: rank 1 of 4: allreduce(count=40000, f32, sum) #1 via halving_doubling (160000 bytes): bytes <= "
+            "allreduce_halving_bytes, 2^k >= 4 ranks, steps through the transport; ",
+            " bytes: transport 240000, mapped 0, peer_read 0, staged 0\n"},
+           {"qcoll: rank 3 of 4: allreduce(count=400000, f32, sum) #2 via ring_single_copy (1600000 bytes): steps of >= "
+            "single_copy_bytes, and the transport reads peers' memory; ",
+            " bytes: transport 336, mapped 0, peer_read 2400000, staged 0\n"},
+           {"qcoll: rank 2 of 4: broadcast(count=16, f32, root=1) #3 via binomial_tree (64 bytes): bytes <= "
+            "broadcast_small_bytes; ",
+            " us of it waiting; bytes: "},
+           {"qcoll: rank 1 of 4: barrier #4 via dissemination (0 bytes): every pair linked; ",
+            " bytes: transport 0, mapped 0, peer_read 0, staged 0\n"}}) {
+    const std::size_t at = log.find(call.choice);
+    BOOST_TEST_REQUIRE(at != std::string::npos, "missing: " << call.choice << "\nin:\n" << log);
+    const std::string line = log.substr(at, log.find('\n', at) + 1 - at);
+    BOOST_TEST(line.find(call.paths) != std::string::npos, "expected '" << call.paths << "' in: " << line);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -449,9 +449,9 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     if (way.algorithm == algorithm::ring_single_copy)
       workspace_.prepare_single_copy(step, channel_, count, type, tuning_.ring_slice_bytes,
                                      tuning_.single_copy_kernel_bytes);
-    if (log_choices_ && way.algorithm != algorithm::unspecified)
-      detail::log_info("qcoll: rank {} of {}: {} ({} bytes): {}", rank(), size(), detail::describe(step.header()),
-                       count * size_of(type), way.rule);
+    if (log_choices_ && way.algorithm != algorithm::unspecified)  // written when the call ends (call_trace.hpp)
+      step.trace().arm(detail::format("qcoll: rank {} of {}: {} ({} bytes): {}", rank(), size(),
+                                      detail::describe(step.header()), count * size_of(type), way.rule));
     return step;
   }
 
@@ -503,7 +503,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   topologies::graph topology_;
   communicator_options options_;
   qcoll::tuning tuning_ = qcoll::tuning::from_environment();
-  bool log_choices_ = detail::debug_info_enabled();  // QCOLL_DEBUG=INFO: a line per exact collective
+  bool log_choices_ = detail::debug_info_enabled();  // QCOLL_DEBUG=INFO: a line per exact collective, when it ends
   std::uint64_t sequence_ = 0;
   std::vector<std::uint64_t> sent_to_, received_from_;  // point-to-point messages per peer
   algorithms::workspace workspace_;  // scratch and staging, kept for later calls

@@ -8,6 +8,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
+#include <qcoll/detail/call_trace.hpp>
 #include <qcoll/detail/describe.hpp>
 #include <qcoll/detail/format.hpp>
 #include <qcoll/execution/kernels.hpp>
@@ -42,7 +43,7 @@ class primitives {
   template <class T>
   void send(rank_t to, std::span<const T> data) {
     request outgoing;
-    transport_.post_send(outgoing, to, tag_, header_, std::as_bytes(data));
+    post_send(outgoing, to, tag_, data);
     finish_send(outgoing, to, data.size_bytes());
   }
 
@@ -63,15 +64,16 @@ class primitives {
                                      std::size_t bytes, std::span<std::byte>) {
                                    const std::span<std::byte> into = std::as_writable_bytes(incoming).subspan(offset, bytes);
                                    const std::span<const std::byte> mapped = map_peer(from, region, address + offset, bytes);
-                                   if (mapped.empty()) return transport_.read_peer(from, address + offset, into);
+                                   if (mapped.empty()) return read_peer(from, address + offset, into);
                                    execution::copy(into, mapped);
+                                   trace_.paths.mapped += bytes;
                                    return std::error_code();
                                  });
     }
     request recv_request;
     request send_request;
-    transport_.post_recv(recv_request, from, tag_, std::as_writable_bytes(incoming));
-    transport_.post_send(send_request, to, tag_, header_, std::as_bytes(outgoing));
+    post_recv(recv_request, from, tag_, incoming);
+    post_send(send_request, to, tag_, outgoing);
     finish_recv(recv_request, from, incoming.size_bytes());
     finish_send(send_request, to, outgoing.size_bytes());
   }
@@ -100,12 +102,13 @@ class primitives {
               !mapped.empty()) {
             reduce_into(op, std::span<const T>(reinterpret_cast<const T*>(mapped.data()), count),
                         own.subspan(first, count), into);
+            trace_.paths.mapped += bytes;
             return std::error_code();
           }
           for (std::size_t at = 0; at < count; at += slice) {
             const std::size_t n = std::min(slice, count - at);
-            if (const std::error_code code = transport_.read_peer(from, address + (first + at) * sizeof(T),
-                                                                  std::as_writable_bytes(landing.first(n))))
+            if (const std::error_code code = read_peer(from, address + (first + at) * sizeof(T),
+                                                       std::as_writable_bytes(landing.first(n))))
               return code;
             reduce_into(op, std::span<const T>(landing.first(n)), own.subspan(first + at, n), into.subspan(at, n));
           }
@@ -286,6 +289,7 @@ class primitives {
   template <class T>
   void post_send(request& r, rank_t to, transports::tag_t tag, std::span<const T> data) {
     transport_.post_send(r, to, tag, header_, std::as_bytes(data));
+    trace_.paths.transport += data.size_bytes();
   }
   template <class T>
   void post_recv(request& r, rank_t from, transports::tag_t tag, std::span<T> data) {
@@ -307,6 +311,8 @@ class primitives {
 
   rank_t rank() const noexcept { return transport_.rank(); }
   const transports::message_header& header() const noexcept { return header_; }
+  /// What QCOLL_DEBUG=INFO reports when the call ends (the communicator arms it).
+  detail::call_trace& trace() noexcept { return trace_; }
 
   /// Aborts the communicator (so every rank learns of it) and throws.
   template <class... Args>
@@ -326,12 +332,12 @@ class primitives {
  private:
 
   void finish_send(request& r, rank_t to, std::size_t bytes) {
-    if (const std::error_code code = transport_.wait(r, clock::now() + timeout_))
+    if (const std::error_code code = wait(r))
       fail_transport(code, to, qcoll::detail::format("sending {} bytes to it", bytes));
   }
 
   void finish_recv(request& r, rank_t from, std::size_t bytes) {
-    const std::error_code code = transport_.wait(r, clock::now() + timeout_);
+    const std::error_code code = wait(r);
     // A protocol error with a header: a message of this call's or another's, wrongly
     // sized. Without one, no message was matched: the peer's stream broke, or a rank
     // aborted with that code (fail_transport passes its words on).
@@ -392,6 +398,20 @@ class primitives {
   }
 
   static constexpr std::size_t max_slices_in_flight = 8;
+
+  /// The transport's wait, bounded by the step timeout; timed for the trace when armed.
+  std::error_code wait(request& r) {
+    const clock::time_point entered = clock::now();
+    const std::error_code code = transport_.wait(r, entered + timeout_);
+    if (trace_.armed()) trace_.add_wait(clock::now() - entered);
+    return code;
+  }
+
+  /// The transport's copy out of `peer`'s memory (single_copy_transport).
+  std::error_code read_peer(rank_t peer, std::uint64_t address, std::span<std::byte> into) {
+    trace_.paths.peer_read += into.size();
+    return transport_.read_peer(peer, address, into);
+  }
 
   /// `bytes` at `address` of the shared region `peer` described, mapped here; empty
   /// where the transport maps no peer memory or cannot map this region.
@@ -506,6 +526,7 @@ class primitives {
         if (k_staged < staged) {
           const std::size_t offset = k_staged * stage_slice, bytes = std::min(stage_slice, source.size() - offset);
           execution::copy(staging_[0].subspan(offset, bytes), source.subspan(offset, bytes));  // fresh blocks go to half 0
+          trace_.paths.staged += bytes;
           post_send(readies_sent.emplace_back(), to, tag_, std::span<const std::byte>());
           ++k_staged;
         }
@@ -549,6 +570,7 @@ class primitives {
   std::size_t slice_bytes_ = 0;
   bool read_directly_ = false;
   std::span<std::byte> bounce_;
+  detail::call_trace trace_;
   std::array<std::span<std::byte>, 2> staging_;  // the buffer and its spare: a step offers one while its result fills the other
   bool redirect_requested_ = false;
   std::span<const std::byte> redirected_;  // the result (left untouched) whose values wait in staging
