@@ -4,7 +4,7 @@
 //
 //   quantizer_bench [-b 64K] [-e 256M] [-f 4] [-q one_bit,k_level4,k_level8,bfp8]
 //                   [-c bf16,f16|none] [-k reference,sse2,avx2,avx512f] [-t seconds per measurement]
-//                   [--device cuda]
+//                   [--device cuda|emulated]
 //
 // --device cuda times the CUDA kernels on device memory instead (a build with
 // qcoll::cuda, and a GPU), beside a device-to-device copy of the same bytes in the
@@ -57,7 +57,7 @@ struct options {
   std::vector<std::string> quantizers{"one_bit", "k_level4", "k_level8", "bfp8"};
   std::vector<std::string> conversions{"bf16", "f16"};
   std::vector<std::string> backends;  // empty: the reference and every SIMD backend this CPU runs
-  bool device = false;                // --device cuda
+  std::string device;                 // --device cuda|emulated (empty: the CPU)
 };
 
 std::vector<std::string> split(std::string_view list) {
@@ -81,7 +81,8 @@ options parse(int argc, char** argv) {
     else if (flag == "-q") o.quantizers = split(value);
     else if (flag == "-k") o.backends = split(value);
     else if (flag == "-c") o.conversions = value == "none" ? std::vector<std::string>{} : split(value);
-    else if (flag == "--device" && (value == "cuda" || value == "cpu")) o.device = value == "cuda";
+    else if (flag == "--device" && (value == "cuda" || value == "emulated" || value == "cpu"))
+      o.device = value == "cpu" ? "" : value;
     else throw std::invalid_argument(fmt::format("unknown option {}", flag));
   }
   if (o.factor <= 1 || o.min_bytes < 4 || o.max_bytes < o.min_bytes) throw std::invalid_argument("need -f > 1 and 4 <= -b <= -e");
@@ -172,11 +173,11 @@ double median_seconds(const std::function<void()>& run, double budget) {
 
 /// Median seconds of `run` on the GPU: each repetition waits for the device.
 double device_median_seconds(const std::function<void()>& run, double budget) {
-  const auto& cuda = execution::cuda_kernels("quantizer_bench");
+  const auto& device = execution::device_runtime("quantizer_bench");
   return median_seconds(
       [&] {
         run();
-        execution::check_cuda(cuda, cuda.synchronize(nullptr), "quantizer_bench");
+        execution::check_device(device, device.synchronize(nullptr), "quantizer_bench");
       },
       budget);
 }
@@ -213,16 +214,19 @@ device_case make_device_case(const std::string& name) {
   throw std::invalid_argument(fmt::format("unknown quantizer {} (one_bit, k_level<bits>, bfp<bits>)", name));
 }
 
-/// --device cuda: the CUDA kernels against a device-to-device copy in the same run.
+/// --device cuda: the CUDA kernels against a device-to-device copy in the same run
+/// (--device emulated: the emulated device's, which times the CPU and the emulation).
 int run_on_device(const options& o) {
-  if (execution::gpu_count() == 0) {
+  if (o.device == "emulated") execution::use_device(device::emulated());
+  if (o.device == "cuda" && (execution::active_device() != execution::linked_cuda() || execution::gpu_count() == 0)) {
     fmt::print("quantizer_bench --device cuda: no CUDA device here (or no CUDA build), skipped\n");
     return 77;
   }
-  const auto& cuda = execution::cuda_kernels("quantizer_bench");
+  const auto& device = execution::device_runtime("quantizer_bench");
   std::vector<device_case> cases;
   for (const auto& name : o.quantizers) cases.push_back(make_device_case(name));
-  fmt::print("# quantizer_bench --device cuda: GB/s of float32 input; copy = device-to-device copy of the same bytes\n");
+  fmt::print("# quantizer_bench --device {}: GB/s of float32 input; copy = device-to-device copy of the same bytes\n",
+             o.device);
   fmt::print("# %copy: the bytes each kernel must move per second over the copy's (read + written) per second\n");
   fmt::print("# {:>10} {:>10} {:>10} {:>12} {:>8} {:>12} {:>8} {:>10}\n", "size", "quantizer", "copy", "encode",
              "%copy", "decode_acc", "%copy", "ratio");
@@ -238,7 +242,7 @@ int run_on_device(const options& o) {
     out.upload(std::vector<float>(n, 0.0f));
     const double input = static_cast<double>(n * sizeof(float));
     const double copy_seconds = device_median_seconds(
-        [&] { execution::check_cuda(cuda, cuda.copy(copy.data(), x.data(), n * sizeof(float), nullptr), "copy"); },
+        [&] { execution::check_device(device, device.copy(copy.data(), x.data(), n * sizeof(float), nullptr), "copy"); },
         o.seconds);
     const double copy_moved = 2 * input / copy_seconds;  // read + written, bytes per second
     for (const auto& quantizer : cases) {
@@ -262,7 +266,7 @@ int run_on_device(const options& o) {
 
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
-  if (o.device) return run_on_device(o);
+  if (!o.device.empty()) return run_on_device(o);
   std::vector<const kernel_table*> backends;
   for (const auto& backend : kernels::cpu::compiled_backends()) {
     const bool wanted = o.backends.empty() ||

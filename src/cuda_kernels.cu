@@ -1,15 +1,17 @@
-// The CUDA backend's kernel table, compiled once by nvcc (cmake/qcollKernels.cmake,
-// target qcoll::cuda): the quantizer, reduce and conversion kernels a program's
-// host code reaches through the execution layer (execution/dispatch.hpp) without
-// CUDA's headers. QCOLL_KERNEL_ABI keeps this TU's copies of the shared inline
-// code (kernels/group/) apart from the CPU builds'. No --use_fast_math and no
-// -ftz=true: the results must match the CPU's bit for bit (quantizers.cuh checks).
+// The CUDA instance of the device runtime, compiled once by nvcc
+// (cmake/qcollKernels.cmake, target qcoll::cuda): the quantizer, reduce and
+// conversion kernels and the CUDA runtime's memory, streams, events and IPC handles,
+// which a program's host code reaches through the execution layer
+// (execution/dispatch.hpp) without CUDA's headers. QCOLL_KERNEL_ABI keeps this TU's
+// copies of the shared inline code (kernels/group/) apart from the CPU builds'. No
+// --use_fast_math and no -ftz=true: the results must match the CPU's bit for bit
+// (quantizers.cuh checks).
 
-#include <qcoll/kernels/cuda/table.cuh>
+#include <qcoll/device/cuda.cuh>
 
-namespace qcoll::kernels::cuda::compiled {
+namespace qcoll::device::compiled {
 
-extern const kernel_table table;
-constinit const kernel_table table = make_kernel_table();
+extern const runtime cuda;
+constinit const runtime cuda = make_cuda_runtime();
 
-}  // namespace qcoll::kernels::cuda::compiled
+}  // namespace qcoll::device::compiled

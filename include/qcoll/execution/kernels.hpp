@@ -2,7 +2,7 @@
 /// @file
 /// The kernels the exact collectives and the plans run between their steps —
 /// reduce, the average's division, the 16-bit conversions, copies — for each memory space:
-/// the host forms on the CPU backend, the device_stream forms on the CUDA backend
+/// the host forms on the CPU backend, the device_stream forms on the active device runtime
 /// (dispatch.hpp). Algorithms call these, never a backend by name.
 
 #include <qcoll/core/half.hpp>
@@ -53,26 +53,33 @@ inline void copy(std::span<std::byte> into, std::span<const std::byte> from) noe
 }
 
 /// The same on device memory, queued on `where`'s stream.
-/// @throws qcoll::error: invalid_argument without the CUDA backend or a GPU, or for
-/// a buffer in host memory; device_error when CUDA refuses the launch.
+/// @throws qcoll::error: invalid_argument without a device runtime, or for a buffer
+/// in host memory; device_error when the runtime refuses the launch.
 template <arithmetic_element T>
 void reduce(device_stream where, reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) {
-  const auto& cuda = cuda_kernels("reduce");
+  const auto& device = device_runtime("reduce");
   require_space("reduce", memory_space::device, {{"a", a}, {"b", b}, {"out", out}});
-  check_cuda(cuda, cuda.reduce(op, dtype_of<T>::value, a.data(), b.data(), out.data(), out.size(), where.stream),
-             "reduce");
+  check_device(device, device.reduce(op, dtype_of<T>::value, a.data(), b.data(), out.data(), out.size(), where.stream),
+               "reduce");
+}
+template <arithmetic_element T>
+void finish_avg(device_stream where, std::span<T> values, std::size_t contributions) {
+  const auto& device = device_runtime("finish_avg");
+  require_space("finish_avg", memory_space::device, {{"values", values}});
+  check_device(device, device.divide(dtype_of<T>::value, values.data(), values.size(), contributions, where.stream),
+               "finish_avg");
 }
 template <half_element Half>
 void widen(device_stream where, std::span<const Half> in, std::span<float> out) {
-  const auto& cuda = cuda_kernels("widen");
+  const auto& device = device_runtime("widen");
   require_space("widen", memory_space::device, {{"in", in}, {"out", out}});
-  check_cuda(cuda, cuda.widen(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "widen");
+  check_device(device, device.widen(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "widen");
 }
 template <half_element Half>
 void narrow(device_stream where, std::span<const float> in, std::span<Half> out) {
-  const auto& cuda = cuda_kernels("narrow");
+  const auto& device = device_runtime("narrow");
   require_space("narrow", memory_space::device, {{"in", in}, {"out", out}});
-  check_cuda(cuda, cuda.narrow(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "narrow");
+  check_device(device, device.narrow(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "narrow");
 }
 
 }  // namespace qcoll::execution

@@ -35,7 +35,7 @@
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/execution/dispatch.hpp>
-#include <qcoll/kernels/cuda/kernel_table.hpp>
+#include <qcoll/device/runtime.hpp>
 #include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/quantizers/framed.hpp>
 
@@ -94,15 +94,15 @@ class bfp : public detail::framed<bfp, float> {
                       std::span<float> residual_out, encode_position, std::byte* records) const noexcept {
     execution::cpu_kernels().bfp_encode(options_, in, residual_in, residual_out, records);
   }
-  int encode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& header, dtype type, const void* in,
+  int encode_on(const device::runtime& device, const wire::frame_header& header, dtype type, const void* in,
                 std::size_t n, const float* residual_in, float* residual_out, encode_position, std::byte* frame,
                 void* stream) const {
-    return cuda.bfp_encode(options_, header, type, in, n, residual_in, residual_out, frame, stream);
+    return device.bfp_encode(options_, header, type, in, n, residual_in, residual_out, frame, stream);
   }
-  int decode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& expected, const std::byte* frame,
+  int decode_on(const device::runtime& device, const wire::frame_header& expected, const std::byte* frame,
                 std::size_t frame_bytes, std::size_t n, float* out, bool accumulate, std::uint32_t* status,
                 void* stream) const {
-    return cuda.bfp_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
+    return device.bfp_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
   }
 
   /// Accepts only what the encoder writes: an exponent in [−127, 129 − b], or −128

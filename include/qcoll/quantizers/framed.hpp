@@ -31,9 +31,9 @@ namespace qcoll::quantizers::detail {
 ///     (residual_in and residual_out both empty, or the same range, or disjoint)
 ///   std::error_code check_records(const std::byte* records, std::size_t n) const noexcept;
 ///   void decode_records(const std::byte* records, std::span<T> out, bool accumulate) const noexcept;
-///   int encode_on(const kernels::cuda::kernel_table&, header, dtype in, const void* in, n, residual_in,
+///   int encode_on(const device::runtime&, header, dtype in, const void* in, n, residual_in,
 ///                 residual_out, position, std::byte* frame, stream) const;        (device memory)
-///   int decode_on(const kernels::cuda::kernel_table&, expected header, frame, frame bytes, n, T* out,
+///   int decode_on(const device::runtime&, expected header, frame, frame bytes, n, T* out,
 ///                 bool accumulate, std::uint32_t* status, stream) const;          (device memory)
 template <class Derived, class T>
 class framed {
@@ -97,21 +97,44 @@ class framed {
   /// values; 16-bit inputs give the frame of their float values.
   /// @par Errors
   /// qcoll::error: invalid_argument for the host encode's reasons, for a buffer in
-  /// host memory, or without qcoll's CUDA kernels (target qcoll::cuda) or a GPU;
-  /// device_error when CUDA refuses the launch.
+  /// host memory, or without a device runtime (qcoll::cuda and a GPU, or the emulated
+  /// device: docs/gpu.md); device_error when the runtime refuses the launch.
   template <class In>
     requires device_input<In>
   void encode(execution::device_stream where, std::span<const In> in, std::span<const T> residual_in,
               std::span<T> residual_out, std::span<std::byte> encoded, encode_position position = {}) const {
-    const auto& cuda = execution::cuda_kernels(Derived::name);
-    const wire::frame_header header = checked_encode(in.size(), residual_in, residual_out, encoded);
+    const auto& device = execution::device_runtime(Derived::name);
+    checked_encode(in.size(), residual_in, residual_out, encoded);
     execution::require_space(Derived::name, execution::memory_space::device,
                              {{"the input", in}, {"residual_in", residual_in}, {"residual_out", residual_out},
                               {"the frame", encoded}});
-    execution::check_cuda(cuda,
-                          self().encode_on(cuda, header, dtype_of<In>::value, in.data(), in.size(), residual_in.data(),
-                                           residual_out.data(), position, encoded.data(), where.stream),
-                          Derived::name);
+    execution::check_device(device, queue_encode(device, where.stream, in, residual_in, residual_out, encoded, position),
+                            Derived::name);
+  }
+
+  /// What a device collective runs between its steps, once it has checked its buffers
+  /// (sizes and memory spaces) at its door: the encode queued on `stream` of `device`,
+  /// with no check of its own. Returns 0 or the runtime's error.
+  template <class In>
+    requires device_input<In>
+  int queue_encode(const device::runtime& device, device::stream_handle stream, std::span<const In> in,
+                   std::span<const T> residual_in, std::span<T> residual_out, std::span<std::byte> encoded,
+                   encode_position position = {}) const {
+    wire::frame_header header = self().header();
+    header.count = in.size();
+    return self().encode_on(device, header, dtype_of<In>::value, in.data(), in.size(), residual_in.data(),
+                            residual_out.data(), position, encoded.data(), stream);
+  }
+
+  /// The same for a decode: `frame` checked on the device into *status (a device word:
+  /// 0, or the errc the host decode would return), then decoded into (or added to)
+  /// `out` if it is 0. Returns 0 or the runtime's error.
+  int queue_decode(const device::runtime& device, device::stream_handle stream, std::span<const std::byte> frame,
+                   std::span<T> out, bool accumulate, std::uint32_t* status) const {
+    wire::frame_header expected = self().header();
+    expected.count = out.size();
+    return self().decode_on(device, expected, frame.data(), frame.size(), out.size(), out.data(), accumulate, status,
+                            stream);
   }
 
   /// out = the decoded frame, all in device memory: the frame is checked on the
@@ -183,18 +206,13 @@ class framed {
 
   std::error_code decode_on_device(execution::device_stream where, std::span<const std::byte> frame, std::span<T> out,
                                    bool accumulate) const {
-    const auto& cuda = execution::cuda_kernels(Derived::name);
+    const auto& device = execution::device_runtime(Derived::name);
     execution::require_space(Derived::name, execution::memory_space::device, {{"the frame", frame}, {"out", out}});
-    wire::frame_header expected = self().header();
-    expected.count = out.size();
     std::uint32_t* status = execution::status_word();
-    execution::check_cuda(cuda,
-                          self().decode_on(cuda, expected, frame.data(), frame.size(), out.size(), out.data(),
-                                           accumulate, status, where.stream),
-                          Derived::name);
+    execution::check_device(device, queue_decode(device, where.stream, frame, out, accumulate, status), Derived::name);
     std::uint32_t verdict = 0;
-    execution::check_cuda(cuda, cuda.copy(&verdict, status, sizeof verdict, where.stream), Derived::name);
-    execution::check_cuda(cuda, cuda.synchronize(where.stream), Derived::name);
+    execution::check_device(device, device.copy(&verdict, status, sizeof verdict, where.stream), Derived::name);
+    execution::check_device(device, device.synchronize(where.stream), Derived::name);
     if (verdict == 0) return {};
     return make_error_code(static_cast<errc>(verdict));
   }

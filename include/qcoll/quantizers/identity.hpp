@@ -5,7 +5,7 @@
 /// checkable.
 
 #include <qcoll/core/concepts.hpp>
-#include <qcoll/kernels/cuda/kernel_table.hpp>
+#include <qcoll/device/runtime.hpp>
 #include <qcoll/quantizers/framed.hpp>
 
 #include <cstddef>
@@ -39,17 +39,17 @@ class identity : public detail::framed<identity<T>, T> {
       std::memcpy(residual_out.data(), residual_in.data(), residual_in.size_bytes());
   }
   /// The residual passes through unchanged here too.
-  int encode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& header, dtype type, const void* in,
+  int encode_on(const device::runtime& device, const wire::frame_header& header, dtype type, const void* in,
                 std::size_t n, const T* residual_in, T* residual_out, encode_position, std::byte* frame,
                 void* stream) const {
     if (residual_out && residual_out != residual_in)
-      if (const int failed = cuda.copy(residual_out, residual_in, n * sizeof(T), stream)) return failed;
-    return cuda.identity_encode(header, type, in, n, frame, stream);
+      if (const int failed = device.copy(residual_out, residual_in, n * sizeof(T), stream)) return failed;
+    return device.identity_encode(header, type, in, n, frame, stream);
   }
-  int decode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& expected, const std::byte* frame,
+  int decode_on(const device::runtime& device, const wire::frame_header& expected, const std::byte* frame,
                 std::size_t frame_bytes, std::size_t n, T* out, bool accumulate, std::uint32_t* status,
                 void* stream) const {
-    return cuda.identity_decode(expected, dtype_of<T>::value, frame, frame_bytes, n, out, accumulate, status, stream);
+    return device.identity_decode(expected, dtype_of<T>::value, frame, frame_bytes, n, out, accumulate, status, stream);
   }
   std::error_code check_records(const std::byte*, std::size_t) const noexcept { return {}; }
   void decode_records(const std::byte* records, std::span<T> out, bool accumulate) const noexcept {

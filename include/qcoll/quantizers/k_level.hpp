@@ -54,7 +54,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/execution/dispatch.hpp>
-#include <qcoll/kernels/cuda/kernel_table.hpp>
+#include <qcoll/device/runtime.hpp>
 #include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/kernels/group/k_level.hpp>
 #include <qcoll/quantizers/framed.hpp>
@@ -113,15 +113,15 @@ class k_level : public detail::framed<k_level, float> {
                       std::span<float> residual_out, encode_position position, std::byte* records) const noexcept {
     execution::cpu_kernels().k_level_encode(options_, in, residual_in, residual_out, position, records);
   }
-  int encode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& header, dtype type, const void* in,
+  int encode_on(const device::runtime& device, const wire::frame_header& header, dtype type, const void* in,
                 std::size_t n, const float* residual_in, float* residual_out, encode_position position,
                 std::byte* frame, void* stream) const {
-    return cuda.k_level_encode(options_, header, position, type, in, n, residual_in, residual_out, frame, stream);
+    return device.k_level_encode(options_, header, position, type, in, n, residual_in, residual_out, frame, stream);
   }
-  int decode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& expected, const std::byte* frame,
+  int decode_on(const device::runtime& device, const wire::frame_header& expected, const std::byte* frame,
                 std::size_t frame_bytes, std::size_t n, float* out, bool accumulate, std::uint32_t* status,
                 void* stream) const {
-    return cuda.k_level_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
+    return device.k_level_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
   }
   /// Any table is valid (NaN marks a non-finite group). Codes must name a level —
   /// only checked when L is not a power of two, the one case a code can exceed it —

@@ -26,7 +26,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/execution/dispatch.hpp>
 #include <qcoll/execution/memory.hpp>
-#include <qcoll/kernels/cuda/kernel_table.hpp>
+#include <qcoll/device/runtime.hpp>
 #include <qcoll/quantizers/framed.hpp>
 
 #include <cstddef>
@@ -76,19 +76,30 @@ class one_bit : public detail::framed<one_bit, float> {
   void encode(execution::device_stream where, std::span<const In> in, std::span<const float> residual_in,
               std::span<float> residual_out, std::span<const float> memory_in, std::span<float> memory_out,
               std::span<std::byte> encoded, encode_position = {}) const {
-    const auto& cuda = execution::cuda_kernels(name);
+    const auto& device = execution::device_runtime(name);
     check_memory(in.size(), memory_in, memory_out);
-    const wire::frame_header header = checked_encode(in.size(), residual_in, residual_out, encoded);
+    checked_encode(in.size(), residual_in, residual_out, encoded);
     execution::require_space(name, execution::memory_space::device,
                              {{"the input", in}, {"residual_in", residual_in}, {"residual_out", residual_out},
                               {"memory_in", memory_in}, {"memory_out", memory_out}, {"the frame", encoded}});
-    execution::check_cuda(cuda,
-                          cuda.one_bit_encode(options_, header, dtype_of<In>::value, in.data(), in.size(),
-                                              residual_in.data(), residual_out.data(), memory_in.data(),
-                                              memory_out.data(), encoded.data(), where.stream),
-                          name);
+    execution::check_device(
+        device, queue_encode(device, where.stream, in, residual_in, residual_out, memory_in, memory_out, encoded), name);
+  }
+
+  /// framed::queue_encode with the memories (no checks: a device collective's step).
+  template <class In>
+    requires device_input<In>
+  int queue_encode(const device::runtime& device, device::stream_handle stream, std::span<const In> in,
+                   std::span<const float> residual_in, std::span<float> residual_out,
+                   std::span<const float> memory_in, std::span<float> memory_out, std::span<std::byte> encoded,
+                   encode_position = {}) const {
+    wire::frame_header frame_header = header();
+    frame_header.count = in.size();
+    return device.one_bit_encode(options_, frame_header, dtype_of<In>::value, in.data(), in.size(), residual_in.data(),
+                                 residual_out.data(), memory_in.data(), memory_out.data(), encoded.data(), stream);
   }
   using framed::encode;
+  using framed::queue_encode;
   std::size_t group_size() const noexcept { return options_.group_size; }
   const one_bit_options& options() const noexcept { return options_; }
 
@@ -109,16 +120,16 @@ class one_bit : public detail::framed<one_bit, float> {
                       std::span<float> residual_out, encode_position, std::byte* records) const noexcept {
     execution::cpu_kernels().one_bit_encode(options_, in, residual_in, residual_out, {}, {}, records);
   }
-  int encode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& header, dtype type, const void* in,
+  int encode_on(const device::runtime& device, const wire::frame_header& header, dtype type, const void* in,
                 std::size_t n, const float* residual_in, float* residual_out, encode_position, std::byte* frame,
                 void* stream) const {
-    return cuda.one_bit_encode(options_, header, type, in, n, residual_in, residual_out, nullptr, nullptr, frame,
+    return device.one_bit_encode(options_, header, type, in, n, residual_in, residual_out, nullptr, nullptr, frame,
                                stream);
   }
-  int decode_on(const kernels::cuda::kernel_table& cuda, const wire::frame_header& expected, const std::byte* frame,
+  int decode_on(const device::runtime& device, const wire::frame_header& expected, const std::byte* frame,
                 std::size_t frame_bytes, std::size_t n, float* out, bool accumulate, std::uint32_t* status,
                 void* stream) const {
-    return cuda.one_bit_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
+    return device.one_bit_decode(options_, expected, frame, frame_bytes, n, out, accumulate, status, stream);
   }
   void check_memory(std::size_t n, std::span<const float> memory_in, std::span<float> memory_out) const {
     if (memory_in.size() != memory_out.size() || (!memory_in.empty() && memory_in.size() != memory_size(n)))

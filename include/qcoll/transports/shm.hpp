@@ -42,7 +42,7 @@
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
-#include <qcoll/transports/shm_handles.hpp>
+#include <qcoll/detail/posix_handles.hpp>
 #include <qcoll/transports/shm_segment.hpp>
 #include <qcoll/transports/shm_shared_memory.hpp>
 #include <qcoll/tuning/table.hpp>
@@ -85,6 +85,8 @@ struct options {
 };
 
 namespace detail {
+using qcoll::detail::file_descriptor;
+using qcoll::detail::mapping;
 
 inline constexpr std::uint64_t segment_magic = 0x71636f6c6c73686dULL;  // "qcollshm"
 inline constexpr std::uint32_t segment_version = 2;
@@ -150,7 +152,7 @@ class shm_channels final : public stream::channels {
       pids_.push_back(pid);
       // A pidfd turns readable when the process exits, zombie or not, and never names a
       // recycled pid; kill(pid, 0) is the fallback where pidfd_open is unavailable.
-      pidfds_.emplace_back(p == rank ? -1 : static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+      pidfds_.push_back(p == rank ? file_descriptor() : qcoll::detail::open_process(pid));
     }
   }
 

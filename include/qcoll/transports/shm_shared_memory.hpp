@@ -20,7 +20,7 @@
 #include <qcoll/core/message.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
-#include <qcoll/transports/shm_handles.hpp>
+#include <qcoll/detail/posix_handles.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -44,6 +44,8 @@
 namespace qcoll::transports::shm {
 
 namespace detail {
+using qcoll::detail::file_descriptor;
+using qcoll::detail::mapping;
 
 inline constexpr std::uint64_t region_magic = 0x71636f6c6c627566ULL;  // "qcollbuf"
 /// The header takes a whole page, so the caller's bytes start page-aligned.
@@ -212,10 +214,9 @@ class peer_regions {
   /// Fetches the owner's descriptor and maps the region; one that maps nothing when that
   /// fails. A refused fetch (no permission, no such call) is not tried again for that peer.
   mapped map(rank_t peer, const shared_region& region) {
-    if (pidfds_[peer].get() < 0) pidfds_[peer] = file_descriptor(static_cast<int>(::syscall(SYS_pidfd_open, pids_[peer], 0)));
+    if (pidfds_[peer].get() < 0) pidfds_[peer] = qcoll::detail::open_process(pids_[peer]);
     if (pidfds_[peer].get() < 0 || region.handle > static_cast<std::uint64_t>(INT32_MAX)) return {};
-    const file_descriptor fd(
-        static_cast<int>(::syscall(SYS_pidfd_getfd, pidfds_[peer].get(), static_cast<int>(region.handle), 0)));
+    const file_descriptor fd = qcoll::detail::fetch_descriptor(pidfds_[peer], static_cast<int>(region.handle));
     if (fd.get() < 0) {
       if (errno == EPERM || errno == ENOSYS) refused_[peer] = 1;
       return {};

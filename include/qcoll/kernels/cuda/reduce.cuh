@@ -32,6 +32,13 @@ cudaError_t launch(const T* a, const T* b, T* out, std::size_t n, Op op, cudaStr
   return cudaGetLastError();
 }
 
+template <class T>
+__global__ void divide_by(T* values, std::size_t n, T divisor) {
+  const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    values[i] = values[i] / divisor;  // IEEE division, as the CPU's finish_avg (no --use_fast_math)
+}
+
 }  // namespace detail
 
 /// out[i] = a[i] ⊕ b[i] for device pointers; `out` may equal `a` or `b`. Asynchronous on `stream`.
@@ -39,6 +46,18 @@ cudaError_t launch(const T* a, const T* b, T* out, std::size_t n, Op op, cudaStr
 template <arithmetic_element T>
 cudaError_t reduce(reduce_op op, const T* a, const T* b, T* out, std::size_t n, cudaStream_t stream = nullptr) {
   return ops::with_operator(op, [&](auto combine_op) { return detail::launch(a, b, out, n, combine_op, stream); });
+}
+
+/// values[i] /= divisor on device memory (an average's last step), rounded as the
+/// CPU's finish_avg rounds it. Asynchronous on `stream`.
+template <arithmetic_element T>
+cudaError_t divide(T* values, std::size_t n, std::size_t divisor, cudaStream_t stream = nullptr) {
+  if (n == 0) return cudaSuccess;
+  constexpr unsigned threads = 256;
+  const std::size_t wanted = (n + threads - 1) / threads;
+  const unsigned blocks = static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
+  detail::divide_by<<<blocks, threads, 0, stream>>>(values, n, static_cast<T>(divisor));
+  return cudaGetLastError();
 }
 
 }  // namespace qcoll::kernels::cuda

@@ -1,11 +1,12 @@
 #pragma once
 /// @file
-/// Fills the CUDA kernel table (kernel_table.hpp) from the kernels of quantizers.cuh,
-/// reduce.cuh and convert.cuh. Built once, by nvcc, in src/cuda_kernels.cu; a
-/// program reaches it through the execution layer.
+/// The CUDA instance of the device runtime (device/runtime.hpp): the kernels of
+/// kernels/cuda/ (quantizers.cuh, reduce.cuh, convert.cuh) and the CUDA runtime's
+/// memory, streams, events and IPC handles. Built once, by nvcc, in
+/// src/cuda_kernels.cu; a program reaches it through the execution layer.
 
+#include <qcoll/device/runtime.hpp>
 #include <qcoll/kernels/cuda/convert.cuh>
-#include <qcoll/kernels/cuda/kernel_table.hpp>
 #include <qcoll/kernels/cuda/quantizers.cuh>
 #include <qcoll/kernels/cuda/reduce.cuh>
 
@@ -13,9 +14,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
-namespace qcoll::kernels::cuda::table_entries {
+namespace qcoll::device::cuda_entries {
+
+// The kernels and their launchers (kernels/cuda/), and the shared code they use (kernels/group/, simt/).
+using namespace qcoll::kernels;
+using namespace qcoll::kernels::cuda;
 
 inline cudaStream_t stream_of(stream_handle stream) noexcept { return static_cast<cudaStream_t>(stream); }
 
@@ -137,6 +143,14 @@ inline int reduce(reduce_op op, dtype type, const void* a, const void* b, void* 
   }
 }
 
+inline int divide(dtype type, void* values, std::size_t n, std::size_t divisor, stream_handle stream) {
+  switch (type) {
+    case dtype::f32: return cuda::divide(static_cast<float*>(values), n, divisor, stream_of(stream));
+    case dtype::f64: return cuda::divide(static_cast<double*>(values), n, divisor, stream_of(stream));
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 inline int widen(dtype from, const void* in, float* out, std::size_t n, stream_handle stream) {
   switch (from) {
     case dtype::bf16: return cuda::widen(static_cast<const bfloat16*>(in), out, n, stream_of(stream));
@@ -175,40 +189,125 @@ inline int locate(const void* pointer, pointer_facts* facts) {
   return cudaSuccess;
 }
 
+inline int current_device(int* ordinal) { return cudaGetDevice(ordinal); }
+inline int set_device(int ordinal) { return cudaSetDevice(ordinal); }
 inline int allocate(std::size_t bytes, void** pointer) { return cudaMalloc(pointer, bytes); }
 inline int release(void* pointer) { return cudaFree(pointer); }
+inline int allocate_host(std::size_t bytes, void** pointer) { return cudaMallocHost(pointer, bytes); }
+inline int release_host(void* pointer) { return cudaFreeHost(pointer); }
 inline int copy(void* to, const void* from, std::size_t bytes, stream_handle stream) {
   return cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream_of(stream));
 }
+inline int fill(void* to, int byte, std::size_t bytes, stream_handle stream) {
+  return cudaMemsetAsync(to, byte, bytes, stream_of(stream));
+}
 inline int synchronize(stream_handle stream) { return cudaStreamSynchronize(stream_of(stream)); }
+inline int stream_create(stream_handle* stream) {
+  cudaStream_t created = nullptr;
+  const cudaError_t result = cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking);
+  *stream = created;
+  return result;
+}
+inline int stream_destroy(stream_handle stream) { return cudaStreamDestroy(stream_of(stream)); }
+inline int stream_device(stream_handle stream, int* ordinal) { return cudaStreamGetDevice(stream_of(stream), ordinal); }
+inline cudaEvent_t event_of(event_handle event) noexcept { return static_cast<cudaEvent_t>(event); }
+inline int event_create(event_handle* event, bool interprocess) {
+  cudaEvent_t created = nullptr;
+  const unsigned flags = cudaEventDisableTiming | (interprocess ? cudaEventInterprocess : 0u);
+  const cudaError_t result = cudaEventCreateWithFlags(&created, flags);
+  *event = created;
+  return result;
+}
+inline int event_destroy(event_handle event) { return cudaEventDestroy(event_of(event)); }
+inline int event_record(event_handle event, stream_handle stream) {
+  return cudaEventRecord(event_of(event), stream_of(stream));
+}
+inline int stream_wait(stream_handle stream, event_handle event) {
+  return cudaStreamWaitEvent(stream_of(stream), event_of(event), 0);
+}
+inline int event_query(event_handle event) { return cudaEventQuery(event_of(event)); }
+inline int event_synchronize(event_handle event) { return cudaEventSynchronize(event_of(event)); }
+
+static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof(ipc_handle) && sizeof(cudaIpcEventHandle_t) <= sizeof(ipc_handle));
+inline int export_memory(void* base, ipc_handle* handle) {
+  cudaIpcMemHandle_t exported{};
+  const cudaError_t result = cudaIpcGetMemHandle(&exported, base);
+  *handle = {};
+  std::memcpy(handle->bytes, &exported, sizeof exported);
+  return result;
+}
+inline int open_memory(const ipc_handle* handle, void** pointer) {
+  cudaIpcMemHandle_t opened{};
+  std::memcpy(&opened, handle->bytes, sizeof opened);
+  return cudaIpcOpenMemHandle(pointer, opened, cudaIpcMemLazyEnablePeerAccess);
+}
+inline int close_memory(void* pointer) { return cudaIpcCloseMemHandle(pointer); }
+inline int export_event(event_handle event, ipc_handle* handle) {
+  cudaIpcEventHandle_t exported{};
+  const cudaError_t result = cudaIpcGetEventHandle(&exported, event_of(event));
+  *handle = {};
+  std::memcpy(handle->bytes, &exported, sizeof exported);
+  return result;
+}
+inline int open_event(const ipc_handle* handle, event_handle* event) {
+  cudaIpcEventHandle_t opened{};
+  std::memcpy(&opened, handle->bytes, sizeof opened);
+  cudaEvent_t created = nullptr;
+  const cudaError_t result = cudaIpcOpenEventHandle(&created, opened);
+  *event = created;
+  return result;
+}
 inline const char* error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
-}  // namespace qcoll::kernels::cuda::table_entries
+}  // namespace qcoll::device::cuda_entries
 
-namespace qcoll::kernels::cuda {
+namespace qcoll::device {
 
-inline constexpr kernel_table make_kernel_table() noexcept {
+/// The CUDA runtime as a device runtime table.
+inline constexpr runtime make_cuda_runtime() noexcept {
+  namespace e = cuda_entries;
   return {
       .name = "cuda",
-      .one_bit_encode = &table_entries::one_bit_encode,
-      .k_level_encode = &table_entries::k_level_encode,
-      .bfp_encode = &table_entries::bfp_encode,
-      .identity_encode = &table_entries::identity_encode,
-      .one_bit_decode = &table_entries::one_bit_decode,
-      .k_level_decode = &table_entries::k_level_decode,
-      .bfp_decode = &table_entries::bfp_decode,
-      .identity_decode = &table_entries::identity_decode,
-      .reduce = &table_entries::reduce,
-      .widen = &table_entries::widen,
-      .narrow = &table_entries::narrow,
-      .device_count = &table_entries::device_count,
-      .locate = &table_entries::locate,
-      .allocate = &table_entries::allocate,
-      .release = &table_entries::release,
-      .copy = &table_entries::copy,
-      .synchronize = &table_entries::synchronize,
-      .error_string = &table_entries::error_string,
+      .one_bit_encode = &e::one_bit_encode,
+      .k_level_encode = &e::k_level_encode,
+      .bfp_encode = &e::bfp_encode,
+      .identity_encode = &e::identity_encode,
+      .one_bit_decode = &e::one_bit_decode,
+      .k_level_decode = &e::k_level_decode,
+      .bfp_decode = &e::bfp_decode,
+      .identity_decode = &e::identity_decode,
+      .reduce = &e::reduce,
+      .divide = &e::divide,
+      .widen = &e::widen,
+      .narrow = &e::narrow,
+      .device_count = &e::device_count,
+      .current_device = &e::current_device,
+      .set_device = &e::set_device,
+      .locate = &e::locate,
+      .allocate = &e::allocate,
+      .release = &e::release,
+      .allocate_host = &e::allocate_host,
+      .release_host = &e::release_host,
+      .copy = &e::copy,
+      .fill = &e::fill,
+      .synchronize = &e::synchronize,
+      .stream_create = &e::stream_create,
+      .stream_destroy = &e::stream_destroy,
+      .stream_device = &e::stream_device,
+      .event_create = &e::event_create,
+      .event_destroy = &e::event_destroy,
+      .event_record = &e::event_record,
+      .stream_wait = &e::stream_wait,
+      .event_query = &e::event_query,
+      .event_synchronize = &e::event_synchronize,
+      .export_memory = &e::export_memory,
+      .open_memory = &e::open_memory,
+      .close_memory = &e::close_memory,
+      .export_event = &e::export_event,
+      .open_event = &e::open_event,
+      .error_string = &e::error_string,
+      .not_ready = cudaErrorNotReady,
   };
 }
 
-}  // namespace qcoll::kernels::cuda
+}  // namespace qcoll::device

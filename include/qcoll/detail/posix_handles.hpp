@@ -1,16 +1,20 @@
 #pragma once
 /// @file
-/// The two POSIX handles the shm transport owns — a memory mapping and a file
-/// descriptor — as move-only objects that release them on destruction; shared by the
-/// job's segment (shm.hpp) and the shared buffers (shm_shared_memory.hpp).
+/// POSIX handles as move-only objects that release them on destruction — a memory
+/// mapping and a file descriptor — and fetching another process's descriptor
+/// (pidfd_getfd): what the shm transport's segment and shared buffers
+/// (transports/shm.hpp, shm_shared_memory.hpp) and the emulated device's memory and
+/// events (device/emulated/) share.
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <utility>
 
-namespace qcoll::transports::shm::detail {
+namespace qcoll::detail {
 
 /// A memory mapping (the job's segment, a shared buffer); unmapped on destruction.
 class mapping {
@@ -50,4 +54,15 @@ class file_descriptor {
   int fd_;
 };
 
-}  // namespace qcoll::transports::shm::detail
+/// A descriptor for process `pid` (pidfd_open); invalid (-1) when it is gone or the call is refused.
+inline file_descriptor open_process(pid_t pid) noexcept {
+  return file_descriptor(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+}
+
+/// A copy of descriptor `fd` of the process behind `process` (pidfd_getfd, Linux 5.6;
+/// the permission process_vm_readv needs); invalid (-1, errno set) when refused.
+inline file_descriptor fetch_descriptor(const file_descriptor& process, int fd) noexcept {
+  return file_descriptor(static_cast<int>(::syscall(SYS_pidfd_getfd, process.get(), fd, 0)));
+}
+
+}  // namespace qcoll::detail

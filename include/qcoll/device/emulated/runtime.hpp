@@ -1,0 +1,595 @@
+#pragma once
+/// @file
+/// The emulated device: the device runtime (device/runtime.hpp) on any CPU, a test
+/// double of CUDA's that lets every device path of qcoll run — and be checked under
+/// AddressSanitizer and ThreadSanitizer — where there is no GPU. It is not a way to
+/// compute on the CPU: the host path is faster at that.
+///
+/// - **Device memory** is host memory the emulation keeps a registry of: `locate`
+///   tells it from any other memory, so a host pointer where device memory is due
+///   (and the reverse) is refused exactly as on a GPU; a kernel or copy that reaches
+///   past an allocation fails with an illegal-address error instead of reading it.
+/// - **A stream** is an in-order queue run by a worker thread of its own, each piece
+///   of work no sooner than `delay` after it was queued: work has not run when the call
+///   that queued it returns, so a missing wait gives a wrong result here rather than a
+///   race on a GPU. The default (null) stream of a device is an ordinary stream, not
+///   CUDA's legacy stream that orders itself with every other: code that leans on that
+///   implicit ordering fails here.
+/// - **An event** is a completion mark a stream's worker sets when it reaches it.
+/// - **Kernels** are the CPU backend's, so frames and residuals are the host call's bit
+///   for bit; a decode checks its frame with the device's own checks (kernels/simt).
+/// - **Process-shared handles** are memfds another process of the node fetches
+///   (pidfd_getfd): device memory and interprocess events can be exported and opened;
+///   a handle of a process that is gone, or of memory since freed, is refused.
+/// - **Failures can be injected** (emulated_faults): an allocation, a copy, a kernel
+///   launch, an IPC open, or a piece of work that fails when it runs.
+///
+/// Chosen with QCOLL_DEVICE=emulated, or in code with
+/// execution::use_device(device::emulated()) (execution/dispatch.hpp). Options from the
+/// environment (QCOLL_EMULATED_DEVICES, QCOLL_EMULATED_DELAY_US) or configure_emulated().
+/// What it does not prove: that the CUDA kernels and the CUDA runtime behave alike
+/// (tools/gpu-check runs the same tests with QCOLL_DEVICE=cuda), speed, and memory
+/// ordering between a GPU and the host beyond what events give.
+
+#include <qcoll/device/emulated/codes.hpp>
+#include <qcoll/device/emulated/kernels.hpp>
+#include <qcoll/device/emulated/memory.hpp>
+#include <qcoll/device/emulated/stream.hpp>
+#include <qcoll/device/runtime.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace qcoll::device {
+
+struct emulated_options {
+  /// Devices the emulation shows (QCOLL_EMULATED_DEVICES, default 1).
+  int devices = 1;
+  /// The least time between queuing a piece of work and running it
+  /// (QCOLL_EMULATED_DELAY_US, default 0: as soon as the worker gets to it).
+  std::chrono::microseconds delay{0};
+};
+
+/// What can be made to fail, once, by emulated_faults::inject.
+enum class emulated_fault : std::uint8_t {
+  allocation,    ///< allocate, allocate_host: out of memory
+  copy,          ///< copy, fill: refused when queued
+  kernel,        ///< any kernel: refused when queued (a launch failure)
+  lost_handle,   ///< open_memory, open_event: the handle is not honoured
+  failed_work,   ///< the next piece of work queued on any stream fails when it runs (reported at the next synchronisation)
+};
+inline constexpr std::size_t emulated_fault_kinds = 5;
+
+/// How much of the emulated device is alive: for tests that nothing leaks.
+struct emulated_census {
+  std::size_t allocations = 0;  ///< device and pinned host memory not released
+  std::size_t streams = 0;      ///< created and not destroyed (the default streams not counted)
+  std::size_t events = 0;
+};
+
+namespace emulated_detail {
+
+inline int option_from_environment(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return fallback;
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  return end && *end == '\0' && parsed >= 0 && parsed < (1 << 30) ? static_cast<int>(parsed) : fallback;
+}
+
+/// The process's emulated device: created at first use, never destroyed (work may
+/// still be queued on its streams while the process exits).
+struct state {
+  state() {
+    devices.store(std::max(1, option_from_environment("QCOLL_EMULATED_DEVICES", 1)));
+    delay_us.store(option_from_environment("QCOLL_EMULATED_DELAY_US", 0));
+    for (auto& f : faults) f.store(-1);
+  }
+
+  std::atomic<int> devices{1};
+  std::atomic<long> delay_us{0};
+  std::atomic<long> faults[emulated_fault_kinds];
+  memory_registry memory;
+
+  std::mutex mutex;  // guards what follows
+  std::map<stream_state*, std::unique_ptr<stream_state>> streams;
+  std::map<event_state*, std::shared_ptr<event_state>> events;
+  std::vector<stream_state*> default_streams;  // one per device, made at first use, never destroyed
+  std::uint64_t last_event_id = 0;
+};
+
+inline state& the_state() {
+  static state* const instance = new state;  // never destroyed: see above
+  return *instance;
+}
+
+inline int& current_ordinal() {
+  thread_local int ordinal = 0;
+  return ordinal;
+}
+
+/// Whether an injected fault of `kind` fires now (and disarms it).
+inline bool fault_fires(emulated_fault kind) {
+  std::atomic<long>& countdown = the_state().faults[static_cast<std::size_t>(kind)];
+  long left = countdown.load();
+  while (left >= 0) {
+    if (countdown.compare_exchange_weak(left, left - 1)) return left == 0;
+  }
+  return false;
+}
+
+inline std::chrono::microseconds delay() { return std::chrono::microseconds(the_state().delay_us.load()); }
+
+/// The stream a handle names (null: the current device's default stream), or null
+/// when it names none.
+inline stream_state* stream_of(stream_handle handle) {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  if (handle == nullptr) {
+    const int ordinal = current_ordinal();
+    if (s.default_streams.size() <= static_cast<std::size_t>(ordinal))
+      s.default_streams.resize(static_cast<std::size_t>(ordinal) + 1, nullptr);
+    stream_state*& fallback = s.default_streams[static_cast<std::size_t>(ordinal)];
+    if (!fallback) fallback = new stream_state(ordinal, delay());  // never destroyed
+    return fallback;
+  }
+  const auto found = s.streams.find(static_cast<stream_state*>(handle));
+  return found == s.streams.end() ? nullptr : found->second.get();
+}
+
+inline std::shared_ptr<event_state> event_of(event_handle handle) {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  const auto found = s.events.find(static_cast<event_state*>(handle));
+  return found == s.events.end() ? nullptr : found->second;
+}
+
+/// A range a kernel reads or writes.
+struct touched {
+  const void* pointer;
+  std::size_t bytes;
+};
+
+/// Queues `piece` on `handle`'s stream once every range in `ranges` lies in device
+/// memory of the stream's device (or pinned host memory); `fault` is the injected
+/// failure that refuses it when queued.
+template <class Piece>
+int queue(stream_handle handle, emulated_fault fault, std::initializer_list<touched> ranges, Piece&& piece) {
+  stream_state* stream = stream_of(handle);
+  if (!stream) return invalid_handle;
+  for (const touched& range : ranges)
+    if (!the_state().memory.reachable(range.pointer, range.bytes, stream->ordinal())) return illegal_address;
+  if (fault_fires(fault)) return injected;
+  if (fault_fires(emulated_fault::failed_work)) {
+    stream->push([] { return static_cast<int>(injected); });
+    return success;
+  }
+  stream->push([piece = std::forward<Piece>(piece)]() mutable {
+    piece();
+    return static_cast<int>(success);
+  });
+  return success;
+}
+
+/// Bytes of n values of `type`.
+inline std::size_t bytes_of(dtype type, std::size_t n) noexcept { return n * size_of(type); }
+
+// ---- the table's entries
+
+inline int one_bit_encode(const quantizers::one_bit_options& options, const quantizers::wire::frame_header& header,
+                          dtype type, const void* x, std::size_t n, const float* residual_in, float* residual_out,
+                          const float* memory_in, float* memory_out, std::byte* frame, stream_handle stream) {
+  if (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16) return invalid_value;
+  const std::size_t residual = residual_in ? n * sizeof(float) : 0;
+  const std::size_t memory =
+      memory_in ? (n + options.group_size - 1) / options.group_size * quantizers::one_bit_memory_per_group * sizeof(float) : 0;
+  return queue(stream, emulated_fault::kernel,
+               {{x, bytes_of(type, n)}, {residual_in, residual}, {residual_out, residual}, {memory_in, memory},
+                {memory_out, memory}, {frame, quantizers::wire::one_bit_layout(options.group_size).frame_bytes(n)}},
+               [=] {
+                 kernel_work::one_bit_encode(options, header, type, x, n, residual_in, residual_out, memory_in,
+                                             memory_out, frame);
+               });
+}
+
+inline int k_level_encode(const quantizers::k_level_options& options, const quantizers::wire::frame_header& header,
+                          quantizers::encode_position position, dtype type, const void* x, std::size_t n,
+                          const float* residual_in, float* residual_out, std::byte* frame, stream_handle stream) {
+  if (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16) return invalid_value;
+  const std::size_t residual = residual_in ? n * sizeof(float) : 0;
+  return queue(stream, emulated_fault::kernel,
+               {{x, bytes_of(type, n)}, {residual_in, residual}, {residual_out, residual},
+                {frame, kernels::k_level_detail::layout(options).frame_bytes(n)}},
+               [=] { kernel_work::k_level_encode(options, header, position, type, x, n, residual_in, residual_out, frame); });
+}
+
+inline int bfp_encode(const quantizers::bfp_options& options, const quantizers::wire::frame_header& header, dtype type,
+                      const void* x, std::size_t n, const float* residual_in, float* residual_out, std::byte* frame,
+                      stream_handle stream) {
+  if (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16) return invalid_value;
+  const std::size_t residual = residual_in ? n * sizeof(float) : 0;
+  const std::size_t frame_bytes =
+      kernels::bfp_detail::layout(kernels::bfp_detail::block_values(options, n), options.mantissa_bits).frame_bytes(n);
+  return queue(stream, emulated_fault::kernel,
+               {{x, bytes_of(type, n)}, {residual_in, residual}, {residual_out, residual}, {frame, frame_bytes}},
+               [=] { kernel_work::bfp_encode(options, header, type, x, n, residual_in, residual_out, frame); });
+}
+
+inline int identity_encode(const quantizers::wire::frame_header& header, dtype type, const void* x, std::size_t n,
+                           std::byte* frame, stream_handle stream) {
+  const bool as_double = header.type == dtype::f64;
+  if (as_double ? type != dtype::f64 : (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16))
+    return invalid_value;
+  return queue(stream, emulated_fault::kernel,
+               {{x, bytes_of(type, n)}, {frame, quantizers::wire::header_size + bytes_of(header.type, n)}},
+               [=] { kernel_work::identity_encode(header, type, x, n, frame); });
+}
+
+inline int one_bit_decode(const quantizers::one_bit_options& options, const quantizers::wire::frame_header& expected,
+                          const std::byte* frame, std::size_t frame_bytes, std::size_t n, float* out, bool accumulate,
+                          std::uint32_t* status, stream_handle stream) {
+  return queue(stream, emulated_fault::kernel,
+               {{frame, frame_bytes}, {out, n * sizeof(float)}, {status, sizeof *status}},
+               [=] { kernel_work::one_bit_decode(options, expected, frame, frame_bytes, n, out, accumulate, status); });
+}
+
+inline int k_level_decode(const quantizers::k_level_options& options, const quantizers::wire::frame_header& expected,
+                          const std::byte* frame, std::size_t frame_bytes, std::size_t n, float* out, bool accumulate,
+                          std::uint32_t* status, stream_handle stream) {
+  return queue(stream, emulated_fault::kernel,
+               {{frame, frame_bytes}, {out, n * sizeof(float)}, {status, sizeof *status}},
+               [=] { kernel_work::k_level_decode(options, expected, frame, frame_bytes, n, out, accumulate, status); });
+}
+
+inline int bfp_decode(const quantizers::bfp_options& options, const quantizers::wire::frame_header& expected,
+                      const std::byte* frame, std::size_t frame_bytes, std::size_t n, float* out, bool accumulate,
+                      std::uint32_t* status, stream_handle stream) {
+  return queue(stream, emulated_fault::kernel,
+               {{frame, frame_bytes}, {out, n * sizeof(float)}, {status, sizeof *status}},
+               [=] { kernel_work::bfp_decode(options, expected, frame, frame_bytes, n, out, accumulate, status); });
+}
+
+inline int identity_decode(const quantizers::wire::frame_header& expected, dtype type, const std::byte* frame,
+                           std::size_t frame_bytes, std::size_t n, void* out, bool accumulate, std::uint32_t* status,
+                           stream_handle stream) {
+  if (type != dtype::f32 && type != dtype::f64) return invalid_value;
+  return queue(stream, emulated_fault::kernel, {{frame, frame_bytes}, {out, bytes_of(type, n)}, {status, sizeof *status}},
+               [=] {
+                 if (type == dtype::f32)
+                   kernel_work::identity_decode(expected, frame, frame_bytes, n, static_cast<float*>(out), accumulate, status);
+                 else
+                   kernel_work::identity_decode(expected, frame, frame_bytes, n, static_cast<double*>(out), accumulate,
+                                                status);
+               });
+}
+
+inline int reduce(reduce_op op, dtype type, const void* a, const void* b, void* out, std::size_t n,
+                  stream_handle stream) {
+  if (type != dtype::f32 && type != dtype::f64) return invalid_value;
+  const std::size_t bytes = bytes_of(type, n);
+  return queue(stream, emulated_fault::kernel, {{a, bytes}, {b, bytes}, {out, bytes}}, [=] {
+    if (type == dtype::f32) kernel_work::reduce<float>(op, a, b, out, n);
+    else kernel_work::reduce<double>(op, a, b, out, n);
+  });
+}
+
+inline int divide(dtype type, void* values, std::size_t n, std::size_t divisor, stream_handle stream) {
+  if ((type != dtype::f32 && type != dtype::f64) || divisor == 0) return invalid_value;
+  return queue(stream, emulated_fault::kernel, {{values, bytes_of(type, n)}}, [=] {
+    if (type == dtype::f32) kernel_work::divide<float>(values, n, divisor);
+    else kernel_work::divide<double>(values, n, divisor);
+  });
+}
+
+inline int widen(dtype from, const void* in, float* out, std::size_t n, stream_handle stream) {
+  if (from != dtype::bf16 && from != dtype::f16) return invalid_value;
+  return queue(stream, emulated_fault::kernel, {{in, bytes_of(from, n)}, {out, n * sizeof(float)}}, [=] {
+    if (from == dtype::bf16) kernel_work::widen<bfloat16>(in, out, n);
+    else kernel_work::widen<float16>(in, out, n);
+  });
+}
+
+inline int narrow(dtype to, const float* in, void* out, std::size_t n, stream_handle stream) {
+  if (to != dtype::bf16 && to != dtype::f16) return invalid_value;
+  return queue(stream, emulated_fault::kernel, {{in, n * sizeof(float)}, {out, bytes_of(to, n)}}, [=] {
+    if (to == dtype::bf16) kernel_work::narrow<bfloat16>(in, out, n);
+    else kernel_work::narrow<float16>(in, out, n);
+  });
+}
+
+inline int device_count(int* count) {
+  *count = the_state().devices.load();
+  return success;
+}
+inline int current_device(int* ordinal) {
+  *ordinal = current_ordinal();
+  return success;
+}
+inline int set_device(int ordinal) {
+  if (ordinal < 0 || ordinal >= the_state().devices.load()) return invalid_device;
+  current_ordinal() = ordinal;
+  return success;
+}
+inline int locate(const void* pointer, pointer_facts* facts) {
+  *facts = the_state().memory.locate(pointer);
+  return success;
+}
+inline int allocate(std::size_t bytes, void** pointer) {
+  *pointer = nullptr;
+  if (fault_fires(emulated_fault::allocation)) return out_of_memory;
+  return the_state().memory.allocate_device(bytes, current_ordinal(), pointer);
+}
+
+/// What cudaFree does first: waits for every stream, so no queued work touches freed memory.
+inline void synchronize_everything() {
+  state& s = the_state();
+  std::vector<stream_state*> all;
+  {
+    std::lock_guard lock(s.mutex);
+    for (const auto& [raw, owned] : s.streams) all.push_back(raw);
+    for (stream_state* fallback : s.default_streams)
+      if (fallback) all.push_back(fallback);
+  }
+  for (stream_state* stream : all) stream->wait_idle();
+}
+
+inline int release(void* pointer) {
+  if (pointer == nullptr) return success;
+  synchronize_everything();
+  return the_state().memory.release(pointer, memory_kind::device);
+}
+inline int allocate_host(std::size_t bytes, void** pointer) {
+  *pointer = nullptr;
+  if (fault_fires(emulated_fault::allocation)) return out_of_memory;
+  return the_state().memory.allocate_pinned(bytes, pointer);
+}
+inline int release_host(void* pointer) {
+  if (pointer == nullptr) return success;
+  synchronize_everything();
+  return the_state().memory.release(pointer, memory_kind::pinned);
+}
+
+inline int copy(void* to, const void* from, std::size_t bytes, stream_handle handle) {
+  stream_state* stream = stream_of(handle);
+  if (!stream) return invalid_handle;
+  if (bytes == 0) return success;
+  const memory_registry& memory = the_state().memory;
+  // Device memory must hold the whole range; other host memory is the caller's to vouch for.
+  for (const void* end : {static_cast<const void*>(to), from})
+    if (memory.touches_device(end, bytes) && !memory.reachable(end, bytes)) return illegal_address;
+  if (fault_fires(emulated_fault::copy)) return injected;
+  if (fault_fires(emulated_fault::failed_work)) {
+    stream->push([] { return static_cast<int>(injected); });
+    return success;
+  }
+  stream->push([=] {
+    std::memcpy(to, from, bytes);
+    return static_cast<int>(success);
+  });
+  return success;
+}
+
+inline int fill(void* to, int byte, std::size_t bytes, stream_handle stream) {
+  if (fault_fires(emulated_fault::copy)) return injected;
+  return queue(stream, emulated_fault::kernel, {{to, bytes}}, [=] {
+    if (bytes != 0) std::memset(to, byte, bytes);
+  });
+}
+
+inline int synchronize(stream_handle handle) {
+  stream_state* stream = stream_of(handle);
+  return stream ? stream->synchronize() : static_cast<int>(invalid_handle);
+}
+
+inline int stream_create(stream_handle* handle) {
+  state& s = the_state();
+  auto made = std::make_unique<stream_state>(current_ordinal(), delay());
+  stream_state* raw = made.get();
+  std::lock_guard lock(s.mutex);
+  s.streams.emplace(raw, std::move(made));
+  *handle = raw;
+  return success;
+}
+inline int stream_destroy(stream_handle handle) {
+  state& s = the_state();
+  std::unique_ptr<stream_state> gone;
+  {
+    std::lock_guard lock(s.mutex);
+    const auto found = s.streams.find(static_cast<stream_state*>(handle));
+    if (found == s.streams.end()) return invalid_handle;
+    gone = std::move(found->second);
+    s.streams.erase(found);
+  }
+  gone.reset();  // runs what is queued, then stops its worker
+  return success;
+}
+inline int stream_device(stream_handle handle, int* ordinal) {
+  stream_state* stream = stream_of(handle);
+  if (!stream) return invalid_handle;
+  *ordinal = stream->ordinal();
+  return success;
+}
+
+inline int event_create(event_handle* handle, bool interprocess) {
+  state& s = the_state();
+  std::uint64_t id = 0;
+  {
+    std::lock_guard lock(s.mutex);
+    id = ++s.last_event_id;
+  }
+  event_state* raw = nullptr;
+  if (const int failed = event_state::make(interprocess, id, &raw)) return failed;
+  std::lock_guard lock(s.mutex);
+  s.events.emplace(raw, std::shared_ptr<event_state>(raw));
+  *handle = raw;
+  return success;
+}
+inline int event_destroy(event_handle handle) {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  // Pending records and waits hold their own reference: the event goes when they have run.
+  return s.events.erase(static_cast<event_state*>(handle)) == 1 ? static_cast<int>(success) : static_cast<int>(invalid_handle);
+}
+inline int event_record(event_handle handle, stream_handle stream_handle_) {
+  std::shared_ptr<event_state> event = event_of(handle);
+  stream_state* stream = stream_of(stream_handle_);
+  if (!event || !stream) return invalid_handle;
+  const std::uint64_t record = event->issue();
+  stream->push([event, record, stream] {
+    event->complete(record, stream->pending_error());
+    return static_cast<int>(success);
+  });
+  return success;
+}
+inline int stream_wait(stream_handle stream_handle_, event_handle handle) {
+  std::shared_ptr<event_state> event = event_of(handle);
+  stream_state* stream = stream_of(stream_handle_);
+  if (!event || !stream) return invalid_handle;
+  const std::uint64_t target = event->last_issued();
+  if (target == 0) return success;  // never recorded: nothing to wait for
+  stream->push([event, target] {
+    poll_until([&] { return event->reached(target); });
+    return static_cast<int>(success);
+  });
+  return success;
+}
+inline int event_query(event_handle handle) {
+  const std::shared_ptr<event_state> event = event_of(handle);
+  if (!event) return invalid_handle;
+  if (!event->reached(event->last_issued())) return not_ready;
+  return event->error();
+}
+inline int event_synchronize(event_handle handle) {
+  const std::shared_ptr<event_state> event = event_of(handle);
+  if (!event) return invalid_handle;
+  const std::uint64_t target = event->last_issued();
+  poll_until([&] { return event->reached(target); });
+  return event->error();
+}
+
+inline int export_memory(void* base, ipc_handle* handle) { return the_state().memory.export_memory(base, handle); }
+inline int open_memory(const ipc_handle* handle, void** pointer) {
+  *pointer = nullptr;
+  if (fault_fires(emulated_fault::lost_handle)) return invalid_handle;
+  return the_state().memory.open_memory(*handle, pointer);
+}
+inline int close_memory(void* pointer) {
+  synchronize_everything();
+  return the_state().memory.release(pointer, memory_kind::opened);
+}
+inline int export_event(event_handle handle, ipc_handle* exported) {
+  const std::shared_ptr<event_state> event = event_of(handle);
+  return event ? event->export_to(exported) : static_cast<int>(invalid_handle);
+}
+inline int open_event(const ipc_handle* exported, event_handle* handle) {
+  *handle = nullptr;
+  if (fault_fires(emulated_fault::lost_handle)) return invalid_handle;
+  state& s = the_state();
+  std::uint64_t id = 0;
+  {
+    std::lock_guard lock(s.mutex);
+    id = ++s.last_event_id;
+  }
+  event_state* raw = nullptr;
+  if (const int failed = event_state::open(*exported, id, &raw)) return failed;
+  std::lock_guard lock(s.mutex);
+  s.events.emplace(raw, std::shared_ptr<event_state>(raw));
+  *handle = raw;
+  return success;
+}
+
+inline const char* error_string(int value) { return words(value); }
+
+inline constexpr runtime make_emulated_runtime() noexcept {
+  return {
+      .name = "emulated",
+      .one_bit_encode = &one_bit_encode,
+      .k_level_encode = &k_level_encode,
+      .bfp_encode = &bfp_encode,
+      .identity_encode = &identity_encode,
+      .one_bit_decode = &one_bit_decode,
+      .k_level_decode = &k_level_decode,
+      .bfp_decode = &bfp_decode,
+      .identity_decode = &identity_decode,
+      .reduce = &reduce,
+      .divide = &divide,
+      .widen = &widen,
+      .narrow = &narrow,
+      .device_count = &device_count,
+      .current_device = &current_device,
+      .set_device = &set_device,
+      .locate = &locate,
+      .allocate = &allocate,
+      .release = &release,
+      .allocate_host = &allocate_host,
+      .release_host = &release_host,
+      .copy = &copy,
+      .fill = &fill,
+      .synchronize = &synchronize,
+      .stream_create = &stream_create,
+      .stream_destroy = &stream_destroy,
+      .stream_device = &stream_device,
+      .event_create = &event_create,
+      .event_destroy = &event_destroy,
+      .event_record = &event_record,
+      .stream_wait = &stream_wait,
+      .event_query = &event_query,
+      .event_synchronize = &event_synchronize,
+      .export_memory = &export_memory,
+      .open_memory = &open_memory,
+      .close_memory = &close_memory,
+      .export_event = &export_event,
+      .open_event = &open_event,
+      .error_string = &error_string,
+      .not_ready = not_ready,
+  };
+}
+
+}  // namespace emulated_detail
+
+/// The emulated device runtime.
+inline const runtime& emulated() noexcept {
+  static constexpr runtime table = emulated_detail::make_emulated_runtime();
+  return table;
+}
+
+/// Sets the emulation's options: the device count at once, the delay for work queued
+/// on streams made from now on (default streams already in use keep theirs).
+inline void configure_emulated(const emulated_options& options) {
+  emulated_detail::state& s = emulated_detail::the_state();
+  s.devices.store(std::max(1, options.devices));
+  s.delay_us.store(static_cast<long>(options.delay.count()));
+}
+
+/// Injected failures, for tests of what qcoll does when the device fails.
+struct emulated_faults {
+  /// The (after + 1)-th call of that kind from now fails, once.
+  static void inject(emulated_fault kind, std::size_t after = 0) {
+    emulated_detail::the_state().faults[static_cast<std::size_t>(kind)].store(static_cast<long>(after));
+  }
+  /// Disarms every injected failure that has not fired.
+  static void clear() {
+    for (auto& f : emulated_detail::the_state().faults) f.store(-1);
+  }
+};
+
+/// Streams and events alive now (for tests that nothing leaks).
+inline emulated_census census() {
+  emulated_detail::state& s = emulated_detail::the_state();
+  const std::size_t allocations = s.memory.owned();
+  std::lock_guard lock(s.mutex);
+  return {allocations, s.streams.size(), s.events.size()};
+}
+
+}  // namespace qcoll::device
