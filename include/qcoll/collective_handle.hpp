@@ -4,12 +4,17 @@
 /// waiting (communicator::start_allreduce, start_reduce_scatter, start_all_gather,
 /// start_broadcast). It keeps the call's arguments until the progress thread runs it,
 /// so starting a call allocates nothing; one handle per call in flight, reusable once
-/// the call has finished.
+/// the call has finished. A call on device buffers also keeps an event, recorded on
+/// the caller's stream when the call starts: the call runs after the work queued there
+/// before it (made at the first such start, reused).
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/call_handle.hpp>
 #include <qcoll/detail/outcome.hpp>
+#include <qcoll/execution/device_memory.hpp>
+#include <qcoll/execution/dispatch.hpp>
+#include <qcoll/execution/memory.hpp>
 
 #include <cstddef>
 #include <span>
@@ -28,11 +33,12 @@ class collective_handle : public detail::call_handle {
   /// Handles move (so several fit in a std::vector) while no call is in flight.
   /// @throws qcoll::error (invalid_argument) when one is.
   collective_handle(collective_handle&& other)
-      : call_handle((other.require_idle("move"), std::move(other))), call_(other.call_) {}
+      : call_handle((other.require_idle("move"), std::move(other))), call_(other.call_), ready_(std::move(other.ready_)) {}
   collective_handle& operator=(collective_handle&& other) {
     require_idle("move");
     other.require_idle("move");
     call_ = other.call_;
+    ready_ = std::move(other.ready_);
     return *this;
   }
   ~collective_handle() = default;  // call_handle's waits for a call in flight
@@ -50,6 +56,8 @@ class collective_handle : public detail::call_handle {
     std::size_t out_count = 0;
     reduce_op op = reduce_op::sum;
     rank_t root = 0;
+    bool on_device = false;
+    execution::device_entry device{};
   };
 
   template <element T>
@@ -57,6 +65,23 @@ class collective_handle : public detail::call_handle {
                                    rank_t root) {
     require_idle("start");
     call_ = {kind, in.data(), in.size(), out.data(), out.size(), op, root};
+    return operation();
+  }
+  /// The same for a call on device buffers: records the start's event on where.stream.
+  /// @throws qcoll::error (the call is not started): invalid_argument without a device
+  /// runtime or for a stream not of it; device_error when the event cannot be recorded.
+  template <element T>
+  detail::pending_operation& queue_on_device(collective kind, execution::device_stream where, std::span<const T> in,
+                                             std::span<T> out, reduce_op op, rank_t root) {
+    require_idle("start");
+    const device::runtime& runtime = execution::device_runtime("start");
+    int ordinal = -1;
+    if (runtime.stream_device(where.stream, &ordinal) != 0)
+      detail::throw_error(errc::invalid_argument, "start: the stream is not a stream of the {} device runtime",
+                          runtime.name);
+    if (!ready_) ready_ = execution::device_event("start");
+    execution::check_device(runtime, runtime.event_record(ready_.get(), where.stream), "start: recording its event");
+    call_ = {kind, in.data(), in.size(), out.data(), out.size(), op, root, true, {where, ready_.get(), ordinal}};
     return operation();
   }
   template <element T>
@@ -78,6 +103,14 @@ class collective_handle : public detail::call_handle {
       const std::span<const T> in = handle.in<T>();
       const std::span<T> out = handle.out<T>();
       const reduce_op op = handle.call_.op;
+      if (handle.call_.on_device) {
+        const execution::device_entry& entry = handle.call_.device;
+        if constexpr (Kind == collective::allreduce) comm.allreduce_on_device(entry, in, out, op);
+        else if constexpr (Kind == collective::reduce_scatter) comm.reduce_scatter_on_device(entry, in, out, op);
+        else if constexpr (Kind == collective::all_gather) comm.all_gather_on_device(entry, in, out);
+        else comm.broadcast_on_device(entry, out, handle.call_.root);
+        return;
+      }
       if constexpr (Kind == collective::allreduce) comm.allreduce(in, out, op);
       else if constexpr (Kind == collective::reduce_scatter) comm.reduce_scatter(in, out, op);
       else if constexpr (Kind == collective::all_gather) comm.all_gather(in, out);
@@ -86,6 +119,7 @@ class collective_handle : public detail::call_handle {
   }
 
   arguments call_{};  // read by the progress thread
+  execution::device_event ready_;  // device calls: recorded on the caller's stream at the start
 };
 
 }  // namespace qcoll

@@ -28,6 +28,7 @@
 /// rank still runs its collectives in program order.
 
 #include <qcoll/algorithms/binomial_tree.hpp>
+#include <qcoll/algorithms/device_staging.hpp>
 #include <qcoll/algorithms/dissemination.hpp>
 #include <qcoll/algorithms/halving_doubling.hpp>
 #include <qcoll/algorithms/primitives.hpp>
@@ -49,6 +50,7 @@
 #include <qcoll/detail/split.hpp>
 #include <qcoll/error_code_forms.hpp>
 #include <qcoll/execution/dispatch.hpp>
+#include <qcoll/execution/memory.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/started_calls.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
@@ -61,6 +63,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -235,20 +238,11 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   /// (ring reduce-scatter, then ring all-gather).
   template <element T>
   void allreduce(std::span<const T> in, std::span<T> out, reduce_op op) {
-    const choose::choice way = choose::allreduce(tuning_, world(), in.size_bytes(), largest_block(in.size()) * sizeof(T));
+    const choose::choice way = allreduce_choice<T>(in.size());
     auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
     detail::check_same_or_disjoint(step, in, out);
     execution::require_host(step, {{"the input", in}, {"the output", out}});
-
-    if (way.algorithm == algorithm::recursive_doubling)
-      return workspace_.allreduce_by_exchanges(step, rank(), size(), in, out, op, [](auto&&... a) {
-        algorithms::recursive_doubling_allreduce(a...);
-      });
-    if (way.algorithm == algorithm::halving_doubling)
-      return workspace_.allreduce_by_exchanges(step, rank(), size(), in, out, op, [](auto&&... a) {
-        algorithms::halving_doubling_allreduce(a...);
-      });
-    workspace_.allreduce_by_ring(step, ring(), in, out, op);
+    run_allreduce(step, way, in, out, op);
   }
 
   /// In-place allreduce.
@@ -257,23 +251,41 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     allreduce(std::span<const T>(data), data, op);
   }
 
+  /// allreduce on device memory (docs/gpu.md): `in` and `out` live on the device of
+  /// `where`'s stream. As NCCL's calls, it runs after the work queued on that stream
+  /// before it, and work queued there after it sees the result; it returns once the
+  /// result is in place. The same algorithm as the host call of the same size, so the
+  /// same bits. Over a transport that moves host memory, the input is staged through
+  /// pinned host memory in chunks that pipeline with the transfer
+  /// (algorithms/device_staging.hpp).
+  /// @par Errors
+  /// As the host call, and invalid_argument (on every rank) for a buffer in host memory
+  /// or on another device than the stream's, or without a device runtime;
+  /// device_error when the device fails a copy.
+  template <element T>
+  void allreduce(execution::device_stream where, std::span<const T> in, std::span<T> out, reduce_op op) {
+    allreduce_on_device({where}, in, out, op);
+  }
+  template <element T>
+  void allreduce(execution::device_stream where, std::span<T> data, reduce_op op) {
+    allreduce_on_device({where}, std::span<const T>(data), data, op);
+  }
+
   /// Rank r receives block r of the reduced `in` (block_of(in.size(), size(), r)).
   /// `out` has exactly that block's size; it may be exactly that block of `in`, or disjoint from `in`.
   /// @par Complexity
   /// n − 1 steps; each rank sends and receives (n − 1)/n · count elements.
   template <element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
-    auto step = begin(collective::reduce_scatter, dtype_of<T>::value, op, in.size(), 0,
-                      choose::ring(tuning_, largest_block(in.size()) * sizeof(T), reads_peers_memory()));
-    const block_range mine = block_of(in.size(), size(), rank());
-    if (out.size() != mine.size)
-      step.fail(errc::invalid_argument, "output has {} elements but block {} of {} has {}", out.size(), rank(),
-                in.size(), mine.size);
-    if (detail::overlaps(in, out) && !detail::same_range(mine.of(in), out))
-      step.fail(errc::invalid_argument, "output overlaps the input other than as exactly block {}", rank());
+    auto step = begin_reduce_scatter(in, out, op);
     execution::require_host(step, {{"the input", in}, {"the output", out}});
-
     workspace_.reduce_scatter_by_ring(step, ring(), in, out, op);
+  }
+
+  /// reduce_scatter on device memory, as allreduce's device form.
+  template <element T>
+  void reduce_scatter(execution::device_stream where, std::span<const T> in, std::span<T> out, reduce_op op) {
+    reduce_scatter_on_device({where}, in, out, op);
   }
 
   /// Every rank contributes block r of `out` (`in`, of block_of(out.size(), size(), r)'s size)
@@ -282,17 +294,17 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   /// n − 1 steps; each rank sends and receives (n − 1)/n · out.size() elements.
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    auto step = begin(collective::all_gather, dtype_of<T>::value, reduce_op::sum, out.size(), 0,
-                      choose::ring(tuning_, largest_block(out.size()) * sizeof(T), reads_peers_memory()));
-    const block_range mine = block_of(out.size(), size(), rank());
-    if (in.size() != mine.size)
-      step.fail(errc::invalid_argument, "input has {} elements but block {} of {} has {}", in.size(), rank(),
-                out.size(), mine.size);
-    if (detail::overlaps(in, out) && !detail::same_range(in, mine.of(out)))
-      step.fail(errc::invalid_argument, "input overlaps the output other than as exactly block {}", rank());
+    auto step = begin_all_gather(in, out);
     execution::require_host(step, {{"the input", in}, {"the output", out}});
+    const block_range mine = block_of(out.size(), size(), rank());
     if (!detail::same_range(in, mine.of(out))) std::copy(in.begin(), in.end(), mine.of(out).begin());
     algorithms::ring_all_gather<channel_type, T>(step, ring(), out);
+  }
+
+  /// all_gather on device memory, as allreduce's device form.
+  template <element T>
+  void all_gather(execution::device_stream where, std::span<const T> in, std::span<T> out) {
+    all_gather_on_device({where}, in, out);
   }
 
   /// Copies root's `data` into every rank's `data` (same size on every rank).
@@ -307,11 +319,13 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root, way);
     if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
     execution::require_host(step, {{"the data", data}});
-    if (way.algorithm == algorithm::binomial_tree)
-      return algorithms::binomial_tree_broadcast<channel_type, T>(step, rank(), size(), root, data);
-    const algorithms::ring_view ring = this->ring();
-    algorithms::ring_scatter<channel_type, T>(step, ring, root, data);
-    algorithms::ring_all_gather<channel_type, T>(step, ring, data);
+    run_broadcast(step, way, data, root);
+  }
+
+  /// broadcast on device memory, as allreduce's device form.
+  template <element T>
+  void broadcast(execution::device_stream where, std::span<T> data, rank_t root) {
+    broadcast_on_device({where}, data, root);
   }
 
   /// Returns once every rank has entered the barrier.
@@ -320,8 +334,18 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   void barrier() {
     const choose::choice way = choose::barrier(tuning_, world());
     auto step = begin(collective::barrier, dtype::f32, reduce_op::sum, 0, 0, way);
-    if (way.algorithm == algorithm::dissemination) return algorithms::dissemination_barrier(step, rank(), size());
-    algorithms::ring_all_gather<channel_type, float>(step, ring(), std::span<float>());
+    run_barrier(step, way);
+  }
+
+  /// A barrier that also waits for the device: no rank returns before every rank's
+  /// work queued on its stream before the call has run.
+  void barrier(execution::device_stream where) {
+    const choose::choice way = choose::barrier(tuning_, world());
+    auto step = begin(collective::barrier, dtype::f32, reduce_op::sum, 0, 0, way);
+    run_on_device(step, {where}, {}, 0, [&](algorithms::device_staging& stage) {
+      if (const int failed = stage.wait_for_caller()) fail_device(step, stage, failed, "waiting for the stream's work");
+      run_barrier(step, way);
+    });
   }
 
   /// out = in₀ + in₁ + … (or their average) through `plan`'s quantizer, with error
@@ -344,12 +368,14 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   /// frame this rank's quantizer cannot decode (ranks with different quantizers).
   /// Calling it on a plan in flight throws invalid_argument without aborting.
   template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::host)
   void allreduce(Plan& plan, std::span<const typename Plan::value_type> in, std::span<typename Plan::value_type> out,
                  reduce_op op) {
     plan.require_idle("allreduce");
     run_plan(plan, {.in = in, .out = out, .op = op});
   }
   template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::host)
   void allreduce(Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
     allreduce(plan, std::span<const typename Plan::value_type>(data), data, op);
   }
@@ -360,9 +386,37 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   /// @par Errors
   /// As above, and invalid_argument for tensors of other sizes or overlapping ones.
   template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::host)
   void allreduce(Plan& plan, std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op) {
     plan.require_idle("allreduce");
     run_plan(plan, {.tensors = tensors, .op = op});
+  }
+
+  /// allreduce through a plan on device memory (made with a device_stream: its state on
+  /// the device of `where`'s stream), as the host call: `in` and `out` (or the fused
+  /// call's tensors) live on that device; the call is ordered on `where` as the exact
+  /// device calls are, and returns once the result is in place. The GPU encodes and
+  /// decodes, and only frames cross to the host (algorithms/device_schedule.hpp). The
+  /// result equals the host plan's for the same inputs, bit for bit; a failed call
+  /// leaves the output and the plan's residuals (device memory) as they were.
+  template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::device)
+  void allreduce(execution::device_stream where, Plan& plan, std::span<const typename Plan::value_type> in,
+                 std::span<typename Plan::value_type> out, reduce_op op) {
+    plan.require_idle("allreduce");
+    run_plan(plan, {.in = in, .out = out, .op = op, .device = {where}});
+  }
+  template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::device)
+  void allreduce(execution::device_stream where, Plan& plan, std::span<typename Plan::value_type> data, reduce_op op) {
+    allreduce(where, plan, std::span<const typename Plan::value_type>(data), data, op);
+  }
+  template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::device)
+  void allreduce(execution::device_stream where, Plan& plan,
+                 std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op) {
+    plan.require_idle("allreduce");
+    run_plan(plan, {.tensors = tensors, .op = op, .device = {where}});
   }
 
   /// Point to point: sends `data` to rank `to`, which takes it with a recv (or
@@ -402,10 +456,50 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     sending.complete_send(sent, to, outgoing.size_bytes());
   }
 
+  /// Point to point on device memory, as allreduce's device form: send returns once the
+  /// transport has taken the data, recv once it is in place on the device.
+  template <element T>
+  void send(execution::device_stream where, std::span<const T> data, rank_t to) {
+    auto step = begin_point_to_point<T>(sent_to_, to, data.size());
+    run_on_device(step, {where}, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
+      const std::span<T> mirror = stage.template mirror_of<T>(data.size());
+      download(step, stage, std::as_bytes(data), 0, true);
+      step.send(to, std::span<const T>(mirror));
+    });
+  }
+  template <element T>
+  void recv(execution::device_stream where, std::span<T> data, rank_t from) {
+    auto step = begin_point_to_point<T>(received_from_, from, data.size());
+    run_on_device(step, {where}, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
+      const std::span<T> mirror = stage.template mirror_of<T>(data.size());
+      step.recv(from, mirror);
+      upload(step, stage, std::span<const T>(mirror), data);
+    });
+  }
+  template <element T>
+  void send_recv(execution::device_stream where, std::span<const T> outgoing, rank_t to, std::span<T> incoming,
+                 rank_t from) {
+    auto receiving = begin_point_to_point<T>(received_from_, from, incoming.size());
+    auto sending = begin_point_to_point<T>(sent_to_, to, outgoing.size());
+    run_on_device(receiving, {where}, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}},
+                  outgoing.size_bytes() + incoming.size_bytes(), [&](algorithms::device_staging& stage) {
+      const std::span<T> both = stage.template mirror_of<T>(outgoing.size() + incoming.size());
+      const std::span<T> leaving = both.first(outgoing.size()), arriving = both.subspan(outgoing.size());
+      download(sending, stage, std::as_bytes(outgoing), 0, true);
+      typename channel_type::request received, sent;
+      receiving.post_recv(received, from, 0, arriving);
+      sending.post_send(sent, to, 0, std::span<const T>(leaving));
+      receiving.complete_recv(received, from, arriving.size_bytes());
+      sending.complete_send(sent, to, leaving.size_bytes());
+      upload(receiving, stage, std::span<const T>(arriving), incoming);
+    });
+  }
+
   // Calls started without waiting (started_calls.hpp: start_allreduce, …, wait_all), and
   // the std::error_code forms of every call: the same calls, reporting instead of
   // throwing (error_code_forms.hpp).
   using started::start_allreduce, started::start_reduce_scatter, started::start_all_gather, started::start_broadcast;
+  friend class collective_handle;  // runs started device calls (their entry carries the start's event)
   using forms::allreduce, forms::reduce_scatter, forms::all_gather, forms::broadcast, forms::barrier, forms::send,
       forms::recv, forms::send_recv, forms::split, forms::start_allreduce, forms::start_reduce_scatter,
       forms::start_all_gather, forms::start_broadcast;
@@ -419,6 +513,212 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   }
 
   algorithms::ring_view ring() const { return algorithms::ring_view(topology_.ring_order(), rank()); }
+
+  // ---- the collectives' scripts, shared by the host and device forms
+
+  template <element T>
+  choose::choice allreduce_choice(std::size_t count) {
+    return choose::allreduce(tuning_, world(), count * sizeof(T), largest_block(count) * sizeof(T));
+  }
+
+  template <element T>
+  void run_allreduce(algorithms::primitives<channel_type>& step, const choose::choice& way, std::span<const T> in,
+                     std::span<T> out, reduce_op op) {
+    if (way.algorithm == algorithm::recursive_doubling)
+      return workspace_.allreduce_by_exchanges(step, rank(), size(), in, out, op, [](auto&&... a) {
+        algorithms::recursive_doubling_allreduce(a...);
+      });
+    if (way.algorithm == algorithm::halving_doubling)
+      return workspace_.allreduce_by_exchanges(step, rank(), size(), in, out, op, [](auto&&... a) {
+        algorithms::halving_doubling_allreduce(a...);
+      });
+    workspace_.allreduce_by_ring(step, ring(), in, out, op);
+  }
+
+  /// Numbers a reduce_scatter and checks its sizes and overlap (either memory space).
+  template <element T>
+  algorithms::primitives<channel_type> begin_reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    auto step = begin(collective::reduce_scatter, dtype_of<T>::value, op, in.size(), 0,
+                      choose::ring(tuning_, largest_block(in.size()) * sizeof(T), reads_peers_memory()));
+    const block_range mine = block_of(in.size(), size(), rank());
+    if (out.size() != mine.size)
+      step.fail(errc::invalid_argument, "output has {} elements but block {} of {} has {}", out.size(), rank(),
+                in.size(), mine.size);
+    if (detail::overlaps(in, out) && !detail::same_range(mine.of(in), out))
+      step.fail(errc::invalid_argument, "output overlaps the input other than as exactly block {}", rank());
+    return step;
+  }
+
+  /// Numbers an all_gather and checks its sizes and overlap (either memory space).
+  template <element T>
+  algorithms::primitives<channel_type> begin_all_gather(std::span<const T> in, std::span<T> out) {
+    auto step = begin(collective::all_gather, dtype_of<T>::value, reduce_op::sum, out.size(), 0,
+                      choose::ring(tuning_, largest_block(out.size()) * sizeof(T), reads_peers_memory()));
+    const block_range mine = block_of(out.size(), size(), rank());
+    if (in.size() != mine.size)
+      step.fail(errc::invalid_argument, "input has {} elements but block {} of {} has {}", in.size(), rank(),
+                out.size(), mine.size);
+    if (detail::overlaps(in, out) && !detail::same_range(in, mine.of(out)))
+      step.fail(errc::invalid_argument, "input overlaps the output other than as exactly block {}", rank());
+    return step;
+  }
+
+  template <element T>
+  void run_broadcast(algorithms::primitives<channel_type>& step, const choose::choice& way, std::span<T> data,
+                     rank_t root) {
+    if (way.algorithm == algorithm::binomial_tree)
+      return algorithms::binomial_tree_broadcast<channel_type, T>(step, rank(), size(), root, data);
+    const algorithms::ring_view ring = this->ring();
+    algorithms::ring_scatter<channel_type, T>(step, ring, root, data);
+    algorithms::ring_all_gather<channel_type, T>(step, ring, data);
+  }
+
+  void run_barrier(algorithms::primitives<channel_type>& step, const choose::choice& way) {
+    if (way.algorithm == algorithm::dissemination) return algorithms::dissemination_barrier(step, rank(), size());
+    algorithms::ring_all_gather<channel_type, float>(step, ring(), std::span<float>());
+  }
+
+  // ---- calls on device buffers (algorithms/device_staging.hpp)
+
+  template <element T>
+  void allreduce_on_device(const execution::device_entry& entry, std::span<const T> in, std::span<T> out, reduce_op op) {
+    const choose::choice way = allreduce_choice<T>(in.size());
+    auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
+    detail::check_same_or_disjoint(step, in, out);
+    run_on_device(step, entry, {{"the input", in}, {"the output", out}}, in.size_bytes(),
+                  [&](algorithms::device_staging& stage) {
+      const std::span<T> mirror = stage.template mirror_of<T>(in.size());
+      download_for(step, stage, way, std::as_bytes(in), sizeof(T));
+      run_allreduce(step, way, std::span<const T>(mirror), mirror, op);
+      upload(step, stage, std::span<const T>(mirror), out);
+    });
+  }
+
+  template <element T>
+  void reduce_scatter_on_device(const execution::device_entry& entry, std::span<const T> in, std::span<T> out,
+                                reduce_op op) {
+    auto step = begin_reduce_scatter(in, out, op);
+    const choose::choice way{choose::ring(tuning_, largest_block(in.size()) * sizeof(T), reads_peers_memory())};
+    run_on_device(step, entry, {{"the input", in}, {"the output", out}}, in.size_bytes(),
+                  [&](algorithms::device_staging& stage) {
+      const std::span<T> mirror = stage.template mirror_of<T>(in.size());
+      download_for(step, stage, way, std::as_bytes(in), sizeof(T));
+      const std::span<T> mine = block_of(in.size(), size(), rank()).of(mirror);
+      workspace_.reduce_scatter_by_ring(step, ring(), std::span<const T>(mirror), mine, op);
+      upload(step, stage, std::span<const T>(mine), out);
+    });
+  }
+
+  template <element T>
+  void all_gather_on_device(const execution::device_entry& entry, std::span<const T> in, std::span<T> out) {
+    auto step = begin_all_gather(in, out);
+    run_on_device(step, entry, {{"the input", in}, {"the output", out}}, out.size_bytes(),
+                  [&](algorithms::device_staging& stage) {
+      const std::span<T> mirror = stage.template mirror_of<T>(out.size());
+      const block_range mine = block_of(out.size(), size(), rank());
+      // Only this rank's block comes from the device; the ring sends it first.
+      download(step, stage, std::as_bytes(in), mine.offset * sizeof(T), true);
+      algorithms::ring_all_gather<channel_type, T>(step, ring(), mirror);
+      upload(step, stage, std::span<const T>(mirror), out);
+    });
+  }
+
+  template <element T>
+  void broadcast_on_device(const execution::device_entry& entry, std::span<T> data, rank_t root) {
+    const choose::choice way = choose::broadcast(tuning_, world(), data.size_bytes());
+    auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root, way);
+    if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
+    run_on_device(step, entry, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
+      const std::span<T> mirror = stage.template mirror_of<T>(data.size());
+      if (rank() == root) download(step, stage, std::as_bytes(std::span<const T>(data)), 0, false);
+      run_broadcast(step, way, mirror, root);
+      upload(step, stage, std::span<const T>(mirror), data);
+    });
+  }
+
+  /// The door of every call on device buffers: the device runtime, the stream's device,
+  /// the buffers on it (checked once, here), the staging ready and started after the
+  /// caller's stream; then `script(stage)`, then the end (the caller's stream waits for
+  /// the result, and so does the host). Any failure aborts, so every rank hears of it.
+  template <class Script>
+  void run_on_device(algorithms::primitives<channel_type>& step, const execution::device_entry& entry,
+                     std::initializer_list<execution::named_buffer> buffers, std::size_t bytes, Script&& script) {
+    static_assert(algorithms::needs_staging<Transport>,
+                  "a transport that moves device memory would run the scripts on the device buffers themselves, "
+                  "without staging; no such transport exists yet");
+    const device::runtime* runtime = execution::active_device();
+    if (!runtime) step.fail(errc::invalid_argument, "{}", execution::device_refusal());
+    int ordinal = entry.ordinal;
+    if (ordinal < 0 && runtime->stream_device(entry.where.stream, &ordinal) != 0)
+      step.fail(errc::invalid_argument, "the call's stream is not a stream of the {} device runtime", runtime->name);
+    execution::require_device(step, *runtime, ordinal, buffers);
+    algorithms::device_staging& stage = workspace_.device_stage();
+    try {
+      if (const int failed = stage.prepare({runtime, ordinal}, bytes))
+        fail_device(step, stage, failed, "making the device call's stream");
+    } catch (const error& refused) {  // the mirror or the stream refused
+      step.fail_with(refused.code(), refused.what());
+    }
+    try {
+      const int started = entry.ready ? stage.start_after_event(entry.ready) : stage.start_after(entry.where.stream);
+      if (started != 0) fail_device(step, stage, started, "ordering the call after the stream's work");
+      script(stage);
+      if (const int failed = stage.finish(entry.where.stream, entry.ready == nullptr))
+        fail_device(step, stage, failed, "copying the result to device memory");
+    } catch (...) {
+      stage.abandon();
+      throw;
+    }
+  }
+
+  [[noreturn]] static void fail_device(algorithms::primitives<channel_type>& step,
+                                       const algorithms::device_staging& stage, int code, const char* what) {
+    step.fail(errc::device_error, "{}: {} error {}: {}", what, stage.runtime().name, code, stage.runtime().error_string(code));
+  }
+
+  /// Queues the copy of `from` (device memory) into the mirror at `offset`; `gated`:
+  /// the script's reads wait for each chunk (primitives::await_arrivals), else the call
+  /// waits for all of it first.
+  void download(algorithms::primitives<channel_type>& step, algorithms::device_staging& stage,
+                std::span<const std::byte> from, std::size_t offset, bool gated) {
+    if (const int failed = stage.download(from.data(), offset, from.size()))
+      fail_device(step, stage, failed, "copying the input from device memory");
+    await_downloads(step, stage, gated);
+  }
+
+  /// The input of a reduction, in the order its script reads it: a ring (whose reads all
+  /// go through the primitives) reads block −1, −2, … of its ring first, so those blocks
+  /// are copied first and each step waits for its own; other scripts wait for the whole.
+  void download_for(algorithms::primitives<channel_type>& step, algorithms::device_staging& stage,
+                    const choose::choice& way, std::span<const std::byte> from, std::size_t element_bytes) {
+    const bool ring_script = way.algorithm == algorithm::ring || way.algorithm == algorithm::ring_single_copy;
+    // 16-bit values are widened from the input outside the primitives: not gated.
+    const bool gated = ring_script && element_bytes >= sizeof(float);
+    if (!gated) return download(step, stage, from, 0, false);
+    const algorithms::ring_view ring = this->ring();
+    std::vector<block_range>& order = stage.order();
+    const std::size_t count = from.size() / element_bytes;
+    for (std::size_t k = 1; k <= ring.size(); ++k) {
+      const block_range b = ring.block_at(count, -static_cast<std::ptrdiff_t>(k));
+      order.push_back({b.offset * element_bytes, b.size * element_bytes});
+    }
+    if (const int failed = stage.download(from.data(), 0, order))
+      fail_device(step, stage, failed, "copying the input from device memory");
+    await_downloads(step, stage, true);
+  }
+
+  void await_downloads(algorithms::primitives<channel_type>& step, algorithms::device_staging& stage, bool gated) {
+    if (gated) return step.await_arrivals(stage.arrivals());
+    if (const char* failure = stage.await_all())
+      step.fail(errc::device_error, "copying the input from device memory: {}", failure);
+  }
+
+  template <element T>
+  void upload(algorithms::primitives<channel_type>& step, algorithms::device_staging& stage, std::span<const T> from,
+              std::span<T> to) {
+    if (const int failed = stage.upload(std::as_bytes(from), reinterpret_cast<std::byte*>(to.data())))
+      fail_device(step, stage, failed, "copying the result to device memory");
+  }
 
   void validate() const {
     if (topology_.size() != channel_.size())

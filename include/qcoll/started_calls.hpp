@@ -14,6 +14,7 @@
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/outcome.hpp>
 #include <qcoll/detail/progress_thread.hpp>
+#include <qcoll/execution/memory.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/transports/subgroup.hpp>
 
@@ -55,6 +56,31 @@ class started_calls {
     submit(plan.queue_call({.tensors = tensors, .op = op}), &run_plan<Plan>, &plan);
   }
 
+  /// start_allreduce through a plan on device memory: the call runs after the work
+  /// queued on where.stream before the start; plan.wait() returns once the result is
+  /// in place. invalid_argument or device_error at once (not started) when the start's
+  /// event cannot be recorded on the stream.
+  template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::device)
+  void start_allreduce(execution::device_stream where, Plan& plan, std::span<const typename Plan::value_type> in,
+                       std::span<typename Plan::value_type> out, reduce_op op) {
+    plan.require_idle("start_allreduce");
+    submit(plan.queue_call({.in = in, .out = out, .op = op, .device = {where}}), &run_plan<Plan>, &plan);
+  }
+  template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::device)
+  void start_allreduce(execution::device_stream where, Plan& plan, std::span<typename Plan::value_type> data,
+                       reduce_op op) {
+    start_allreduce(where, plan, std::span<const typename Plan::value_type>(data), data, op);
+  }
+  template <allreduce_plan<channel_type> Plan>
+    requires(plan_memory<Plan> == execution::memory_space::device)
+  void start_allreduce(execution::device_stream where, Plan& plan,
+                       std::span<const std::span<typename Plan::value_type>> tensors, reduce_op op) {
+    plan.require_idle("start_allreduce");
+    submit(plan.queue_call({.tensors = tensors, .op = op, .device = {where}}), &run_plan<Plan>, &plan);
+  }
+
   /// The exact collectives, started on the progress thread: each returns at once and
   /// `handle` finishes it (handle.test(), handle.wait()). Arguments and results are
   /// those of the blocking call; `in`, `out` and `data` must stay valid and untouched
@@ -85,6 +111,38 @@ class started_calls {
     start<T, collective::broadcast>(handle, std::span<const T>(data), data, reduce_op::sum, root);
   }
 
+  /// The same on device memory (the device forms of the blocking calls, docs/gpu.md):
+  /// the call runs after the work queued on where.stream before the start, and
+  /// `handle.wait()` returns once the result is in place; work the caller queues on the
+  /// stream after wait() sees it.
+  /// @par Errors
+  /// As the host forms, and at once (the call not started): invalid_argument without
+  /// a device runtime or for a stream not of it, device_error when the start's event
+  /// cannot be recorded on the stream.
+  template <element T>
+  void start_allreduce(execution::device_stream where, std::span<const T> in, std::span<T> out, reduce_op op,
+                       collective_handle& handle) {
+    start_on_device<T, collective::allreduce>(handle, where, in, out, op, 0);
+  }
+  template <element T>
+  void start_allreduce(execution::device_stream where, std::span<T> data, reduce_op op, collective_handle& handle) {
+    start_on_device<T, collective::allreduce>(handle, where, std::span<const T>(data), data, op, 0);
+  }
+  template <element T>
+  void start_reduce_scatter(execution::device_stream where, std::span<const T> in, std::span<T> out, reduce_op op,
+                            collective_handle& handle) {
+    start_on_device<T, collective::reduce_scatter>(handle, where, in, out, op, 0);
+  }
+  template <element T>
+  void start_all_gather(execution::device_stream where, std::span<const T> in, std::span<T> out,
+                        collective_handle& handle) {
+    start_on_device<T, collective::all_gather>(handle, where, in, out, reduce_op::sum, 0);
+  }
+  template <element T>
+  void start_broadcast(execution::device_stream where, std::span<T> data, rank_t root, collective_handle& handle) {
+    start_on_device<T, collective::broadcast>(handle, where, std::span<const T>(data), data, reduce_op::sum, root);
+  }
+
   /// Blocks until every call started without waiting has run (their outcomes stay
   /// with their plans and handles).
   void wait_all() { self().quiesce(); }
@@ -96,6 +154,12 @@ class started_calls {
   template <element T, collective Kind>
   void start(collective_handle& handle, std::span<const T> in, std::span<T> out, reduce_op op, rank_t root) {
     submit(handle.queue(Kind, in, out, op, root), &collective_handle::run<derived, T, Kind>, &handle);
+  }
+
+  template <element T, collective Kind>
+  void start_on_device(collective_handle& handle, execution::device_stream where, std::span<const T> in,
+                       std::span<T> out, reduce_op op, rank_t root) {
+    submit(handle.queue_on_device(Kind, where, in, out, op, root), &collective_handle::run<derived, T, Kind>, &handle);
   }
 
   /// Queues `operation` on the progress thread the communicator shares with those

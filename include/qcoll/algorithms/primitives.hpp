@@ -28,6 +28,15 @@
 
 namespace qcoll::algorithms {
 
+/// Data a step reads that may still be arriving from another memory space: a device
+/// call's input, copied to host memory chunk by chunk while the script already runs
+/// (algorithms/device_staging.hpp). await(context, data, bytes) returns once those
+/// bytes are there (null), or the words of the failure that stopped them.
+struct arrival_gate {
+  void* context = nullptr;
+  const char* (*await)(void* context, const void* data, std::size_t bytes) = nullptr;
+};
+
 template <transport Transport>
 class primitives {
  public:
@@ -122,7 +131,8 @@ class primitives {
 
   /// result = incoming ⊕ own, own widened to float first when it holds 16-bit values.
   template <arithmetic_element T, element Own>
-  static void reduce_into(reduce_op op, std::span<const T> incoming, std::span<const Own> own, std::span<T> result) {
+  void reduce_into(reduce_op op, std::span<const T> incoming, std::span<const Own> own, std::span<T> result) {
+    arrive(std::as_bytes(own));
     if constexpr (std::same_as<T, Own>) execution::reduce<T>(op, incoming, own, result);
     else execution::reduce_widened(op, incoming, own, result);
   }
@@ -283,11 +293,16 @@ class primitives {
     slices_in_flight_ = std::clamp<std::size_t>(in_flight, 1, max_slices_in_flight);
   }
 
+  /// Every read of data a step sends or reduces waits for `gate` first; the call fails
+  /// (aborting, on every rank) if the data cannot arrive.
+  void await_arrivals(arrival_gate gate) noexcept { arrivals_ = gate; }
+
   // The split forms, for algorithms that keep many messages in flight (pipelined
   // chunks): post now, complete later. A request's buffer must stay put until then.
 
   template <class T>
   void post_send(request& r, rank_t to, transports::tag_t tag, std::span<const T> data) {
+    arrive(std::as_bytes(data));
     transport_.post_send(r, to, tag, header_, std::as_bytes(data));
     trace_.paths.transport += data.size_bytes();
   }
@@ -399,6 +414,13 @@ class primitives {
 
   static constexpr std::size_t max_slices_in_flight = 8;
 
+  /// Waits for `data` to have arrived (await_arrivals); fails the call if it cannot.
+  void arrive(std::span<const std::byte> data) {
+    if (!arrivals_.await || data.empty()) return;
+    if (const char* failure = arrivals_.await(arrivals_.context, data.data(), data.size()))
+      fail(errc::device_error, "copying {} bytes of the input from device memory: {}", data.size(), failure);
+  }
+
   /// The transport's wait, bounded by the step timeout; timed for the trace when armed.
   std::error_code wait(request& r) {
     const clock::time_point entered = clock::now();
@@ -443,6 +465,7 @@ class primitives {
   template <class Consume>
   void exchange_directly(rank_t to, std::span<const std::byte> outgoing, rank_t from,
                          std::span<const std::byte> produced, bool redirectable, Consume&& consume) {
+    arrive(outgoing);  // offered to the peer, or staged from, below
     const std::size_t expected_bytes = produced.size();
     transports::shared_region region;
     std::span<const std::byte> source;  // where staged slices are copied from; empty when not staged
@@ -576,6 +599,7 @@ class primitives {
   std::span<const std::byte> redirected_;  // the result (left untouched) whose values wait in staging
   std::size_t redirected_half_ = 0;
   std::size_t slices_in_flight_ = 1;
+  arrival_gate arrivals_;
 };
 
 }  // namespace qcoll::algorithms

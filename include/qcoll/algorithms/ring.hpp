@@ -86,7 +86,7 @@ void ring_reduce_scatter(primitives<Transport>& step, const ring_view& ring, std
         [&](std::size_t s, std::size_t offset, std::size_t length) {
           const block_range b = received(s);
           const std::span<const T> arrived = std::span<const T>(buffers.incoming(s, b)).subspan(offset, length);
-          primitives<Transport>::reduce_into(op, arrived, ring_detail::contribution(buffers, b).subspan(offset, length),
+          step.reduce_into(op, arrived, ring_detail::contribution(buffers, b).subspan(offset, length),
                                              buffers.partial(s, b).subspan(offset, length));
         });
   } else {

@@ -1,14 +1,16 @@
 #pragma once
 /// @file
 /// workspace: the memory a communicator's exact collectives reuse from call to call —
-/// scratch blocks, and where the transport lets peers map memory (shm), the staging
-/// buffer single-copy steps offer blocks of ordinary memory from — with the setup of a
+/// scratch blocks, where the transport lets peers map memory (shm) the staging buffer
+/// single-copy steps offer blocks of ordinary memory from, and for calls on device
+/// buffers the pinned mirror they run in (device_staging) — with the setup of a
 /// step that reads the ring's blocks from the peer's memory, and the scripts whose
 /// blocks live here: the ring allreduce and reduce-scatter (16-bit values reduced in
 /// float and rounded once) and the allreduce by pairwise exchanges. The memory grows
 /// once and is kept for later calls, as fresh memory costs page faults. Not a template:
 /// only the members that touch a transport are.
 
+#include <qcoll/algorithms/device_staging.hpp>
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/core/concepts.hpp>
@@ -133,6 +135,12 @@ class workspace {
     }
   }
 
+  /// What calls on device buffers run through: made at the first one, kept.
+  device_staging& device_stage() {
+    if (!device_stage_) device_stage_ = std::make_unique<device_staging>();
+    return *device_stage_;
+  }
+
  private:
   /// Scratch space for `elements` values of T in `slot` (0 and 1: blocks; 2: the
   /// single-copy bounce buffer), grown once and reused by later calls.
@@ -204,6 +212,7 @@ class workspace {
   std::shared_ptr<void> staging_owner_;  // the transport's shared memory behind staging_
   std::span<std::byte> staging_;
   bool staging_refused_ = false;
+  std::unique_ptr<device_staging> device_stage_;
 };
 
 }  // namespace qcoll::algorithms

@@ -115,6 +115,13 @@ concept shared_memory_transport =
       { t.map_peer(peer, region, address, bytes) } -> std::same_as<std::span<const std::byte>>;
     };
 
+/// Whether a transport moves device memory itself — it says so with a static member
+/// `moves_device_memory = true`, as a transport between GPUs would. Every transport
+/// today moves host memory and leaves it out: a call on device buffers over one is
+/// staged through pinned host memory (algorithms/device_staging.hpp, needs_staging).
+template <class T>
+inline constexpr bool moves_device_memory = requires { requires T::moves_device_memory; };
+
 /// Who talks to whom. Compile-time facts (the fan-out bound) are static members;
 /// runtime neighbour tables are plain data built once.
 template <class T>
