@@ -26,11 +26,13 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/execution/memory.hpp>
 #include <qcoll/optimizers/owner_update.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/quantizers/identity.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -101,9 +103,10 @@ std::vector<std::size_t> sizes_of(const std::vector<std::span<T>>& tensors) {
 /// A plan is used by one thread at a time, and by one call at a time: starting a
 /// plan that is in flight is an error. Different plans may be in flight together on
 /// one communicator; they run in the order they were started.
-template <quantizer Q, plan_element<Q> T = typename Q::value_type>
-class compressed_allreduce_plan : public plan_handle<Q, T> {
-  using base = plan_handle<Q, T>;
+template <quantizer Q, plan_element<Q> T = typename Q::value_type,
+          execution::memory_space_tag Space = execution::host_space>
+class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
+  using base = plan_handle<Q, T, Space>;
   using base::state_;
 
  public:
@@ -127,20 +130,44 @@ class compressed_allreduce_plan : public plan_handle<Q, T> {
       : compressed_allreduce_plan(comm.rank(), comm.topology(), tensor_sizes, std::move(quantizer), options,
                                   std::move(update)) {}
 
-  /// The same for rank `rank` of `topology`, without a communicator at hand.
+  /// A plan on device memory (Space execution::device_space): its residuals, frames and
+  /// scratch live on the device of `where`'s stream, allocated here, and its calls take
+  /// a device_stream and buffers on that device (communicator::allreduce(where, plan, …);
+  /// docs/gpu.md). The same results, bit for bit, as the host plan's. No owner update
+  /// rule: rules run on the host.
+  /// @par Errors
+  /// As the host plan, and invalid_argument without a device runtime or for a stream not
+  /// of it; device_error when the device memory cannot be had.
+  template <class Communicator>
+    requires std::same_as<Space, execution::device_space>
+  compressed_allreduce_plan(execution::device_stream where, const Communicator& comm, std::size_t count,
+                            Q quantizer = Q{}, compressed_allreduce_options options = {})
+      : compressed_allreduce_plan(comm.rank(), comm.topology(), std::span<const std::size_t>(&count, 1),
+                                  std::move(quantizer), options, {}, where) {}
+  /// A fused plan on device memory.
+  template <class Communicator>
+    requires std::same_as<Space, execution::device_space>
+  compressed_allreduce_plan(execution::device_stream where, const Communicator& comm,
+                            std::span<const std::size_t> tensor_sizes, Q quantizer = Q{},
+                            compressed_allreduce_options options = {})
+      : compressed_allreduce_plan(comm.rank(), comm.topology(), tensor_sizes, std::move(quantizer), options, {}, where) {}
+
+  /// The same for rank `rank` of `topology`, without a communicator at hand (`where`:
+  /// the stream whose device keeps a device plan's state; a host plan ignores it).
   /// @par Errors
   /// qcoll::error (invalid_argument) for a rank outside the topology or chunk_values 0.
   template <ring_topology Topology>
   compressed_allreduce_plan(rank_t rank, const Topology& topology, std::size_t count, Q quantizer,
-                            compressed_allreduce_options options = {}, owner_update<residual_type> update = {})
+                            compressed_allreduce_options options = {}, owner_update<residual_type> update = {},
+                            execution::device_stream where = {})
       : compressed_allreduce_plan(rank, topology, std::span<const std::size_t>(&count, 1), std::move(quantizer), options,
-                                  std::move(update)) {}
+                                  std::move(update), where) {}
 
   template <ring_topology Topology>
   compressed_allreduce_plan(rank_t rank, const Topology& topology, std::span<const std::size_t> tensor_sizes,
                             Q quantizer, compressed_allreduce_options options = {},
-                            owner_update<residual_type> update = {})
-      : base("compressed_allreduce_plan", tensor_sizes) {
+                            owner_update<residual_type> update = {}, execution::device_stream where = {})
+      : base("compressed_allreduce_plan", tensor_sizes, where) {
     if (rank >= topology.size())
       qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: rank {} of a {}-rank topology",
                                  rank, topology.size());
@@ -156,7 +183,7 @@ class compressed_allreduce_plan : public plan_handle<Q, T> {
     const bool updates = static_cast<bool>(update);
     const std::size_t state_per_value = update.state_per_value();
     state_.update = std::move(update);
-    state_.install(
+    this->install(
         algorithms::compressed_schedule_builder(layout_, rank_, route_, ring_order_, updates, state_per_value).build());
   }
 
@@ -170,7 +197,8 @@ class compressed_allreduce_plan : public plan_handle<Q, T> {
   /// are fewer groups than ranks).
   block_range stripe(rank_t owner) const { return layout_.stripe(checked_rank(owner)); }
 
-  /// This rank's quantization error for every value (empty when Q keeps none).
+  /// This rank's quantization error for every value (empty when Q keeps none; device
+  /// memory for a plan on device memory).
   std::span<const residual_type> worker_residual() const noexcept {
     return state_.committed_residual().first(Q::keeps_residual ? count() : 0);
   }
@@ -188,7 +216,9 @@ class compressed_allreduce_plan : public plan_handle<Q, T> {
   /// mass to this rank's next contribution keeps that gradient mass (docs/recovery.md).
   /// @par Errors qcoll::error (invalid_argument) for a wrong size, an op other than
   /// sum or avg, or a call in flight.
-  void add_residual_mass(std::span<residual_type> into, reduce_op op = reduce_op::sum) const {
+  void add_residual_mass(std::span<residual_type> into, reduce_op op = reduce_op::sum) const
+    requires std::same_as<Space, execution::host_space>
+  {
     if (into.size() != count() || (op != reduce_op::sum && op != reduce_op::avg))
       qcoll::detail::throw_error(errc::invalid_argument,
                                  "compressed_allreduce_plan::add_residual_mass: {} values for {}, op {}", into.size(),
@@ -260,5 +290,17 @@ compressed_allreduce_plan(const Communicator&, std::span<const std::size_t>, Q, 
 template <class Communicator, class Q, class... Rest>
 compressed_allreduce_plan(const Communicator&, const std::vector<std::size_t>&, Q, Rest&&...)
     -> compressed_allreduce_plan<Q>;
+template <class Communicator, class Q>
+compressed_allreduce_plan(execution::device_stream, const Communicator&, std::size_t, Q,
+                          compressed_allreduce_options = {})
+    -> compressed_allreduce_plan<Q, typename Q::value_type, execution::device_space>;
+template <class Communicator, class Q>
+compressed_allreduce_plan(execution::device_stream, const Communicator&, std::span<const std::size_t>, Q,
+                          compressed_allreduce_options = {})
+    -> compressed_allreduce_plan<Q, typename Q::value_type, execution::device_space>;
+template <class Communicator, class Q>
+compressed_allreduce_plan(execution::device_stream, const Communicator&, const std::vector<std::size_t>&, Q,
+                          compressed_allreduce_options = {})
+    -> compressed_allreduce_plan<Q, typename Q::value_type, execution::device_space>;
 
 }  // namespace qcoll

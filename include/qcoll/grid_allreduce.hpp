@@ -22,6 +22,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/execution/memory.hpp>
 #include <qcoll/plan.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/topologies/router.hpp>
@@ -29,6 +30,7 @@
 #include <qcoll/detail/format.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <limits>
 #include <span>
@@ -61,9 +63,10 @@ struct grid_allreduce_options {
 /// As compressed_allreduce_plan: residuals persist from call to call and a failed
 /// call leaves them as they were; roll_back_last_call() undoes a successful one; one
 /// call at a time; start_allreduce runs it on the communicator's progress thread.
-template <quantizer Q = quantizers::identity<float>, plan_element<Q> T = typename Q::value_type>
-class grid_allreduce_plan : public plan_handle<Q, T> {
-  using base = plan_handle<Q, T>;
+template <quantizer Q = quantizers::identity<float>, plan_element<Q> T = typename Q::value_type,
+          execution::memory_space_tag Space = execution::host_space>
+class grid_allreduce_plan : public plan_handle<Q, T, Space> {
+  using base = plan_handle<Q, T, Space>;
   using base::state_;
 
  public:
@@ -78,14 +81,23 @@ class grid_allreduce_plan : public plan_handle<Q, T> {
                       Q quantizer = Q{}, grid_allreduce_options options = {})
       : grid_allreduce_plan(comm.rank(), comm.size(), routing, count, std::move(quantizer), std::move(options)) {}
 
-  /// The same for rank `rank` of `size`, without a communicator at hand.
+  /// A plan on device memory (Space execution::device_space), its state on the device
+  /// of `where`'s stream, as compressed_allreduce_plan's device form.
+  template <class Communicator>
+    requires std::same_as<Space, execution::device_space>
+  grid_allreduce_plan(execution::device_stream where, const Communicator& comm, const topologies::grid_routing& routing,
+                      std::size_t count, Q quantizer = Q{}, grid_allreduce_options options = {})
+      : grid_allreduce_plan(comm.rank(), comm.size(), routing, count, std::move(quantizer), std::move(options), where) {}
+
+  /// The same for rank `rank` of `size`, without a communicator at hand (`where`: the
+  /// stream whose device keeps a device plan's state; a host plan ignores it).
   /// @par Errors
   /// qcoll::error (invalid_argument) when the ranks do not map onto the grid: a
   /// rank outside `size`, a node_of_rank of the wrong length, naming a node twice or
   /// outside the grid, or an included node without a rank.
   grid_allreduce_plan(rank_t rank, rank_t size, const topologies::grid_routing& routing, std::size_t count,
-                      Q quantizer = Q{}, grid_allreduce_options options = {})
-      : base("grid_allreduce_plan", count) {
+                      Q quantizer = Q{}, grid_allreduce_options options = {}, execution::device_stream where = {})
+      : base("grid_allreduce_plan", std::span<const std::size_t>(&count, 1), where) {
     if (rank >= size)
       qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan: rank {} of {}", rank, size);
     const std::vector<rank_t> node_of_rank = map_ranks(routing, size, std::move(options.node_of_rank));
@@ -109,7 +121,7 @@ class grid_allreduce_plan : public plan_handle<Q, T> {
     const algorithms::grid_schedule schedule(routing, count, quantizer.group_size(),
                                              [&](std::size_t values) { return quantizer.encoded_size(values); });
     state_.quantizer = std::move(quantizer);
-    state_.install(algorithms::compile_grid_allreduce(schedule, rank_of_node, node_));
+    this->install(algorithms::compile_grid_allreduce(schedule, rank_of_node, node_));
   }
 
   std::size_t count() const noexcept { return count_; }
@@ -131,7 +143,9 @@ class grid_allreduce_plan : public plan_handle<Q, T> {
   /// result telescopes: Σ_t out_t = Σ_t exact_t − Σ_ranks residual mass (for sum).
   /// After a new routing (a new plan starts with zero residuals), adding the old plan's
   /// mass to the next contribution keeps that gradient mass.
-  void add_residual_mass(std::span<residual_type> into) const {
+  void add_residual_mass(std::span<residual_type> into) const
+    requires std::same_as<Space, execution::host_space>
+  {
     if (into.size() != count_)
       qcoll::detail::throw_error(errc::invalid_argument, "grid_allreduce_plan::add_residual_mass: {} values for {}",
                                  into.size(), count_);
@@ -208,5 +222,8 @@ static_assert(allreduce_plan<grid_allreduce_plan<quantizers::identity<float>>, a
 template <class Communicator, class Q>
 grid_allreduce_plan(const Communicator&, const topologies::grid_routing&, std::size_t, Q,
                     grid_allreduce_options = {}) -> grid_allreduce_plan<Q>;
+template <class Communicator, class Q>
+grid_allreduce_plan(execution::device_stream, const Communicator&, const topologies::grid_routing&, std::size_t, Q,
+                    grid_allreduce_options = {}) -> grid_allreduce_plan<Q, typename Q::value_type, execution::device_space>;
 
 }  // namespace qcoll

@@ -13,6 +13,7 @@
 ///   the residuals, and is the handle users wait on. A derived plan compiles its
 ///   schedule, checks it against a communicator and says what its header carries.
 
+#include <qcoll/algorithms/device_schedule.hpp>
 #include <qcoll/algorithms/primitives.hpp>
 #include <qcoll/algorithms/quantized_schedule.hpp>
 #include <qcoll/core/archetypes.hpp>
@@ -23,7 +24,9 @@
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/detail/request_storage.hpp>
+#include <qcoll/execution/dispatch.hpp>
 #include <qcoll/execution/kernels.hpp>
+#include <qcoll/execution/memory.hpp>
 
 #include <algorithm>
 #include <concepts>
@@ -47,13 +50,15 @@ struct group_view {
 };
 
 /// The arguments of one call: `in` and `out`, or (a fused call, in place) `tensors`
-/// laid end to end. A call started without waiting keeps them until it runs.
+/// laid end to end, and for a plan on device memory the caller's stream. A call
+/// started without waiting keeps them until it runs.
 template <element T>
 struct plan_call {
   std::span<const T> in{};
   std::span<T> out{};
   std::span<const std::span<T>> tensors{};  ///< non-empty: a fused call over these, in place
   reduce_op op = reduce_op::sum;
+  execution::device_entry device{};  ///< a plan on device memory: where its call is ordered
 
   bool fused() const noexcept { return !tensors.empty(); }
   /// How many values the call reduces.
@@ -94,20 +99,32 @@ concept allreduce_plan =
       { cplan.queued_call() } -> std::same_as<plan_call<typename P::value_type>>;
     };
 
+/// Where a plan keeps its state and takes its buffers: `P::memory` where it says
+/// (plan_handle's plans), else host memory.
+template <class P>
+inline constexpr execution::memory_space plan_memory = [] {
+  if constexpr (requires { P::memory; }) return P::memory;
+  else return execution::memory_space::host;
+}();
+
 /// One call of `plan` on `step`, which the communicator began for it (numbered, with
 /// header_root() in its header), on a rank of `group`: the plan refuses a rank it
-/// excludes, then come the checks every plan shares, the plan's own, and the call.
+/// excludes, then come the checks every plan shares, the plan's own, and the call. (A
+/// plan on device memory checks where its buffers are in its run: they must be on
+/// its own device.)
 template <class Plan, class Transport>
   requires allreduce_plan<Plan, Transport>
 void run_plan_call(Plan& plan, algorithms::primitives<Transport>& step, const group_view& group,
                    const plan_call<typename Plan::value_type>& call) {
   plan.refuse_if_excluded(group);  // after begin: the rank's later collectives stay numbered like everyone's
+  constexpr bool on_host = plan_memory<Plan> == execution::memory_space::host;
   if (call.fused()) {
     plan.check_tensors(step, call.tensors);
-    for (const auto& tensor : call.tensors) execution::require_host(step, {{"a tensor", tensor}});
+    if constexpr (on_host)
+      for (const auto& tensor : call.tensors) execution::require_host(step, {{"a tensor", tensor}});
   } else {
     detail::check_same_or_disjoint(step, call.in, call.out);
-    execution::require_host(step, {{"the input", call.in}, {"the output", call.out}});
+    if constexpr (on_host) execution::require_host(step, {{"the input", call.in}, {"the output", call.out}});
   }
   if (call.op != reduce_op::sum && call.op != reduce_op::avg)
     step.fail(errc::invalid_argument, "a quantized allreduce sums or averages; {} is not supported",
@@ -132,13 +149,23 @@ concept plan_element =
 /// schedule on it in place, and rounds the result into `out` once, after it
 /// succeeded: the result is the float plan's on the widened input, rounded once,
 /// residuals stay float, and a failed call leaves `out` untouched.
-template <quantizer Q, plan_element<Q> T = typename Q::value_type>
+///
+/// Space is where the plan keeps its state and takes its buffers: host memory, or
+/// device memory (execution::device_space: a plan made with a device_stream, whose
+/// calls take a device_stream and buffers on the same device; algorithms/
+/// device_schedule.hpp). A plan on device memory always works in a device buffer of
+/// its own, so a failed call leaves `out` untouched whatever T is.
+template <quantizer Q, plan_element<Q> T = typename Q::value_type,
+          execution::memory_space_tag Space = execution::host_space>
 class plan_handle : public detail::call_handle {
  public:
   using quantizer_type = Q;
   using value_type = T;
   /// The type the quantizer computes in and residuals are kept in.
   using residual_type = typename Q::value_type;
+  /// Where the state lives and the buffers a call takes.
+  static constexpr execution::memory_space memory = Space::value;
+  static constexpr bool on_device = memory == execution::memory_space::device;
 
   plan_handle(const plan_handle&) = delete;
   plan_handle& operator=(const plan_handle&) = delete;
@@ -197,7 +224,11 @@ class plan_handle : public detail::call_handle {
   /// memory of previous encodes if it keeps one; the owner's update-rule state stays.
   void reset_residuals() {
     require_idle("reset_residuals");
-    for (auto& r : state_.residual) std::fill(r.begin(), r.end(), residual_type{});
+    if constexpr (on_device) {
+      for (auto& r : state_.residual) state_.fill(r.span(), residual_type{});
+    } else {
+      for (auto& r : state_.residual) std::fill(r.begin(), r.end(), residual_type{});
+    }
     state_.forget_memory();
     can_roll_back_ = false;
   }
@@ -242,6 +273,13 @@ class plan_handle : public detail::call_handle {
   /// committed ones.
   template <transport Transport>
   void run(algorithms::primitives<Transport>& step, const plan_call<value_type>& call) {
+    if constexpr (on_device) run_on_device(step, call);
+    else run_on_host(step, call);
+  }
+
+ private:
+  template <transport Transport>
+  void run_on_host(algorithms::primitives<Transport>& step, const plan_call<value_type>& call) {
     using algorithms::value_view;
     const std::span<typename Transport::request> requests =
         requests_.template get<typename Transport::request>(state_.schedule.requests);
@@ -284,8 +322,94 @@ class plan_handle : public detail::call_handle {
     }
   }
 
+  /// run() on device memory: checks the buffers once (on the plan's device), orders the
+  /// plan's stream after the caller's, copies (widens) the input into the work buffer,
+  /// runs the schedule there, and only once it succeeded copies (rounds) the result out
+  /// and commits; the caller's stream then waits for the result, and so does the host.
+  template <transport Transport>
+  void run_on_device(algorithms::primitives<Transport>& step, const plan_call<value_type>& call) {
+    const std::span<typename Transport::request> requests =
+        requests_.template get<typename Transport::request>(state_.schedule.requests);
+    can_roll_back_ = false;  // the staging residuals are about to be overwritten
+    const device::runtime& runtime = *state_.runtime;
+    const device::stream_handle stream = state_.stream.get();
+    int ordinal = call.device.ordinal;
+    if (ordinal < 0 && runtime.stream_device(call.device.where.stream, &ordinal) != 0)
+      step.fail(errc::invalid_argument, "the call's stream is not a stream of the {} device runtime", runtime.name);
+    if (ordinal != state_.ordinal)
+      step.fail(errc::invalid_argument, "the call's stream is on device {}, the plan's state on device {}", ordinal,
+                state_.ordinal);
+    if (call.fused()) {
+      for (const std::span<T>& tensor : call.tensors) execution::require_device(step, runtime, ordinal, {{"a tensor", tensor}});
+    } else {
+      execution::require_device(step, runtime, ordinal, {{"the input", call.in}, {"the output", call.out}});
+    }
+    const auto queued = [&](int code, const char* what) {
+      if (code != 0)
+        step.fail(errc::device_error, "{}: {} error {}: {}", what, runtime.name, code, runtime.error_string(code));
+    };
+    // Values in T at `from` into the work buffer at `at` (widened), and back (rounded).
+    const auto load = [&](const T* from, std::size_t at, std::size_t n) {
+      if (n == 0) return;
+      residual_type* into = state_.work.data() + at;
+      if constexpr (half_element<T>) queued(runtime.widen(dtype_of<T>::value, from, into, n, stream), "widening the input");
+      else queued(runtime.copy(into, from, n * sizeof(T), stream), "copying the input");
+    };
+    const auto store = [&](T* to, std::size_t at, std::size_t n) {
+      if (n == 0) return;
+      const residual_type* from = state_.work.data() + at;
+      if constexpr (half_element<T>) queued(runtime.narrow(dtype_of<T>::value, from, to, n, stream), "rounding the result");
+      else queued(runtime.copy(to, from, n * sizeof(T), stream), "copying the result");
+    };
+    try {
+      if (call.device.ready) {
+        queued(runtime.stream_wait(stream, call.device.ready), "ordering the call after its start");
+      } else {
+        queued(runtime.event_record(state_.entry.get(), call.device.where.stream), "ordering the call after the stream");
+        queued(runtime.stream_wait(stream, state_.entry.get()), "ordering the call after the stream");
+      }
+      if (call.fused()) {
+        for (std::size_t k = 0; k < call.tensors.size(); ++k)
+          load(call.tensors[k].data(), tensor_starts_[k], call.tensors[k].size());
+      } else {
+        load(call.in.data(), 0, call.in.size());
+      }
+      algorithms::run_schedule(step, state_, requests, call.op);
+      if (call.fused()) {
+        for (std::size_t k = 0; k < call.tensors.size(); ++k)
+          store(call.tensors[k].data(), tensor_starts_[k], call.tensors[k].size());
+      } else {
+        store(call.out.data(), 0, call.out.size());
+      }
+      queued(runtime.event_record(state_.exit.get(), stream), "copying the result");
+      if (!call.device.ready)
+        queued(runtime.stream_wait(call.device.where.stream, state_.exit.get()), "ordering the stream after the call");
+      queued(runtime.event_synchronize(state_.exit.get()), "copying the result");
+    } catch (const std::system_error& e) {
+      step.abandon(requests, e);
+      runtime.synchronize(stream);  // nothing of the call runs on after it failed
+      throw;
+    }
+    state_.committed = 1 - state_.committed;
+    ++state_.calls;
+    can_roll_back_ = true;
+  }
+
+ public:
   detail::pending_operation& queue_call(const plan_call<value_type>& call) {
     queued_ = call;
+    if constexpr (on_device) {
+      // The call runs after the work queued on its stream before the start: an event
+      // recorded there now. Refused here (not started) when it cannot be.
+      const device::runtime& runtime = *state_.runtime;
+      queued_.device.ordinal = -1;
+      if (runtime.stream_device(call.device.where.stream, &queued_.device.ordinal) != 0)
+        qcoll::detail::throw_error(errc::invalid_argument, "{}::start: the stream is not a stream of the {} device runtime",
+                                   name(), runtime.name);
+      execution::check_device(runtime, runtime.event_record(state_.ready.get(), call.device.where.stream),
+                              "start: recording its event");
+      queued_.device.ready = state_.ready.get();
+    }
     return operation();
   }
   plan_call<value_type> queued_call() const noexcept { return queued_; }
@@ -295,16 +419,31 @@ class plan_handle : public detail::call_handle {
   /// allocated here so that calls allocate nothing).
   plan_handle(const char* name, std::size_t count) : plan_handle(name, std::span<const std::size_t>(&count, 1)) {}
   /// A fused plan: calls take tensors of these sizes, laid end to end.
-  plan_handle(const char* name, std::span<const std::size_t> tensor_sizes)
+  /// A plan on device memory (Space device_space) keeps its state on the device of
+  /// `where`'s stream; a host plan ignores `where`.
+  plan_handle(const char* name, std::span<const std::size_t> tensor_sizes, execution::device_stream where = {})
       : call_handle(name), tensor_sizes_(tensor_sizes.begin(), tensor_sizes.end()), by_address_(tensor_sizes.size()) {
     tensor_starts_.assign(1, 0);
     for (const std::size_t size : tensor_sizes_) tensor_starts_.push_back(tensor_starts_.back() + size);
-    if constexpr (half_element<T>) widened_.assign(tensor_starts_.back(), 0.0f);
+    if constexpr (on_device) {
+      state_.bind(where);
+      state_.ready = execution::device_event(name);
+    } else if constexpr (half_element<T>) {
+      widened_.assign(tensor_starts_.back(), 0.0f);
+    }
+    (void)where;
   }
   /// Waits for a call still in flight (its buffers and this state are in use).
   ~plan_handle() { finish_in_flight(); }
 
-  algorithms::quantized_state<Q> state_;
+  /// Derived plans install their schedule through this (a device plan also sizes its
+  /// work buffer for every value a call takes).
+  void install(algorithms::quantized_schedule schedule) {
+    state_.install(std::move(schedule));
+    if constexpr (on_device) state_.reserve_work(tensor_starts_.back());
+  }
+
+  algorithms::quantized_state<Q, Space> state_;
 
  private:
   std::vector<std::size_t> tensor_sizes_;   // of a fused call; one, count(), otherwise

@@ -17,9 +17,12 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/partition.hpp>
 #include <qcoll/execution/kernels.hpp>
+#include <qcoll/execution/memory.hpp>
 #include <qcoll/optimizers/owner_update.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -37,6 +40,14 @@ struct call_statistics {
   std::size_t bytes_received = 0;
   std::size_t messages_sent = 0;
   std::size_t messages_received = 0;
+  /// Plans on device memory: where this rank's call waited, by the host's clock — for
+  /// the device to encode a frame and copy it to the host before sending it, for the
+  /// transport (completing receives and sends), and at the end for the last decodes
+  /// and copies. What the device did while the host was busy elsewhere is not in them.
+  /// Zero on host plans.
+  std::chrono::nanoseconds device_wait{0};
+  std::chrono::nanoseconds transport_wait{0};
+  std::chrono::nanoseconds device_tail{0};
 };
 
 }  // namespace qcoll
@@ -202,9 +213,13 @@ class value_view {
 
 /// Everything a quantized plan owns on one rank: the quantizer, the compiled
 /// schedule, both residuals (committed and staging), the owner's update rule and
-/// its state, and the frame buffers. Built once; a call allocates nothing.
-template <quantizer Q>
+/// its state, and the frame buffers, in the memory space `Space` — host memory here;
+/// device memory in device_schedule.hpp's specialisation. Built once; a call
+/// allocates nothing.
+template <quantizer Q, execution::memory_space_tag Space = execution::host_space>
 struct quantized_state {
+  static_assert(std::same_as<Space, execution::host_space>,
+                "a plan's state on device memory is algorithms/device_schedule.hpp's; include it");
   using value_type = typename Q::value_type;
 
   Q quantizer;
@@ -249,7 +264,7 @@ struct quantized_state {
 /// Runs one call of `state`'s schedule. A failure aborts the communicator and
 /// throws, from whichever step found it.
 template <transport Transport, quantizer Q>
-void run_schedule(primitives<Transport>& step, quantized_state<Q>& state,
+void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::host_space>& state,
                   std::span<typename Transport::request> requests, value_view<const typename Q::value_type> in,
                   value_view<typename Q::value_type> out, reduce_op op) {
   using T = typename Q::value_type;
