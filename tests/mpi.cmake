@@ -60,6 +60,8 @@ foreach(mpi openmpi mpich)
   if(NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
     qcoll_mpi_test(${mpi} message_over_2_GiB RANKS 2 ARGS over_2GiB LINES "2:2147487756 bytes each way correct")
   endif()
+  qcoll_mpi_test(${mpi} device_collectives_3_ranks RANKS 3 ARGS device 1048576 ENVIRONMENT QCOLL_DEVICE=emulated
+    LINES "3:device collectives equal the host's .* on the emulated device")
   qcoll_mpi_test(${mpi} grid_allreduce_2x4_torus RANKS 8 ARGS grid ${compressed_values}
     LINES "7:grid ok|1:rank 6: grid excluded as expected")
 

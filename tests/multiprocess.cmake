@@ -5,7 +5,7 @@ if(NOT TARGET qcoll-run)
 endif()
 
 add_executable(transport_worker multiprocess/worker.cpp)
-target_link_libraries(transport_worker PRIVATE qcoll::qcoll)
+target_link_libraries(transport_worker PRIVATE ${qcoll_device_target})  # its "device" scenario runs on a GPU too
 qcoll_warnings(transport_worker)
 
 # qcoll_job_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… [EXIT s] [LINES n:regex|…]
@@ -99,6 +99,14 @@ foreach(transport shm tcp)
   qcoll_job_test(kill_a_rank_mid_halving_doubling RANKS 4 TRANSPORT ${transport} ARGS kill 524288 EXIT 137
     LAUNCHER_OPTIONS --keep-going
     LINES "3:survivor saw the loss of peer 3.* via halving_doubling|1:rank 3 was killed by signal SIGKILL")
+  # Every exact collective and a compressed plan on device buffers (the emulated device),
+  # against the host calls on the same inputs, bit for bit; a rank killed in an allreduce
+  # on device buffers is named by every survivor.
+  qcoll_job_test(device_collectives_3_ranks RANKS 3 TRANSPORT ${transport} ARGS device 4194304
+    ENVIRONMENT QCOLL_DEVICE=emulated LINES "3:device collectives equal the host's .* on the emulated device")
+  qcoll_job_test(kill_a_rank_mid_device_allreduce RANKS 4 TRANSPORT ${transport} ARGS kill_device 16777216 EXIT 137
+    LAUNCHER_OPTIONS --keep-going ENVIRONMENT QCOLL_DEVICE=emulated
+    LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
   # A rank that stops answering without closing anything: timeouts, no hang. qcoll-run's
   # own --timeout then removes the stopped rank (124).
   qcoll_job_test(frozen_rank_times_out RANKS 3 TRANSPORT ${transport} ARGS freeze EXIT 124
@@ -133,6 +141,10 @@ foreach(transport shm tcp)
       ARGS ${scenario} ${compressed_kill_values} EXIT 137 LAUNCHER_OPTIONS --keep-going
       LINES "${verdicts}|1:rank 3 was killed by signal SIGKILL")
   endforeach()
+endforeach()
+foreach(ranks 2 4)
+  qcoll_job_test(device_collectives_${ranks}_ranks RANKS ${ranks} TRANSPORT shm ARGS device 1048576
+    ENVIRONMENT QCOLL_DEVICE=emulated LINES "${ranks}:device collectives equal the host's")
 endforeach()
 # A rank killed while the survivors reduce straight out of its shared buffer: they fail
 # naming it, and read nothing freed (their mapping keeps the pages).

@@ -5,6 +5,7 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/execution/device_memory.hpp>
 #include <qcoll/grid_allreduce.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
@@ -329,7 +330,7 @@ void mismatched_sizes(Comm& comm, std::size_t last_bytes) {
 
 /// The last rank kills itself in the middle of a 64 MiB allreduce.
 template <class Comm>
-void kill_a_rank(Comm& comm, bool allocated, std::size_t count) {
+void kill_a_rank(Comm& comm, bool allocated, std::size_t count, bool on_device = false) {
   const rank_t victim = comm.size() - 1;
   std::atomic<bool> inside{false};
   std::jthread killer;
@@ -344,11 +345,15 @@ void kill_a_rank(Comm& comm, bool allocated, std::size_t count) {
   // Enough calls to outlast the victim's 30 ms at any size (64 MiB: 50).
   const int rounds = static_cast<int>(std::max<std::size_t>(50, (std::size_t{4} << 30) / (count * sizeof(float) + 1)));
   filled(data, comm.rank());
+  // on_device: the call on device memory (QCOLL_DEVICE's runtime), staged through the host.
+  execution::device_memory<float> on_gpu(on_device ? count : 0);
+  if (on_device) on_gpu.upload(std::span<const float>(data));
   const auto started = std::chrono::steady_clock::now();
   try {
     for (int round = 0; round < rounds; ++round) {
       if (round == 1) inside = true;  // stays set: short calls end before the killer looks
-      comm.allreduce(std::span<float>(data), reduce_op::sum);
+      if (on_device) comm.allreduce(execution::device_stream{}, on_gpu.span(), reduce_op::sum);
+      else comm.allreduce(std::span<float>(data), reduce_op::sum);
     }
   } catch (const qcoll::error& e) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
@@ -1270,6 +1275,81 @@ void over_two_gibibytes(Comm& comm) {
 }
 #endif
 
+/// Bit for bit: the device call's result (downloaded) against the host call's.
+template <class T>
+void expect_same(const execution::device_memory<T>& device_result, const std::vector<T>& host_result,
+                 const std::string& what) {
+  std::vector<T> got(device_result.size());
+  device_result.download(got);
+  if (got.size() != host_result.size() ||
+      (!got.empty() && std::memcmp(got.data(), host_result.data(), got.size() * sizeof(T)) != 0))
+    fail(fmt::format("{}: the device result differs from the host's", what));
+}
+
+/// Every exact collective, blocking and started, and a compressed plan on device
+/// buffers (QCOLL_DEVICE's runtime: the emulated device in CI), each against the host
+/// call on the same inputs, bit for bit.
+template <class T, class Comm>
+std::size_t device_collectives_of(Comm& comm, std::size_t count) {
+  const rank_t rank = comm.rank(), n = comm.size();
+  const std::string type = to_string(dtype_of<T>::value);
+  std::vector<T> in(count);
+  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<T>(std::sin(0.37f * static_cast<float>(i + 1) * (rank + 1)));
+  execution::device_memory<T> d_in(count), d_out(count);
+  d_in.upload(in);
+  std::size_t checks = 0;
+  for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max}) {
+    std::vector<T> out(count);
+    comm.allreduce(std::span<const T>(in), std::span<T>(out), op);
+    comm.allreduce(execution::device_stream{}, std::span<const T>(d_in.span()), d_out.span(), op);
+    expect_same(d_out, out, fmt::format("allreduce {} of {} {}", to_string(op), count, type));
+    ++checks;
+  }
+  const block_range mine = block_of(count, n, rank);
+  std::vector<T> scattered(mine.size);
+  comm.reduce_scatter(std::span<const T>(in), std::span<T>(scattered), reduce_op::sum);
+  execution::device_memory<T> d_scattered(mine.size);
+  comm.reduce_scatter(execution::device_stream{}, std::span<const T>(d_in.span()), d_scattered.span(), reduce_op::sum);
+  expect_same(d_scattered, scattered, fmt::format("reduce_scatter of {} {}", count, type));
+  std::vector<T> gathered(count);
+  comm.all_gather(mine.of(std::span<const T>(in)), std::span<T>(gathered));
+  collective_handle handle;
+  comm.start_all_gather(execution::device_stream{}, mine.of(std::span<const T>(d_in.span())), d_out.span(), handle);
+  handle.wait();
+  expect_same(d_out, gathered, fmt::format("started all_gather of {} {}", count, type));
+  std::vector<T> broadcast = in;
+  comm.broadcast(std::span<T>(broadcast), n - 1);
+  d_out.upload(in);
+  comm.broadcast(execution::device_stream{}, d_out.span(), n - 1);
+  expect_same(d_out, broadcast, fmt::format("broadcast of {} {}", count, type));
+  return checks + 3;
+}
+
+template <class Comm>
+void check_device_collectives(Comm& comm, std::size_t max_bytes) {
+  std::size_t checks = 0;
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{262147}, max_bytes / 4}) {
+    checks += device_collectives_of<float>(comm, count);
+    if (count <= 262147) checks += device_collectives_of<bfloat16>(comm, count);
+  }
+  // A compressed plan on device memory against the host plan, over three calls.
+  const std::size_t values = max_bytes / 4 + 3;
+  compressed_allreduce_plan host_plan(comm, values, quantizers::one_bit{});
+  compressed_allreduce_plan device_plan(execution::device_stream{}, comm, values, quantizers::one_bit{});
+  execution::device_memory<float> d(values);
+  for (unsigned call = 0; call < 3; ++call) {
+    std::vector<float> g(values);
+    for (std::size_t i = 0; i < values; ++i) g[i] = std::cos(0.11f * static_cast<float>(i) + float(call + comm.rank()));
+    d.upload(g);
+    comm.allreduce(host_plan, std::span<float>(g), reduce_op::avg);
+    comm.allreduce(execution::device_stream{}, device_plan, d.span(), reduce_op::avg);
+    expect_same(d, g, fmt::format("one_bit plan of {} values, call {}", values, call));
+    ++checks;
+  }
+  fmt::print("rank {}: device collectives equal the host's ({} checks, up to {} bytes, on the {} device)\n", comm.rank(),
+             checks, max_bytes, execution::device_runtime("worker").name);
+}
+
 template <class Transport>
 int run(std::string_view scenario, Transport transport, std::chrono::milliseconds timeout, std::size_t amount) {
   communicator comm(std::move(transport), communicator_options{timeout});
@@ -1284,6 +1364,8 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "mismatch") mismatched_sizes(comm, 0);
   else if (scenario == "mismatch_algorithms") mismatched_sizes(comm, amount);
   else if (scenario == "kill" || scenario == "kill_allocated") kill_a_rank(comm, scenario == "kill_allocated", amount / sizeof(float));
+  else if (scenario == "kill_device") kill_a_rank(comm, false, amount / sizeof(float), true);
+  else if (scenario == "device") check_device_collectives(comm, amount);
   else if (scenario == "kill_survivors_give_up") kill_a_rank_survivors_give_up(comm);
   else if (scenario == "freeze") freeze_a_rank(comm);
   else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);
