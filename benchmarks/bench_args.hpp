@@ -127,6 +127,9 @@ struct collective_options {
   static constexpr std::size_t whole_stripe = 0;
   std::vector<std::size_t> grid_extents;       // --grid: also run each variant as a grid allreduce on this torus
   std::size_t layers = 0;                      // --layers: also run each variant over this many layers, fused and not
+
+  // --device cuda|emulated: the collectives and plans on device buffers (empty: host buffers).
+  std::string device;
 };
 
 inline constexpr std::string_view collective_usage =
@@ -161,6 +164,10 @@ inline constexpr std::string_view collective_usage =
     "  --post-barrier 0|1       diagnostic, as the peers' GLOO_BENCH_POST_BARRIER: a barrier after each timed call,\n"
     "                           so no rank resets or checks its buffer while a slower one is still in the call\n"
     "                           (with more ranks than cores that work takes the slower rank's core; default 0)\n"
+    "device buffers (docs/gpu.md):\n"
+    "  --device cuda|emulated   the collectives' device_stream forms and plans on device memory (exact table, and\n"
+    "                           --compressed variants); with --compressed, rows 'host+copies' (the host call and\n"
+    "                           its two copies) and, per variant, where a call waited (# split lines)\n"
     "job-mode transport knobs, for experiments:\n"
     "  --spin-us US             how long a wait polls before it sleeps (library default 50)\n"
     "  --shm-pipe BYTES         shm ring bytes per pair (power of two >= 64K; default 2M)\n"
@@ -218,7 +225,10 @@ inline collective_options parse_collective_options(int argc, char** argv) {
         if (item != "whole" && values == 0) throw std::invalid_argument("--chunk: '" + item + "' values per chunk");
         o.chunk_values.push_back(values);
       }
-    else if (flag == "--layers") {
+    else if (flag == "--device") {
+      if (value != "cuda" && value != "emulated") throw std::invalid_argument("--device is cuda or emulated, not '" + value + "'");
+      o.device = value;
+    } else if (flag == "--layers") {
       o.layers = parse_bytes(value);
       if (o.layers == 0) throw std::invalid_argument("--layers: a positive number of layers");
     } else if (flag == "--grid")
@@ -244,6 +254,8 @@ inline collective_options parse_collective_options(int argc, char** argv) {
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");
   if (o.layers != 0 && o.compressed.empty()) throw std::invalid_argument("--layers needs --compressed");
+  if (!o.device.empty() && (o.allocated || !o.grid_extents.empty() || o.layers != 0))
+    throw std::invalid_argument("--device runs the exact table and --compressed variants (no -R 1, --grid or --layers)");
   if (!o.grid_extents.empty() && !o.job &&
       std::accumulate(o.grid_extents.begin(), o.grid_extents.end(), std::size_t{1}, std::multiplies<>()) != o.threads)
     throw std::invalid_argument("--grid: the extents' product must be NRANKS");

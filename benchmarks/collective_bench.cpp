@@ -34,6 +34,16 @@
 // every variant as one fused plan over them, one call (rows "fused:…"), and as N
 // plans, one blocking call each, layer after layer (rows "layers:…").
 //
+// --device cuda|emulated runs the same tables on device buffers (docs/gpu.md): the
+// exact table with the collectives' device_stream forms, and --compressed variants as
+// plans on device memory; the buffer is reset by a copy from the host and checked
+// after a copy back (neither timed). With --compressed, per size, a row "host+copies"
+// times what a user without device collectives would do — copy to pinned host memory,
+// the host allreduce, copy back — and after each variant's row a "# split" line says
+// where rank 0's calls waited (plan.last_call(): for the device's encodes and copies
+// before sends, for the transport, for the last decodes), medians over the timed
+// iterations. --device emulated measures the emulation (a CPU), not a GPU.
+//
 // collective_bench_mpi, the same program built with QCOLL_BENCH_MPI against an MPI,
 // runs `mpirun -np N collective_bench_mpi --job [options]` over the MPI transport
 // (transports/mpi.hpp) instead of joining from the environment.
@@ -45,6 +55,7 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/execution/device_memory.hpp>
 #include <qcoll/grid_allreduce.hpp>
 #include <qcoll/topologies/router.hpp>
 #include <qcoll/quantizers/bfp.hpp>
@@ -192,6 +203,9 @@ void print_preamble(const collective_options& o, qcoll::rank_t n, const run_cont
              o.job ? fmt::format("{} ranks as processes over the {} transport", n, ctx.transport)
                    : fmt::format("{} ranks as threads of one process over the in-process transport", n));
   fmt::print("# host: {}\n", bench::host_line());
+  if (!o.device.empty())
+    fmt::print("# buffers on the {} device (--device {}): reset by a copy from the host and checked after one back, "
+               "neither timed\n", qcoll::execution::device_runtime("collective_bench").name, o.device);
   const std::string type = o.dtype_name == "float" ? "float32" : o.dtype_name == "half" ? "float16" : "bfloat16";
   fmt::print("# nranks: {}  op: sum  type: {}  in-place  transport: {}{}{}\n", n, type, ctx.transport,
              o.label.empty() ? "" : "  label: ", o.label);
@@ -214,15 +228,45 @@ void print_preamble(const collective_options& o, qcoll::rank_t n, const run_cont
   std::fflush(stdout);
 }
 
-/// The untimed start of an iteration: reset the buffer from its pristine copy and
-/// enter the barrier that starts the timed call. --post-barrier first waits for every
-/// rank to have left the previous call, so no rank's reset (nor the check before it)
-/// overlaps another rank's call.
+/// Where a rank's buffer lives: host memory, or (--device) device memory with a stream
+/// of its own that the calls are ordered on. The host buffer is then where results are
+/// copied back to be checked.
+template <class T>
+struct device_side {
+  device_side(const collective_options& o, std::size_t count)
+      : on(!o.device.empty()), memory(on ? count : 0),
+        stream(on ? qcoll::execution::device_stream_owner("collective_bench") : qcoll::execution::device_stream_owner()) {}
+  qcoll::execution::device_stream where() const noexcept { return {stream.get()}; }
+  std::span<T> span() const noexcept { return memory.span(); }
+
+  bool on;
+  qcoll::execution::device_memory<T> memory;
+  qcoll::execution::device_stream_owner stream;
+};
+
+/// The untimed start of an iteration: reset the buffer from its pristine copy (on the
+/// device too, --device) and enter the barrier that starts the timed call.
+/// --post-barrier first waits for every rank to have left the previous call, so no
+/// rank's reset (nor the check before it) overlaps another rank's call.
 template <class Communicator, class T>
-void reset_and_enter(Communicator& comm, const collective_options& o, std::span<T> data, std::span<const T> pristine) {
+void reset_and_enter(Communicator& comm, const collective_options& o, std::span<T> data, std::span<const T> pristine,
+                     const device_side<T>* device = nullptr) {
   if (o.post_barrier) comm.barrier();
-  std::memcpy(static_cast<void*>(data.data()), pristine.data(), data.size_bytes());
+  if (device && device->on) device->memory.upload(pristine);
+  else std::memcpy(static_cast<void*>(data.data()), pristine.data(), data.size_bytes());
   comm.barrier();
+}
+
+/// After a timed call on device memory: its result copied back into `data`, to be checked.
+template <class T>
+void result_to_host(const device_side<T>& device, std::span<T> data) {
+  if (device.on) device.memory.download(data);
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
+  return values[values.size() / 2];
 }
 
 struct measured {
@@ -360,16 +404,20 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
     aligned_floats buffer(count), pristine_buffer(count);
     const std::span<float> data = buffer.span(), pristine = pristine_buffer.span();
     for (std::size_t i = 0; i < count; ++i) pristine[i] = pattern(i, me);
+    const device_side<float> device(o, count);
 
-    // One row: `call` is the allreduce (in place on `data`); exact results (exact,
-    // identity) are checked element by element, lossy ones across ranks.
-    const auto measure = [&](auto&& call, bool lossy) {
+    // One row: `call` is the allreduce (in place on `data`, or on the device's copy);
+    // exact results (exact, identity) are checked element by element, lossy ones
+    // across ranks. `after` runs after each timed call (not timed).
+    const auto measure = [&](auto&& call, bool lossy, auto&& after) {
       check_tally tally;
       const auto one_iteration = [&]() -> double {
-        reset_and_enter(comm, o, data, std::span<const float>(pristine));
+        reset_and_enter(comm, o, data, std::span<const float>(pristine), &device);
         const double start = now_us();
         call();
         const double took = now_us() - start;
+        after();
+        result_to_host(device, data);
         if (o.check) tally.add(check_allreduce(data, n));
         return took;
       };
@@ -382,10 +430,36 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
       return row;
     };
 
-    bench::compressed_table::row_data exact = measure([&] { comm.allreduce(data, qcoll::reduce_op::sum); }, false);
+    const auto nothing = [] {};
+    bench::compressed_table::row_data exact = measure(
+        [&] {
+          if (device.on) comm.allreduce(device.where(), device.span(), qcoll::reduce_op::sum);
+          else comm.allreduce(data, qcoll::reduce_op::sum);
+        },
+        false, nothing);
     exact.variant = "exact";
     exact.chunk = "-";
     if (table) table->exact_row(bytes, std::move(exact));
+    if (device.on) {
+      // What a user without device collectives would do: copy to pinned host memory,
+      // reduce there, copy back; the baseline of the device allreduce.
+      const qcoll::execution::pinned_memory<float> staged(count);
+      const auto& runtime = qcoll::execution::device_runtime("collective_bench");
+      bench::compressed_table::row_data host = measure(
+          [&] {
+            const std::size_t size = count * sizeof(float);
+            qcoll::execution::check_device(runtime, runtime.copy(staged.data(), device.span().data(), size, device.stream.get()), "copy");
+            qcoll::execution::check_device(runtime, runtime.synchronize(device.stream.get()), "copy");
+            comm.allreduce(staged.span(), qcoll::reduce_op::sum);
+            qcoll::execution::check_device(runtime, runtime.copy(device.span().data(), staged.data(), size, device.stream.get()), "copy");
+            qcoll::execution::check_device(runtime, runtime.synchronize(device.stream.get()), "copy");
+          },
+          false, nothing);
+      host.variant = "host+copies";
+      host.chunk = "-";
+      host.wire_bytes = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) * static_cast<double>(bytes);
+      if (table) table->compressed_row(bytes, host);
+    }
 
     for (const variant_spec& v : ctx.variants)
       for (const std::size_t chunk : chunks)
@@ -394,9 +468,34 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
               using Q = std::decay_t<decltype(quantizer)>;
               qcoll::compressed_allreduce_options options;
               options.chunk_values = chunk == collective_options::whole_stripe ? count : chunk;
+              if (device.on) {
+                qcoll::compressed_allreduce_plan<Q, float, qcoll::execution::device_space> plan(
+                    device.where(), comm, count, quantizer, options);
+                std::vector<double> device_wait, transport_wait, device_tail;
+                const auto record = [&] {
+                  const qcoll::call_statistics& s = plan.last_call();
+                  device_wait.push_back(std::chrono::duration<double, std::micro>(s.device_wait).count());
+                  transport_wait.push_back(std::chrono::duration<double, std::micro>(s.transport_wait).count());
+                  device_tail.push_back(std::chrono::duration<double, std::micro>(s.device_tail).count());
+                };
+                bench::compressed_table::row_data row = measure(
+                    [&] { comm.allreduce(device.where(), plan, device.span(), qcoll::reduce_op::sum); },
+                    v.variant.lossy(), record);
+                row.variant = v.variant.name;
+                row.chunk = chunk == collective_options::whole_stripe ? "whole" : values_text(plan.chunk_values());
+                row.wire_bytes = static_cast<double>(plan.last_call().bytes_sent);
+                if (table) {
+                  table->compressed_row(bytes, row);
+                  fmt::print("# split {} {}: waited for the device's encodes and copies {:.1f} us, for the transport "
+                             "{:.1f} us, for the last decodes {:.1f} us (rank 0, medians)\n",
+                             bytes, v.variant.name, median_of(device_wait), median_of(transport_wait),
+                             median_of(device_tail));
+                }
+                return;
+              }
               qcoll::compressed_allreduce_plan<Q> plan(comm, count, quantizer, options);
               bench::compressed_table::row_data row =
-                  measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy());
+                  measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy(), nothing);
               if (plan.last_call().bytes_sent != plan.bytes_sent_per_call())
                 std::fprintf(stderr, "collective_bench: rank %zu, %s: sent %zu bytes, bytes_sent_per_call() says %zu\n",
                              me, v.variant.name.c_str(), plan.last_call().bytes_sent, plan.bytes_sent_per_call());
@@ -419,7 +518,7 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
               qcoll::compressed_allreduce_plan<Q> fused(comm, std::span<const std::size_t>(sizes), quantizer);
               bench::compressed_table::row_data row = measure(
                   [&] { comm.allreduce(fused, std::span<const std::span<float>>(layers), qcoll::reduce_op::sum); },
-                  v.variant.lossy());
+                  v.variant.lossy(), nothing);
               row.variant = "fused:" + v.variant.name;
               row.chunk = fmt::format("{}L", layers.size());
               row.wire_bytes = static_cast<double>(fused.last_call().bytes_sent);
@@ -431,7 +530,7 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
                   [&] {
                     for (std::size_t k = 0; k < plans.size(); ++k) comm.allreduce(plans[k], layers[k], qcoll::reduce_op::sum);
                   },
-                  v.variant.lossy());
+                  v.variant.lossy(), nothing);
               row.variant = "layers:" + v.variant.name;
               row.chunk = fmt::format("{}L", layers.size());
               row.wire_bytes = 0;
@@ -451,7 +550,7 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
               using Q = std::decay_t<decltype(quantizer)>;
               qcoll::grid_allreduce_plan<Q> plan(comm, routing, count, quantizer);
               bench::compressed_table::row_data row =
-                  measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy());
+                  measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy(), nothing);
               row.variant = "grid:" + v.variant.name;
               row.chunk = grid_text(o.grid_extents);
               row.wire_bytes = static_cast<double>(plan.last_call().bytes_sent);
@@ -500,18 +599,32 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
     const auto value_at = [&](std::size_t i, qcoll::rank_t owner) { return float(as_element<T>(pattern_of<T>(i, owner))); };
 
     double wrong = 0;
+    const device_side<T> device(o, count);
     const auto one_iteration = [&]() -> double {
-      reset_and_enter(comm, o, data, std::span<const T>(pristine));
+      reset_and_enter(comm, o, data, std::span<const T>(pristine), &device);
       const double start = now_us();
-      switch (o.op) {
-        case operation::allreduce: comm.allreduce(data, qcoll::reduce_op::sum); break;
-        case operation::reduce_scatter:
-          comm.reduce_scatter(std::span<const T>(data), mine.of(data), qcoll::reduce_op::sum);
-          break;
-        case operation::all_gather: comm.all_gather(std::span<const T>(mine.of(data)), data); break;
-        case operation::broadcast: comm.broadcast(data, 0); break;
+      if (device.on) {
+        const std::span<T> on = device.span();
+        switch (o.op) {
+          case operation::allreduce: comm.allreduce(device.where(), on, qcoll::reduce_op::sum); break;
+          case operation::reduce_scatter:
+            comm.reduce_scatter(device.where(), std::span<const T>(on), mine.of(on), qcoll::reduce_op::sum);
+            break;
+          case operation::all_gather: comm.all_gather(device.where(), std::span<const T>(mine.of(on)), on); break;
+          case operation::broadcast: comm.broadcast(device.where(), on, 0); break;
+        }
+      } else {
+        switch (o.op) {
+          case operation::allreduce: comm.allreduce(data, qcoll::reduce_op::sum); break;
+          case operation::reduce_scatter:
+            comm.reduce_scatter(std::span<const T>(data), mine.of(data), qcoll::reduce_op::sum);
+            break;
+          case operation::all_gather: comm.all_gather(std::span<const T>(mine.of(data)), data); break;
+          case operation::broadcast: comm.broadcast(data, 0); break;
+        }
       }
       const double took = now_us() - start;
+      result_to_host(device, data);
       if (!o.check) return took;
       std::size_t bad = 0;
       switch (o.op) {
@@ -640,6 +753,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "collective_bench: %s\n%.*s", e.what(), static_cast<int>(bench::collective_usage.size()),
                  bench::collective_usage.data());
     return 2;
+  }
+  if (o.device == "emulated") qcoll::execution::use_device(qcoll::device::emulated());
+  if (o.device == "cuda" &&
+      (qcoll::execution::active_device() != qcoll::execution::linked_cuda() || qcoll::execution::gpu_count() == 0)) {
+    std::printf("collective_bench --device cuda: no CUDA device here (or no CUDA build), skipped\n");
+    return 77;
   }
   try {
 #ifdef QCOLL_BENCH_MPI
