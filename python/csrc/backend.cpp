@@ -18,15 +18,39 @@ using qcoll::errc;
 
 // ---- work and worker
 
-work::work(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+work::work(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::unique_ptr<device_call> device)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      device_(std::move(device)),
+      // A call on CUDA tensors has a CUDA-aware future (its device's events), as
+      // ProcessGroupNCCL's: whoever waits on it, or chains a callback to it, is ordered
+      // after the call's side stream.
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()),
+          device_ ? std::vector<c10::Device>{device_->device()} : std::vector<c10::Device>{})) {}
 
 void work::complete(std::exception_ptr error) {
   finish(error);  // Work::wait() returns or throws from here on
-  if (error) future_->setError(error);
-  else future_->markCompleted(c10::IValue(outputs_));
+  const auto settle = [&] {
+    if (error) future_->setError(error);
+    else future_->markCompleted(c10::IValue(outputs_));
+  };
+  if (!device_) return settle();
+  try {
+    device_->on_side_stream(settle);  // the future's events are recorded on the side stream
+  } catch (...) {
+    if (!future_->completed()) future_->setError(std::current_exception());
+  }
+}
+
+void work::synchronize() {
+  if (!device_) return;
+  // qcoll's device calls are blocking: the result is in place once the worker has run
+  // the call, and not before, so the host waits for that first (ProcessGroupNCCL's
+  // synchronize only queues the stream wait). Then the caller's current stream waits
+  // for the call's end on the side stream, as ProcessGroupNCCL's does.
+  future_->wait();
+  device_->block_current_stream();
 }
 
 namespace {
@@ -76,8 +100,12 @@ void worker::stop_all() {
 }
 
 c10::intrusive_ptr<work> worker::submit(c10d::OpType type, std::vector<at::Tensor> outputs, std::string what,
-                                        std::function<void(group&)> task) {
-  auto done = c10::make_intrusive<work>(group_->rank(), type, std::move(outputs));
+                                        const call_device& where,
+                                        std::function<void(group&, const placement&)> task) {
+  // A CUDA call is ordered after the caller's current stream here, at submission.
+  std::unique_ptr<device_call> device = where.cuda ? std::make_unique<device_call>(streams_, *where.cuda, where.used)
+                                                   : nullptr;
+  auto done = c10::make_intrusive<work>(group_->rank(), type, std::move(outputs), std::move(device));
   {
     std::lock_guard lock(mutex_);
     if (!stopping_) {
@@ -101,16 +129,37 @@ void worker::run() {
       next = std::move(queue_.front());
       queue_.pop_front();
     }
-    std::exception_ptr error;
-    try {
-      next.task(*group_);
-    } catch (const std::exception& e) {
-      // The words PyTorch shows: which call, then qcoll's, which name the rank and peer.
+    run_one(next);
+  }
+}
+
+void worker::run_one(job& next) {
+  std::exception_ptr error;
+  const auto failed = [&](const std::exception& e) {
+    // The words PyTorch shows: which call, then qcoll's, which name the rank and peer.
+    if (!error)
       error = std::make_exception_ptr(std::runtime_error(qcoll::detail::format("qcoll {} failed: {}", next.what, e.what())));
+  };
+  device_call* device = next.done->device();
+  const auto body = [&] {
+    try {
+      next.task(*group_, device ? device->where() : placement{});
+    } catch (const std::exception& e) {
+      failed(e);
     }
     next.task = nullptr;  // the call's tensors go here, before the caller can move on
-    next.done->complete(error);
+  };
+  if (!device) {
+    body();
+  } else {
+    try {
+      device->run(body);  // on the side stream, after the submission's event; the end event after it
+    } catch (const std::exception& e) {
+      failed(e);  // the stream could not be ordered, or the end not recorded
+      next.task = nullptr;
+    }
   }
+  next.done->complete(error);
 }
 
 // ---- tensors
@@ -124,13 +173,59 @@ const at::Tensor& only_tensor(const std::vector<at::Tensor>& tensors, const char
   return tensors.front();
 }
 
-/// CPU tensors only: CUDA tensors wait for qcoll's device-buffer collectives.
-void check_device(const at::Tensor& tensor, const char* what) {
-  if (!tensor.device().is_cpu())
+/// Where the tensors of a call named `what` are, checked at its submission: all CPU
+/// tensors, or all CUDA tensors of one device — the current one (`current_only`),
+/// dense, and only where this process can run them (cuda_refusal). Anything else is a
+/// clear error on this rank, before the call is queued.
+call_device device_of(const char* what, std::vector<at::Tensor> tensors, bool current_only = true) {
+  const at::Tensor* on_cpu = nullptr;
+  const at::Tensor* on_cuda = nullptr;
+  for (const at::Tensor& tensor : tensors) {
+    const c10::Device device = tensor.device();
+    if (device.is_cpu()) {
+      if (!on_cpu) on_cpu = &tensor;
+    } else if (!device.is_cuda()) {
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll {}: a tensor on {}: the qcoll backend takes CPU and CUDA tensors", what,
+                                 device.str());
+    } else if (!on_cuda) {
+      on_cuda = &tensor;
+    } else if (device != on_cuda->device()) {
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll {}: tensors on {} and {}: the tensors of one call are on one device", what,
+                                 on_cuda->device().str(), device.str());
+    }
+  }
+  call_device found;
+  if (!on_cuda) {
+    found.used = std::move(tensors);
+    return found;
+  }
+  const c10::Device device = on_cuda->device();
+  if (on_cpu)
     qcoll::detail::throw_error(errc::invalid_argument,
-                               "qcoll {}: a tensor on {}: the qcoll backend takes CPU tensors; CUDA tensors need "
-                               "qcoll's device-buffer collectives, not available yet (docs/pytorch.md)",
-                               what, tensor.device().str());
+                               "qcoll {}: a tensor on {} and one on the CPU: the tensors of one call are all CPU "
+                               "tensors or all CUDA tensors of one device",
+                               what, device.str());
+  if (const std::optional<std::string> refused = cuda_refusal())
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll {}: a tensor on {}, but CUDA tensors cannot run here: {}",
+                               what, device.str(), *refused);
+  if (current_only)
+    if (const c10::DeviceIndex current = current_cuda_device(); current != device.index())
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll {}: a tensor on {}, but the current device is cuda:{}: a call on CUDA tensors "
+                                 "is ordered on the current stream of their device, which must be the current device "
+                                 "(torch.cuda.set_device({}))",
+                                 what, device.str(), static_cast<int>(current), static_cast<int>(device.index()));
+  for (const at::Tensor& tensor : tensors)
+    if (!tensor.is_contiguous())
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll {}: a non-contiguous tensor on {}: CUDA tensors must be contiguous, as with "
+                                 "ProcessGroupNCCL (pass tensor.contiguous(), and copy the result back)",
+                                 what, device.str());
+  found.cuda = device;
+  found.used = std::move(tensors);
+  return found;
 }
 
 bool is_float(const at::Tensor& tensor) {
@@ -144,25 +239,29 @@ bool is_float(const at::Tensor& tensor) {
 }
 
 /// The list form's tensors (all_gather's outputs, reduce_scatter's inputs): one list
-/// of `ranks` CPU tensors, each of `like`'s size and type; `role` names them.
+/// of `ranks` tensors, each of `like`'s size and type; `role` names them.
 std::vector<at::Tensor> tensor_per_rank(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
                                         int ranks, const char* what, const char* role) {
   if (lists.size() != 1 || lists.front().size() != static_cast<std::size_t>(ranks))
     qcoll::detail::throw_error(errc::invalid_argument, "qcoll {}: one list of {} {} tensors", what, ranks, role);
-  for (const at::Tensor& each : lists.front()) {
-    check_device(each, what);
+  for (const at::Tensor& each : lists.front())
     if (each.numel() != like.numel() || each.scalar_type() != like.scalar_type())
       qcoll::detail::throw_error(errc::invalid_argument, "qcoll {}: every {} tensor must be of the {}'s size and type",
                                  what, role, std::string_view(role) == "input" ? "output" : "input");
-  }
   return lists.front();
+}
+
+/// `first`, then `rest`: a call's tensors, for device_of.
+std::vector<at::Tensor> together(const at::Tensor& first, const std::vector<at::Tensor>& rest) {
+  std::vector<at::Tensor> all{first};
+  all.insert(all.end(), rest.begin(), rest.end());
+  return all;
 }
 
 /// Tensors a reduction takes: the four float types, reduced by qcoll in their own
 /// type, and integers and bool, reduced in float64 (exact within ±2^53: narrow_exactly
 /// says when a result was not).
 void check_reducible(const at::Tensor& tensor, const char* what) {
-  check_device(tensor, what);
   if (is_float(tensor) || at::isIntegralType(tensor.scalar_type(), /*includeBool=*/true)) return;
   qcoll::detail::throw_error(errc::invalid_argument,
                              "qcoll {}: tensors of {} cannot be reduced (float32, float64, bfloat16, float16, "
@@ -188,7 +287,8 @@ qcoll::reduce_op reduce_op_of(const c10d::ReduceOp& op, const at::Tensor& tensor
   }
 }
 
-/// Runs `use(dense)` on `tensor`, or on a contiguous copy written back afterwards.
+/// Runs `use(dense)` on `tensor`, or on a contiguous copy written back afterwards
+/// (CPU tensors only: CUDA tensors are contiguous, device_of checked).
 template <class Use>
 void on_dense(at::Tensor& tensor, Use&& use) {
   if (tensor.is_contiguous()) return use(tensor);
@@ -207,6 +307,10 @@ double exact_input_limit(qcoll::reduce_op op, int ranks) {
   if (op == qcoll::reduce_op::min || op == qcoll::reduce_op::max) return exact_in_float64;
   return exact_in_float64 / ranks;
 }
+
+// On the worker, a CUDA call's tensor operations below (conversions, copies, padding)
+// run on its side stream, the current stream there (device_call::run): in order with
+// qcoll's device call on that stream.
 
 /// `values` (integers or bool) in float64, or all NaN when one exceeds `limit`: the NaN
 /// reaches every rank's result, so every rank fails alike in narrow_exactly.
@@ -228,10 +332,10 @@ void narrow_exactly(at::Tensor& values, const at::Tensor& wide, int ranks, const
 
 /// An all_reduce of `values` (dense) in place: float types as they are, integers and
 /// bool in float64.
-void allreduce_exactly(group& g, at::Tensor& values, qcoll::reduce_op op, int ranks) {
-  if (is_float(values)) return g.allreduce(values, op);
+void allreduce_exactly(group& g, at::Tensor& values, qcoll::reduce_op op, int ranks, const placement& where) {
+  if (is_float(values)) return g.allreduce(values, op, where);
   at::Tensor wide = widened(values, exact_input_limit(op, ranks));
-  g.allreduce(wide, op);
+  g.allreduce(wide, op, where);
   narrow_exactly(values, wide, ranks, "all_reduce");
 }
 
@@ -269,13 +373,27 @@ at::Tensor block_bytes(const at::Tensor& all_units, std::int64_t units_per_rank,
 }
 
 /// reduce_scatter of `all` into `mine` (dense), integers and bool in float64.
-void scatter_exactly(group& g, const at::Tensor& all, at::Tensor& mine, qcoll::reduce_op op, int ranks) {
-  if (is_float(mine)) return g.reduce_scatter(all, mine, op);
+void scatter_exactly(group& g, const at::Tensor& all, at::Tensor& mine, qcoll::reduce_op op, int ranks,
+                     const placement& where) {
+  if (is_float(mine)) return g.reduce_scatter(all, mine, op, where);
   // Every rank's whole input is checked, not only its own block.
   const at::Tensor wide_all = widened(all, exact_input_limit(op, ranks));
   at::Tensor wide_mine = at::empty(mine.sizes(), mine.options().dtype(at::kDouble));
-  g.reduce_scatter(wide_all, wide_mine, op);
+  g.reduce_scatter(wide_all, wide_mine, op, where);
   narrow_exactly(mine, wide_mine, ranks, "reduce_scatter");
+}
+
+/// The CUDA device a barrier is asked to wait on: BarrierOptions' device where the
+/// caller set one, else the first of its device_ids (what dist.barrier(device_ids=[i])
+/// passes through PyTorch's dispatcher), else none: a barrier of the host.
+std::optional<c10::Device> barrier_device(const c10d::BarrierOptions& opts) {
+  if (opts.device && opts.device->is_cuda()) {
+    if (opts.device->has_index()) return *opts.device;
+    return c10::Device(c10::DeviceType::CUDA, current_cuda_device());
+  }
+  if (!opts.device && !opts.device_ids.empty())
+    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(opts.device_ids.front()));
+  return std::nullopt;
 }
 
 }  // namespace
@@ -288,69 +406,72 @@ backend::backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int siz
 c10::intrusive_ptr<c10d::Work> backend::allreduce(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) {
   at::Tensor tensor = only_tensor(tensors, "all_reduce");
+  const call_device where = device_of("all_reduce", {tensor});
   check_reducible(tensor, "all_reduce");
   const qcoll::reduce_op op = reduce_op_of(opts.reduceOp, tensor, "all_reduce");
   const int ranks = getSize();
-  return worker_.submit(c10d::OpType::ALLREDUCE, {tensor}, "all_reduce", [tensor, op, ranks](group& g) mutable {
-    on_dense(tensor, [&](at::Tensor& dense) {
-      allreduce_exactly(g, dense, op, ranks);
-    });
-  });
+  return worker_.submit(c10d::OpType::ALLREDUCE, {tensor}, "all_reduce", where,
+                        [tensor, op, ranks](group& g, const placement& on) mutable {
+                          on_dense(tensor, [&](at::Tensor& dense) { allreduce_exactly(g, dense, op, ranks, on); });
+                        });
 }
 
 c10::intrusive_ptr<c10d::Work> backend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   at::Tensor tensor = only_tensor(tensors, "broadcast");
-  check_device(tensor, "broadcast");
+  const call_device where = device_of("broadcast", {tensor});
   const int root = static_cast<int>(opts.rootRank);
-  return worker_.submit(c10d::OpType::BROADCAST, {tensor}, "broadcast", [tensor, root](group& g) mutable {
-    on_dense(tensor, [&](at::Tensor& dense) {
-      units moved = as_units(dense);
-      g.broadcast(moved.tensor, root);
-      unpad(moved);
-    });
-  });
+  return worker_.submit(c10d::OpType::BROADCAST, {tensor}, "broadcast", where,
+                        [tensor, root](group& g, const placement& on) mutable {
+                          on_dense(tensor, [&](at::Tensor& dense) {
+                            units moved = as_units(dense);
+                            g.broadcast(moved.tensor, root, on);
+                            unpad(moved);
+                          });
+                        });
 }
 
 c10::intrusive_ptr<c10d::Work> backend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                   std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
   const at::Tensor input = only_tensor(inputs, "all_gather");
-  check_device(input, "all_gather");
   std::vector<at::Tensor> slots = tensor_per_rank(outputs, input, getSize(), "all_gather", "output");
-  return worker_.submit(c10d::OpType::ALLGATHER, slots, "all_gather", [input, slots](group& g) {
-    const units mine = as_units(input.contiguous());
-    const std::int64_t per_rank = mine.tensor.numel();
-    at::Tensor all = at::empty({static_cast<std::int64_t>(slots.size()) * per_rank}, mine.tensor.options());
-    g.all_gather(mine.tensor, all);
-    const std::int64_t bytes = input.numel() * input.element_size();
-    for (std::size_t r = 0; r < slots.size(); ++r) {
-      at::Tensor slot = slots[r];
-      on_dense(slot, [&](at::Tensor& dense) {
-        dense.reshape({-1}).view(at::kByte).copy_(block_bytes(all, per_rank, static_cast<int>(r), bytes));
-      });
-    }
-  });
+  const call_device where = device_of("all_gather", together(input, slots));
+  return worker_.submit(c10d::OpType::ALLGATHER, slots, "all_gather", where,
+                        [input, slots](group& g, const placement& on) {
+                          const units mine = as_units(input.contiguous());
+                          const std::int64_t per_rank = mine.tensor.numel();
+                          at::Tensor all = at::empty({static_cast<std::int64_t>(slots.size()) * per_rank},
+                                                     mine.tensor.options());
+                          g.all_gather(mine.tensor, all, on);
+                          const std::int64_t bytes = input.numel() * input.element_size();
+                          for (std::size_t r = 0; r < slots.size(); ++r) {
+                            at::Tensor slot = slots[r];
+                            on_dense(slot, [&](at::Tensor& dense) {
+                              dense.reshape({-1}).view(at::kByte).copy_(
+                                  block_bytes(all, per_rank, static_cast<int>(r), bytes));
+                            });
+                          }
+                        });
 }
 
 c10::intrusive_ptr<c10d::Work> backend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                         const c10d::AllgatherOptions&) {
-  check_device(input, "all_gather_into_tensor");
-  check_device(output, "all_gather_into_tensor");
+  const call_device where = device_of("all_gather_into_tensor", {input, output});
   if (output.numel() != getSize() * input.numel() || output.scalar_type() != input.scalar_type())
     qcoll::detail::throw_error(errc::invalid_argument,
                                "qcoll all_gather_into_tensor: the output holds {} values, not {} × {} of the input's type",
                                output.numel(), getSize(), input.numel());
   const int ranks = getSize();
-  return worker_.submit(c10d::OpType::_ALLGATHER_BASE, {output}, "all_gather_into_tensor",
-                        [input, output, ranks](group& g) mutable {
+  return worker_.submit(c10d::OpType::_ALLGATHER_BASE, {output}, "all_gather_into_tensor", where,
+                        [input, output, ranks](group& g, const placement& on) mutable {
                           const units mine = as_units(input.contiguous());
                           on_dense(output, [&](at::Tensor& dense) {
                             if (!mine.padded) {
                               units all = as_units(dense);
-                              return g.all_gather(mine.tensor, all.tensor);
+                              return g.all_gather(mine.tensor, all.tensor, on);
                             }
                             const std::int64_t per_rank = mine.tensor.numel();
                             at::Tensor all = at::empty({ranks * per_rank}, mine.tensor.options());
-                            g.all_gather(mine.tensor, all);
+                            g.all_gather(mine.tensor, all, on);
                             const std::int64_t bytes = input.numel() * input.element_size();
                             const at::Tensor out_bytes = dense.reshape({-1}).view(at::kByte);
                             for (int r = 0; r < ranks; ++r)
@@ -363,55 +484,72 @@ c10::intrusive_ptr<c10d::Work> backend::reduce_scatter(std::vector<at::Tensor>& 
                                                        std::vector<std::vector<at::Tensor>>& inputs,
                                                        const c10d::ReduceScatterOptions& opts) {
   at::Tensor output = only_tensor(outputs, "reduce_scatter");
-  check_reducible(output, "reduce_scatter");
   std::vector<at::Tensor> pieces = tensor_per_rank(inputs, output, getSize(), "reduce_scatter", "input");
+  const call_device where = device_of("reduce_scatter", together(output, pieces));
+  check_reducible(output, "reduce_scatter");
   const qcoll::reduce_op op = reduce_op_of(opts.reduceOp, output, "reduce_scatter");
   const int ranks = getSize();
-  return worker_.submit(c10d::OpType::REDUCE_SCATTER, {output}, "reduce_scatter",
-                        [output, pieces, op, ranks](group& g) mutable {
+  return worker_.submit(c10d::OpType::REDUCE_SCATTER, {output}, "reduce_scatter", where,
+                        [output, pieces, op, ranks](group& g, const placement& on) mutable {
                           std::vector<at::Tensor> flat;
                           for (const at::Tensor& piece : pieces) flat.push_back(piece.reshape({-1}));
                           const at::Tensor all = at::cat(flat);
-                          on_dense(output, [&](at::Tensor& mine) { scatter_exactly(g, all, mine, op, ranks); });
+                          on_dense(output, [&](at::Tensor& mine) { scatter_exactly(g, all, mine, op, ranks, on); });
                         });
 }
 
 c10::intrusive_ptr<c10d::Work> backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::ReduceScatterOptions& opts) {
+  const call_device where = device_of("reduce_scatter_tensor", {input, output});
   check_reducible(input, "reduce_scatter_tensor");
-  check_device(output, "reduce_scatter_tensor");
   if (input.numel() != getSize() * output.numel() || output.scalar_type() != input.scalar_type())
     qcoll::detail::throw_error(errc::invalid_argument,
                                "qcoll reduce_scatter_tensor: the input holds {} values, not {} × {} of the output's type",
                                input.numel(), getSize(), output.numel());
   const qcoll::reduce_op op = reduce_op_of(opts.reduceOp, output, "reduce_scatter_tensor");
   const int ranks = getSize();
-  return worker_.submit(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, "reduce_scatter_tensor",
-                        [input, output, op, ranks](group& g) mutable {
+  return worker_.submit(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, "reduce_scatter_tensor", where,
+                        [input, output, op, ranks](group& g, const placement& on) mutable {
                           const at::Tensor dense = input.contiguous();
-                          on_dense(output, [&](at::Tensor& mine) { scatter_exactly(g, dense, mine, op, ranks); });
+                          on_dense(output, [&](at::Tensor& mine) { scatter_exactly(g, dense, mine, op, ranks, on); });
                         });
 }
 
-c10::intrusive_ptr<c10d::Work> backend::barrier(const c10d::BarrierOptions&) {
-  return worker_.submit(c10d::OpType::BARRIER, {}, "barrier", [](group& g) { g.barrier(); });
+c10::intrusive_ptr<c10d::Work> backend::barrier(const c10d::BarrierOptions& opts) {
+  const std::optional<c10::Device> device = barrier_device(opts);
+  if (!device)
+    return worker_.submit(c10d::OpType::BARRIER, {}, "barrier", {},
+                          [](group& g, const placement&) { g.barrier(placement{}); });
+  // On a device (dist.barrier(device_ids=…); ProcessGroupNCCL's barrier is an
+  // allreduce there): no rank returns before every rank's work queued on its current
+  // stream before the call has run. It moves no tensor, so where qcoll's CUDA runtime
+  // is missing the host waits for the side stream (ordered after the caller's) and
+  // runs the host barrier: the same guarantee.
+  call_device where;
+  where.cuda = *device;
+  const bool qcoll_runs_cuda = !cuda_refusal();
+  return worker_.submit(c10d::OpType::BARRIER, {}, "barrier", where, [qcoll_runs_cuda](group& g, const placement& on) {
+    if (qcoll_runs_cuda) return g.barrier(on);
+    synchronize_current_stream(on.device);
+    g.barrier(placement{});
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> backend::send(std::vector<at::Tensor>& tensors, int to, int) {
   const at::Tensor tensor = only_tensor(tensors, "send");
-  check_device(tensor, "send");
-  return worker_.submit(c10d::OpType::SEND, {tensor}, "send", [tensor, to](group& g) {
-    g.send(as_units(tensor.contiguous()).tensor, to);
+  const call_device where = device_of("send", {tensor});
+  return worker_.submit(c10d::OpType::SEND, {tensor}, "send", where, [tensor, to](group& g, const placement& on) {
+    g.send(as_units(tensor.contiguous()).tensor, to, on);
   });
 }
 
 c10::intrusive_ptr<c10d::Work> backend::recv(std::vector<at::Tensor>& tensors, int from, int) {
   at::Tensor tensor = only_tensor(tensors, "recv");
-  check_device(tensor, "recv");
-  return worker_.submit(c10d::OpType::RECV, {tensor}, "recv", [tensor, from](group& g) mutable {
+  const call_device where = device_of("recv", {tensor});
+  return worker_.submit(c10d::OpType::RECV, {tensor}, "recv", where, [tensor, from](group& g, const placement& on) mutable {
     on_dense(tensor, [&](at::Tensor& dense) {
       units moved = as_units(dense);
-      g.recv(moved.tensor, from);
+      g.recv(moved.tensor, from, on);
       unpad(moved);
     });
   });
@@ -425,12 +563,14 @@ compressed_communicator::compressed_communicator(const c10::intrusive_ptr<c10d::
 
 c10::intrusive_ptr<c10d::Work> compressed_communicator::allreduce(std::int64_t key, const at::Tensor& tensor,
                                                                   const compression& settings) {
-  check_device(tensor, "compressed allreduce");
+  // A DDP bucket lives on its model's device, whatever the hook's thread has current
+  // (autograd runs it on the device's own thread): its device's current stream orders it.
+  const call_device where = device_of("compressed allreduce", {tensor}, /*current_only=*/false);
   if (!tensor.is_contiguous())
     qcoll::detail::throw_error(errc::invalid_argument, "qcoll compressed allreduce: the bucket must be contiguous");
-  return worker_.submit(c10d::OpType::ALLREDUCE, {tensor}, "compressed allreduce",
-                        [key, tensor = at::Tensor(tensor), settings](group& g) mutable {
-                          g.compressed_allreduce(key, tensor, qcoll::reduce_op::avg, settings);
+  return worker_.submit(c10d::OpType::ALLREDUCE, {tensor}, "compressed allreduce", where,
+                        [key, tensor = at::Tensor(tensor), settings](group& g, const placement& on) mutable {
+                          g.compressed_allreduce(key, tensor, qcoll::reduce_op::avg, settings, on);
                         });
 }
 

@@ -2,8 +2,10 @@
 // The torch.distributed backend "qcoll" (c10d::Backend) and the communicator the DDP
 // hook uses: both run their calls, in the order they were issued, on one worker
 // thread that owns a qcoll group (group.hpp), and return c10d::Work objects whose
-// futures complete when the call has.
+// futures complete when the call has. Calls on CUDA tensors follow device.hpp's
+// stream contract.
 
+#include "device.hpp"
 #include "group.hpp"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -16,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,17 +26,29 @@
 namespace qcoll_torch {
 
 /// A call's outcome: done when the worker has run it; its future holds the output
-/// tensors, or the error.
+/// tensors, or the error. A call on CUDA tensors (`device`) has a CUDA-aware future,
+/// completed on the call's side stream, and synchronize() — which Work::wait() calls
+/// once the call is done — makes the caller's current stream wait for the call's end.
 class work final : public c10d::Work {
  public:
-  work(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  work(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::unique_ptr<device_call> device);
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override;
   void complete(std::exception_ptr error);
+  /// The call's CUDA side; null for CPU tensors.
+  device_call* device() noexcept { return device_.get(); }
 
  private:
   std::vector<at::Tensor> outputs_;
+  std::unique_ptr<device_call> device_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+/// Where a call's tensors are, found and checked at submission: CPU, or one CUDA device.
+struct call_device {
+  std::optional<c10::Device> cuda;  ///< the CUDA device of every tensor; none: CPU tensors
+  std::vector<at::Tensor> used;     ///< every tensor the call reads or writes
 };
 
 /// One thread that owns a group and runs the calls given to it in order. A call that
@@ -46,9 +61,11 @@ class worker {
   worker(const worker&) = delete;
   worker& operator=(const worker&) = delete;
 
-  /// Queues `task` (a call named `what`) and returns its work at once.
+  /// Queues `task` (a call named `what`) and returns its work at once. A call on
+  /// CUDA tensors (`where.cuda`) is ordered after the caller's current stream now, and
+  /// runs on the device's side stream (device.hpp); `task` gets the placement to pass on.
   c10::intrusive_ptr<work> submit(c10d::OpType type, std::vector<at::Tensor> outputs, std::string what,
-                                  std::function<void(group&)> task);
+                                  const call_device& where, std::function<void(group&, const placement&)> task);
   group& members() noexcept { return *group_; }
 
   /// Stops every worker's thread once its queued calls have run (later calls fail).
@@ -62,11 +79,13 @@ class worker {
   struct job {
     c10::intrusive_ptr<work> done;
     std::string what;
-    std::function<void(group&)> task;
+    std::function<void(group&, const placement&)> task;
   };
   void run();
+  void run_one(job& next);
 
   std::unique_ptr<group> group_;
+  side_streams streams_;  // the CUDA calls' side streams, one per device
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<job> queue_;
@@ -75,7 +94,7 @@ class worker {
   std::thread thread_;  // last: starts once the rest exists
 };
 
-/// The process group backend: CPU tensors of float32, float64, bfloat16 and float16.
+/// The process group backend: CPU and CUDA tensors (docs/pytorch.md).
 class backend final : public c10d::Backend {
  public:
   backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const group_settings& settings);
@@ -112,7 +131,9 @@ class compressed_communicator {
  public:
   compressed_communicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                           const group_settings& settings);
-  /// The compressed allreduce (avg) of `tensor` in place, through the plan kept under `key`.
+  /// The compressed allreduce (avg) of `tensor` in place, through the plan kept under
+  /// `key`: a host plan for a CPU tensor, a plan on device memory for a CUDA tensor
+  /// (ordered on the tensor's device's current stream, as the backend's calls).
   c10::intrusive_ptr<c10d::Work> allreduce(std::int64_t key, const at::Tensor& tensor, const compression& settings);
   int rank() { return worker_.members().rank(); }
   int size() { return worker_.members().size(); }

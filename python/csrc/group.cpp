@@ -36,11 +36,26 @@ decltype(auto) with_span(const at::Tensor& tensor, Fn&& fn) {
   }
 }
 
-/// The plans of one quantizer, kept per key; T the tensor's element type.
+/// The plans of one quantizer, kept per key; T the tensor's element type. CUDA tensors
+/// go through plans on device memory (their residuals and frames on the GPU), kept
+/// apart: a key names a DDP bucket, whose gradients stay on one device.
 template <class Q, class T>
 struct plans_of {
-  std::map<std::int64_t, std::unique_ptr<qcoll::compressed_allreduce_plan<Q, T>>> by_key;
+  using host_plan = qcoll::compressed_allreduce_plan<Q, T>;
+  using device_plan = qcoll::compressed_allreduce_plan<Q, T, qcoll::execution::device_space>;
+  struct on_device {
+    std::unique_ptr<device_plan> plan;
+    int device = -1;  // the CUDA device that holds its state
+  };
+  std::map<std::int64_t, std::unique_ptr<host_plan>> by_key;
+  std::map<std::int64_t, on_device> on_device_by_key;
 };
+
+/// The span of `tensor`'s values as T (the caller has checked the type).
+template <class T>
+std::span<const T> values_of(const at::Tensor& tensor) {
+  return {reinterpret_cast<const T*>(tensor.data_ptr()), static_cast<std::size_t>(tensor.numel())};
+}
 
 template <class Transport>
 class group_over final : public group {
@@ -52,39 +67,56 @@ class group_over final : public group {
   int size() const override { return static_cast<int>(comm_.size()); }
   const char* transport_name() const override { return name_; }
 
-  void allreduce(at::Tensor& tensor, qcoll::reduce_op op) override {
-    with_span(tensor, [&](auto data) { comm_.allreduce(data, op); });
+  // Each call: qcoll's host form, or its device_stream form on the placement's stream.
+  void allreduce(at::Tensor& tensor, qcoll::reduce_op op, const placement& where) override {
+    with_span(tensor, [&](auto data) {
+      if (where.on_device()) comm_.allreduce(*where.stream, data, op);
+      else comm_.allreduce(data, op);
+    });
   }
-  void broadcast(at::Tensor& tensor, int root) override {
-    with_span(tensor, [&](auto data) { comm_.broadcast(data, static_cast<qcoll::rank_t>(root)); });
+  void broadcast(at::Tensor& tensor, int root, const placement& where) override {
+    with_span(tensor, [&](auto data) {
+      const auto from = static_cast<qcoll::rank_t>(root);
+      if (where.on_device()) comm_.broadcast(*where.stream, data, from);
+      else comm_.broadcast(data, from);
+    });
   }
-  void all_gather(const at::Tensor& in, at::Tensor& out) override {
+  void all_gather(const at::Tensor& in, at::Tensor& out, const placement& where) override {
     with_span(out, [&](auto all) {
-      using T = typename decltype(all)::element_type;
-      comm_.all_gather(std::span<const T>(reinterpret_cast<const T*>(in.data_ptr()), static_cast<std::size_t>(in.numel())),
-                       all);
+      const auto mine = values_of<typename decltype(all)::element_type>(in);
+      if (where.on_device()) comm_.all_gather(*where.stream, mine, all);
+      else comm_.all_gather(mine, all);
     });
   }
-  void reduce_scatter(const at::Tensor& in, at::Tensor& out, qcoll::reduce_op op) override {
+  void reduce_scatter(const at::Tensor& in, at::Tensor& out, qcoll::reduce_op op, const placement& where) override {
     with_span(out, [&](auto mine) {
-      using T = typename decltype(mine)::element_type;
-      comm_.reduce_scatter(std::span<const T>(reinterpret_cast<const T*>(in.data_ptr()), static_cast<std::size_t>(in.numel())),
-                           mine, op);
+      const auto all = values_of<typename decltype(mine)::element_type>(in);
+      if (where.on_device()) comm_.reduce_scatter(*where.stream, all, mine, op);
+      else comm_.reduce_scatter(all, mine, op);
     });
   }
-  void barrier() override { comm_.barrier(); }
-  void send(const at::Tensor& tensor, int to) override {
+  void barrier(const placement& where) override {
+    if (where.on_device()) comm_.barrier(*where.stream);
+    else comm_.barrier();
+  }
+  void send(const at::Tensor& tensor, int to, const placement& where) override {
     with_span(tensor, [&](auto data) {
       using T = typename decltype(data)::element_type;
-      comm_.send(std::span<const T>(data), static_cast<qcoll::rank_t>(to));
+      const auto peer = static_cast<qcoll::rank_t>(to);
+      if (where.on_device()) comm_.send(*where.stream, std::span<const T>(data), peer);
+      else comm_.send(std::span<const T>(data), peer);
     });
   }
-  void recv(at::Tensor& tensor, int from) override {
-    with_span(tensor, [&](auto data) { comm_.recv(data, static_cast<qcoll::rank_t>(from)); });
+  void recv(at::Tensor& tensor, int from, const placement& where) override {
+    with_span(tensor, [&](auto data) {
+      const auto peer = static_cast<qcoll::rank_t>(from);
+      if (where.on_device()) comm_.recv(*where.stream, data, peer);
+      else comm_.recv(data, peer);
+    });
   }
 
-  void compressed_allreduce(std::int64_t key, at::Tensor& tensor, qcoll::reduce_op op,
-                            const compression& settings) override {
+  void compressed_allreduce(std::int64_t key, at::Tensor& tensor, qcoll::reduce_op op, const compression& settings,
+                            const placement& where) override {
     with_span(tensor, [&](auto data) {
       using T = typename decltype(data)::element_type;
       if constexpr (std::is_same_v<T, double>) {
@@ -94,19 +126,19 @@ class group_over final : public group {
       } else {
         namespace q = qcoll::quantizers;
         if (settings.quantizer == "one_bit")
-          run<q::one_bit, T>(one_bits_, key, data, op, settings, q::one_bit({.group_size = settings.group_size}));
+          run<q::one_bit, T>(one_bits_, key, data, op, settings, where, q::one_bit({.group_size = settings.group_size}));
         else if (settings.quantizer == "k_level")
-          run<q::k_level, T>(k_levels_, key, data, op, settings, [&] {
+          run<q::k_level, T>(k_levels_, key, data, op, settings, where, [&] {
             q::k_level_options o = q::k_level_options::with_bits(settings.bits);
             o.group_size = settings.group_size;
             o.seed = static_cast<std::uint64_t>(rank()) + 1;  // independent rounding per rank
             return q::k_level(o);
           }());
         else if (settings.quantizer == "bfp")
-          run<q::bfp, T>(bfps_, key, data, op, settings,
+          run<q::bfp, T>(bfps_, key, data, op, settings, where,
                          q::bfp({.mantissa_bits = settings.bits, .block_size = settings.group_size}));
         else if (settings.quantizer == "identity")
-          run<q::identity<float>, T>(identities_, key, data, op, settings, q::identity<float>());
+          run<q::identity<float>, T>(identities_, key, data, op, settings, where, q::identity<float>());
         else
           qcoll::detail::throw_error(errc::invalid_argument,
                                      "qcoll: unknown quantizer '{}' (one_bit, k_level, bfp, identity)",
@@ -122,11 +154,24 @@ class group_over final : public group {
  private:
   template <class Q, class T, class Plans>
   void run(Plans& plans, std::int64_t key, std::span<T> data, qcoll::reduce_op op, const compression& settings,
-           const Q& quantizer) {
-    auto& by_key = std::get<plans_of<Q, T>>(plans).by_key;
-    auto& plan = by_key[key];
+           const placement& where, const Q& quantizer) {
+    auto& kept = std::get<plans_of<Q, T>>(plans);
+    if (where.on_device()) {
+      // A plan on device memory: made on the placement's stream (its state on that
+      // stream's GPU), encoding and decoding there; only frames cross to the host.
+      auto& [plan, device] = kept.on_device_by_key[key];
+      if (!plan || plan->count() != data.size() || device != where.device) {
+        plan.reset();  // the old plan's device memory goes before the new plan's is taken
+        plan = std::make_unique<typename plans_of<Q, T>::device_plan>(*where.stream, comm_, data.size(), quantizer);
+        device = where.device;
+      }
+      if (!settings.error_feedback) plan->reset_residuals();
+      comm_.allreduce(*where.stream, *plan, data, op);
+      return;
+    }
+    auto& plan = kept.by_key[key];
     if (!plan || plan->count() != data.size())
-      plan = std::make_unique<qcoll::compressed_allreduce_plan<Q, T>>(comm_, data.size(), quantizer);
+      plan = std::make_unique<typename plans_of<Q, T>::host_plan>(comm_, data.size(), quantizer);
     if (!settings.error_feedback) plan->reset_residuals();
     comm_.allreduce(*plan, data, op);
   }

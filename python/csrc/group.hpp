@@ -1,12 +1,15 @@
 #pragma once
 // What the PyTorch bridge runs: a qcoll communicator joined through PyTorch's store,
 // over the shm or the TCP transport, behind one interface (the transport is chosen
-// at run time, like qcoll-run's --transport), with tensors turned into spans.
+// at run time, like qcoll-run's --transport), with tensors turned into spans: host
+// spans for CPU tensors, device spans with a CUDA stream for CUDA tensors (qcoll's
+// device_stream forms, docs/gpu.md).
 
 #include "store.hpp"
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/execution/memory.hpp>
 #include <qcoll/launch/join.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/k_level.hpp>
@@ -21,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,17 @@ struct compression {
   bool error_feedback = true;
 };
 
+/// Where a call's tensors live. Host memory (no stream): qcoll's host calls. Device
+/// memory: qcoll's device_stream calls, ordered on `stream` (a cudaStream_t on CUDA
+/// device `device`, which holds every tensor of the call): they run after the work
+/// queued on it before them, return on the host once the result is in place, and
+/// make the stream wait for it.
+struct placement {
+  std::optional<qcoll::execution::device_stream> stream;
+  int device = -1;
+  bool on_device() const noexcept { return stream.has_value(); }
+};
+
 /// Collective calls on tensors, for one rank of one group. Not thread-safe: one
 /// thread (the backend's worker) calls it at a time. Errors are qcoll::error, naming
 /// the call, this rank and the failed peer.
@@ -51,18 +66,23 @@ class group {
   virtual int size() const = 0;
   virtual const char* transport_name() const = 0;
 
-  virtual void allreduce(at::Tensor& tensor, qcoll::reduce_op op) = 0;
-  virtual void broadcast(at::Tensor& tensor, int root) = 0;
-  virtual void all_gather(const at::Tensor& in, at::Tensor& out) = 0;
-  virtual void reduce_scatter(const at::Tensor& in, at::Tensor& out, qcoll::reduce_op op) = 0;
-  virtual void barrier() = 0;
-  virtual void send(const at::Tensor& tensor, int to) = 0;
-  virtual void recv(at::Tensor& tensor, int from) = 0;
+  // Every tensor of a call is dense and lives where `where` says.
+  virtual void allreduce(at::Tensor& tensor, qcoll::reduce_op op, const placement& where) = 0;
+  virtual void broadcast(at::Tensor& tensor, int root, const placement& where) = 0;
+  virtual void all_gather(const at::Tensor& in, at::Tensor& out, const placement& where) = 0;
+  virtual void reduce_scatter(const at::Tensor& in, at::Tensor& out, qcoll::reduce_op op, const placement& where) = 0;
+  /// On device memory: no rank returns before every rank's work queued on its stream
+  /// before the call has run.
+  virtual void barrier(const placement& where) = 0;
+  virtual void send(const at::Tensor& tensor, int to, const placement& where) = 0;
+  virtual void recv(at::Tensor& tensor, int from, const placement& where) = 0;
   /// The compressed allreduce of `tensor` (sum or avg) through the plan kept under
   /// `key` (a DDP bucket's index): made at the first call, or again when the
-  /// tensor's size changes (DDP rebuilt its buckets), residuals starting at zero.
+  /// tensor's size changes (DDP rebuilt its buckets), residuals starting at zero. A
+  /// CUDA tensor goes through a plan on device memory (its residuals on the tensor's
+  /// GPU), kept apart from the host plans and made anew when the device changes.
   virtual void compressed_allreduce(std::int64_t key, at::Tensor& tensor, qcoll::reduce_op op,
-                                    const compression& settings) = 0;
+                                    const compression& settings, const placement& where) = 0;
   /// Bytes this rank's transport has sent so far.
   virtual std::uint64_t bytes_sent() = 0;
   virtual void abort(const std::string& reason) = 0;

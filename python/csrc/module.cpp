@@ -35,6 +35,9 @@ PYBIND11_MODULE(_qcoll_torch, m) {
   py::module_::import("torch.distributed");  // PyTorch's Store, Backend and Work types
   m.doc() = "qcoll's torch.distributed backend and the DDP hook's communicator (use qcoll.torch)";
   m.attr("torch_version") = QCOLL_TORCH_VERSION;
+  m.attr("cuda_built") = qcoll_torch::cuda_built();
+  m.def("cuda_refusal", &qcoll_torch::cuda_refusal,
+        "Why the backend and the hook cannot take CUDA tensors in this process, or None when they can");
   m.def("_stop_workers", &qcoll_torch::worker::stop_all, py::call_guard<py::gil_scoped_release>(),
         "Runs the queued calls and stops every worker thread (qcoll.torch calls it at exit)");
 

@@ -1,6 +1,7 @@
-"""The torch.distributed backend "qcoll": every collective and dtype against a float64
-reference and bitwise across ranks, 2 and 4 processes, over shm and tcp; async work
-and futures; errors (a killed rank, a CUDA tensor, an unsupported op or dtype)."""
+"""The torch.distributed backend "qcoll" on CPU tensors: every collective and dtype against
+a float64 reference and bitwise across ranks, 2 and 4 processes, over shm and tcp; async
+work and futures; errors (a killed rank, an unsupported op or dtype); what it says of
+CUDA tensors without a GPU (test_cuda.py has them where one is)."""
 
 from __future__ import annotations
 
@@ -12,39 +13,9 @@ import torch
 import torch.distributed as dist
 
 from conftest import run_ranks
-
-DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
-
-
-def _inputs(rank, count, dtype):
-    # Small integers and halves: every sum, product, mean (of 2 or 4), minimum and
-    # maximum below is exact in every dtype, so the float64 reference is the answer.
-    values = torch.tensor([((rank + 3 * i) % 7) - 3 for i in range(count)], dtype=torch.float64)
-    values[::5] = 0.5 * (rank + 1)
-    return values.to(dtype)
-
-
-def _reference(size, count, dtype, op):
-    stack = torch.stack([_inputs(r, count, dtype).to(torch.float64) for r in range(size)])
-    if op == "sum":
-        return stack.sum(0)
-    if op == "avg":
-        return stack.mean(0)
-    if op == "product":
-        return stack.prod(0)
-    if op == "min":
-        return stack.min(0).values
-    return stack.max(0).values
-
-
-OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "avg": dist.ReduceOp.AVG,
-    "product": dist.ReduceOp.PRODUCT,
-    "min": dist.ReduceOp.MIN,
-    "max": dist.ReduceOp.MAX,
-}
-
+from reference import DTYPES, OPS
+from reference import inputs as _inputs
+from reference import reference as _reference
 
 def every_collective(rank, size):
     import qcoll.torch
@@ -227,15 +198,16 @@ def test_unsupported_dtypes_and_ops_are_clear_errors():
     assert pairs == [complex(1, 2)] * 3
 
 
-def cuda_tensors_are_refused(rank, size):
-    try:
-        dist.all_reduce(torch.ones(4, device="cuda"))
-    except RuntimeError as e:
-        return str(e)
-    return "no error"
+def test_without_a_gpu_the_bridge_says_why_cuda_tensors_cannot_run():
+    # (test_cuda.py checks CUDA tensors where a GPU is.) Here a CUDA build of the bridge
+    # names the missing GPU, a CPU-only build the reason it has no CUDA.
+    import qcoll.torch
 
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_cuda_tensor_is_a_clear_error_naming_what_is_missing():
-    message = run_ranks(2, cuda_tensors_are_refused)[0]
-    assert "CPU tensors" in message and "device-buffer" in message, message
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: test_cuda.py")
+    reason = qcoll.torch.cuda_unavailable_reason()
+    assert not qcoll.torch.cuda_available()
+    if qcoll.torch.built_with_cuda:
+        assert "no CUDA device" in reason, reason
+    else:
+        assert "no CUDA support" in reason and "rebuild" in reason, reason

@@ -10,8 +10,11 @@ The backend joins its ranks through the store PyTorch hands it (no second
 rendezvous) and runs qcoll's exact collectives over qcoll's shared-memory or TCP
 transport: ``QCOLL_TRANSPORT`` = shm | tcp | auto (default auto: shm when every rank
 of the group is on one host), or ``pg_options=qcoll.torch.Options(transport="tcp")``.
-CPU tensors of float32, float64, bfloat16 and float16; see docs/pytorch.md for what
-is and is not supported.
+CPU tensors, and CUDA tensors where the extension was built with CUDA (``cuda_available()``
+says whether this process can run them; ``cuda_unavailable_reason()`` why not): calls
+on CUDA tensors are ordered on the current CUDA stream as ProcessGroupNCCL's are, except
+that ``wait()`` also waits on the host. See docs/pytorch.md for what is and is not
+supported.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ if _extension.torch_version != torch.__version__:
         "imported; rebuild it in this environment: pip install --no-build-isolation --force-reinstall ./python"
     )
 
-__all__ = ["Options", "hooks", "bytes_sent", "transport"]
+__all__ = ["Options", "hooks", "bytes_sent", "transport", "cuda_available", "cuda_unavailable_reason"]
+
+#: Whether this extension was built with qcoll's CUDA runtime (it runs CUDA tensors where a GPU is).
+built_with_cuda: bool = _extension.cuda_built
 
 
 @dataclasses.dataclass
@@ -55,6 +61,8 @@ def _create_backend(backend_options, pg_options):
     )
 
 
+# One backend object serves both device types: CPU tensors through qcoll's host calls,
+# CUDA tensors through its device calls (or a clear error where they cannot run).
 dist.Backend.register_backend("qcoll", _create_backend, extended_api=True, devices=["cpu", "cuda"])
 
 # The worker threads stop while the interpreter still runs: one that dropped a tensor
@@ -79,6 +87,18 @@ def bytes_sent(group=None) -> int:
 def transport(group=None) -> str:
     """The transport the qcoll backend of ``group`` runs over: "shm" or "tcp"."""
     return _backend(group).transport
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the backend and the hook cannot take CUDA tensors in this process (this
+    extension was built without CUDA, and why; qcoll's CUDA runtime sees no GPU;
+    QCOLL_DEVICE says otherwise), or None when they can."""
+    return _extension.cuda_refusal()
+
+
+def cuda_available() -> bool:
+    """Whether the backend and the hook take CUDA tensors in this process."""
+    return cuda_unavailable_reason() is None
 
 
 from . import hooks  # noqa: E402  (after the backend is registered)

@@ -17,6 +17,12 @@ once).
 The hook brings its own qcoll communicator, joined once — at the first call, which
 every rank makes — through the process group's store: it works whatever the process
 group's backend is (gloo, or qcoll's), and its calls never queue behind the backend's.
+
+CUDA gradient buckets are compressed on their GPU, through plans on device memory (the
+residuals live there, per bucket as on the CPU; only the compressed frames cross to the
+host), with the same results, bit for bit, as the CPU hook's on the same gradients. The
+call is ordered after the work queued on the bucket's device's current stream, and the
+returned future is CUDA-aware, as with ProcessGroupNCCL (docs/pytorch.md).
 """
 
 
@@ -85,6 +91,7 @@ class CompressedState:
 
 
 def compressed_allreduce(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Averages the bucket's gradients across ranks through qcoll's compressed allreduce."""
+    """Averages the bucket's gradients across ranks through qcoll's compressed allreduce
+    (on the GPU for a CUDA bucket)."""
     work = state.communicator().allreduce(bucket.index(), bucket.buffer(), state.compression)
     return work.get_future().then(lambda done: done.value()[0])
