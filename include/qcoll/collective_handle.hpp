@@ -33,12 +33,14 @@ class collective_handle : public detail::call_handle {
   /// Handles move (so several fit in a std::vector) while no call is in flight.
   /// @throws qcoll::error (invalid_argument) when one is.
   collective_handle(collective_handle&& other)
-      : call_handle((other.require_idle("move"), std::move(other))), call_(other.call_), ready_(std::move(other.ready_)) {}
+      : call_handle((other.require_idle("move"), std::move(other))), call_(other.call_), ready_(std::move(other.ready_)),
+        ready_ordinal_(other.ready_ordinal_) {}
   collective_handle& operator=(collective_handle&& other) {
     require_idle("move");
     other.require_idle("move");
     call_ = other.call_;
     ready_ = std::move(other.ready_);
+    ready_ordinal_ = other.ready_ordinal_;
     return *this;
   }
   ~collective_handle() = default;  // call_handle's waits for a call in flight
@@ -79,7 +81,11 @@ class collective_handle : public detail::call_handle {
     if (runtime.stream_device(where.stream, &ordinal) != 0)
       detail::throw_error(errc::invalid_argument, "start: the stream is not a stream of the {} device runtime",
                           runtime.name);
-    if (!ready_) ready_ = execution::device_event("start");
+    if (!ready_ || ready_ordinal_ != ordinal) {  // an event of the stream's device
+      ready_ = {};
+      execution::with_current_device(runtime, ordinal, [&] { ready_ = execution::device_event("start"); });
+      ready_ordinal_ = ordinal;
+    }
     execution::check_device(runtime, runtime.event_record(ready_.get(), where.stream), "start: recording its event");
     call_ = {kind, in.data(), in.size(), out.data(), out.size(), op, root, true, {where, ready_.get(), ordinal}};
     return operation();
@@ -120,6 +126,7 @@ class collective_handle : public detail::call_handle {
 
   arguments call_{};  // read by the progress thread
   execution::device_event ready_;  // device calls: recorded on the caller's stream at the start
+  int ready_ordinal_ = -1;         // the device it belongs to
 };
 
 }  // namespace qcoll

@@ -406,6 +406,10 @@ class plan_handle : public detail::call_handle {
       if (runtime.stream_device(call.device.where.stream, &queued_.device.ordinal) != 0)
         qcoll::detail::throw_error(errc::invalid_argument, "{}::start: the stream is not a stream of the {} device runtime",
                                    name(), runtime.name);
+      if (queued_.device.ordinal != state_.ordinal)
+        qcoll::detail::throw_error(errc::invalid_argument,
+                                   "{}::start: the stream is on device {}, the plan's state on device {}", name(),
+                                   queued_.device.ordinal, state_.ordinal);
       execution::check_device(runtime, runtime.event_record(state_.ready.get(), call.device.where.stream),
                               "start: recording its event");
       queued_.device.ready = state_.ready.get();
@@ -427,7 +431,6 @@ class plan_handle : public detail::call_handle {
     for (const std::size_t size : tensor_sizes_) tensor_starts_.push_back(tensor_starts_.back() + size);
     if constexpr (on_device) {
       state_.bind(where);
-      state_.ready = execution::device_event(name);
     } else if constexpr (half_element<T>) {
       widened_.assign(tensor_starts_.back(), 0.0f);
     }

@@ -99,7 +99,10 @@ struct quantized_state<Q, execution::device_space> {
       qcoll::detail::throw_error(errc::invalid_argument,
                                  "a plan on device memory: the stream is not a stream of the {} device runtime ({})",
                                  runtime->name, runtime->error_string(failed));
-    on_device([&] { stream = execution::device_stream_owner("a plan on device memory"); });
+    on_device([&] {
+      stream = execution::device_stream_owner("a plan on device memory");
+      ready = execution::device_event("a plan on device memory");
+    });
   }
 
   /// Sizes everything for `compiled` on the bound device: residuals zero, memory fresh.
@@ -189,16 +192,7 @@ struct quantized_state<Q, execution::device_space> {
   /// Runs `make` with the state's device current (its memory, streams and events belong there).
   template <class Make>
   void on_device(Make&& make) {
-    int previous = 0;
-    runtime->current_device(&previous);
-    if (previous != ordinal) execution::check_device(*runtime, runtime->set_device(ordinal), "a plan on device memory");
-    try {
-      make();
-    } catch (...) {
-      if (previous != ordinal) runtime->set_device(previous);
-      throw;
-    }
-    if (previous != ordinal) runtime->set_device(previous);
+    execution::with_current_device(*runtime, ordinal, std::forward<Make>(make));
   }
 };
 

@@ -57,17 +57,14 @@ class device_staging {
   };
 
   /// Ready for a call of `bytes` bytes on `on`: a stream and events on that device, a
-  /// pinned mirror of at least `bytes` (grown, never shrunk). Returns the runtime's
-  /// error code (0: ready).
+  /// pinned mirror of at least `bytes` (grown, never shrunk). Returns 0.
+  /// @throws qcoll::error (device_error) when the device refuses the stream or the memory.
   int prepare(target on, std::size_t bytes) {
     if (on.runtime != target_.runtime || on.ordinal != target_.ordinal) {
       *this = device_staging();  // another device: new stream, events and mirror
       target_ = on;
-      if (const int failed = on_device([&] {
-            stream_ = execution::device_stream_owner("qcoll device collective");
-            return 0;
-          }))
-        return failed;
+      execution::with_current_device(runtime(), target_.ordinal,
+                                     [&] { stream_ = execution::device_stream_owner("qcoll device collective"); });
     }
     if (mirror_.size() < bytes) {
       mirror_ = {};
@@ -198,29 +195,11 @@ class device_staging {
     return static_cast<device_staging*>(self)->await(data, bytes);
   }
 
-  /// Runs `make` with the call's device current (streams and events belong to one).
-  template <class Make>
-  int on_device(Make&& make) {
-    int previous = 0;
-    if (const int failed = runtime().current_device(&previous)) return failed;
-    if (previous != target_.ordinal)
-      if (const int failed = runtime().set_device(target_.ordinal)) return failed;
-    int result = 0;
-    try {
-      result = make();
-    } catch (...) {
-      if (previous != target_.ordinal) runtime().set_device(previous);
-      throw;
-    }
-    if (previous != target_.ordinal) runtime().set_device(previous);
-    return result;
-  }
   int ensure(execution::device_event& event) {
-    if (event) return 0;
-    return on_device([&] {
-      event = execution::device_event("qcoll device collective");
-      return 0;
-    });
+    if (!event)
+      execution::with_current_device(runtime(), target_.ordinal,
+                                     [&] { event = execution::device_event("qcoll device collective"); });
+    return 0;
   }
 
   target target_;

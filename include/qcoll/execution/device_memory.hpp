@@ -136,60 +136,78 @@ class pinned_memory {
   std::size_t count_ = 0;
 };
 
+namespace memory_detail {
+
+/// A stream or an event of one runtime (Kind says which: how to make and destroy one),
+/// destroyed by the runtime that made it.
+template <class Kind>
+class runtime_object {
+ public:
+  using handle = typename Kind::handle;
+
+  runtime_object() = default;
+  /// @throws qcoll::error: invalid_argument without a device runtime; device_error when it refuses.
+  explicit runtime_object(const char* what, bool interprocess = false) : runtime_(&device_runtime(what)) {
+    check_device(*runtime_, Kind::make(*runtime_, &handle_, interprocess), what);
+  }
+  runtime_object(runtime_object&& other) noexcept
+      : runtime_(std::exchange(other.runtime_, nullptr)), handle_(std::exchange(other.handle_, nullptr)) {}
+  runtime_object& operator=(runtime_object&& other) noexcept {
+    std::swap(runtime_, other.runtime_);
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  ~runtime_object() {
+    if (handle_) Kind::destroy(*runtime_, handle_);
+  }
+
+  handle get() const noexcept { return handle_; }
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+
+ private:
+  const device::runtime* runtime_ = nullptr;
+  handle handle_ = nullptr;
+};
+
+struct stream_kind {
+  using handle = device::stream_handle;
+  static int make(const device::runtime& runtime, handle* made, bool) { return runtime.stream_create(made); }
+  static int destroy(const device::runtime& runtime, handle gone) { return runtime.stream_destroy(gone); }
+};
+struct event_kind {
+  using handle = device::event_handle;
+  static int make(const device::runtime& runtime, handle* made, bool interprocess) {
+    return runtime.event_create(made, interprocess);
+  }
+  static int destroy(const device::runtime& runtime, handle gone) { return runtime.event_destroy(gone); }
+};
+
+}  // namespace memory_detail
+
 /// A stream of the active runtime, on the current device; destroyed with the object
 /// (after the work queued on it has run).
-class device_stream_owner {
- public:
-  device_stream_owner() = default;
-  /// @throws qcoll::error: invalid_argument without a device runtime; device_error when it refuses.
-  explicit device_stream_owner(const char* what) : runtime_(&device_runtime(what)) {
-    check_device(*runtime_, runtime_->stream_create(&stream_), what);
-  }
-  device_stream_owner(device_stream_owner&& other) noexcept
-      : runtime_(std::exchange(other.runtime_, nullptr)), stream_(std::exchange(other.stream_, nullptr)) {}
-  device_stream_owner& operator=(device_stream_owner&& other) noexcept {
-    std::swap(runtime_, other.runtime_);
-    std::swap(stream_, other.stream_);
-    return *this;
-  }
-  ~device_stream_owner() {
-    if (stream_) runtime_->stream_destroy(stream_);
-  }
+using device_stream_owner = memory_detail::runtime_object<memory_detail::stream_kind>;
 
-  device::stream_handle get() const noexcept { return stream_; }
-  explicit operator bool() const noexcept { return stream_ != nullptr; }
+/// An event of the active runtime (no timing; `interprocess`: one another process may open).
+using device_event = memory_detail::runtime_object<memory_detail::event_kind>;
 
- private:
-  const device::runtime* runtime_ = nullptr;
-  device::stream_handle stream_ = nullptr;
-};
-
-/// An event of the active runtime (no timing).
-class device_event {
- public:
-  device_event() = default;
-  /// @throws qcoll::error: invalid_argument without a device runtime; device_error when it refuses.
-  explicit device_event(const char* what, bool interprocess = false) : runtime_(&device_runtime(what)) {
-    check_device(*runtime_, runtime_->event_create(&event_, interprocess), what);
-  }
-  device_event(device_event&& other) noexcept
-      : runtime_(std::exchange(other.runtime_, nullptr)), event_(std::exchange(other.event_, nullptr)) {}
-  device_event& operator=(device_event&& other) noexcept {
-    std::swap(runtime_, other.runtime_);
-    std::swap(event_, other.event_);
-    return *this;
-  }
-  ~device_event() {
-    if (event_) runtime_->event_destroy(event_);
-  }
-
-  device::event_handle get() const noexcept { return event_; }
-  explicit operator bool() const noexcept { return event_ != nullptr; }
-
- private:
-  const device::runtime* runtime_ = nullptr;
-  device::event_handle event_ = nullptr;
-};
+/// Runs `make()` with device `ordinal` current on the calling thread, then makes the
+/// previous one current again: memory, streams and events belong to the device that was
+/// current when they were made, and a call's belong to its stream's device.
+/// @throws qcoll::error (device_error) when the runtime refuses the device; what `make` throws.
+template <class Make>
+decltype(auto) with_current_device(const device::runtime& runtime, int ordinal, Make&& make) {
+  int previous = 0;
+  check_device(runtime, runtime.current_device(&previous), "finding the current device");
+  if (previous == ordinal) return make();
+  check_device(runtime, runtime.set_device(ordinal), "choosing a device");
+  struct restore {
+    const device::runtime& runtime;
+    int ordinal;
+    ~restore() { runtime.set_device(ordinal); }
+  } const back{runtime, previous};
+  return make();
+}
 
 /// A word of device memory a decode's check reports into, one per thread (kept for
 /// the thread's life): a blocking decode reads it back once its stream has run.

@@ -11,6 +11,7 @@
 
 #include <qcoll/detail/posix_handles.hpp>
 #include <qcoll/device/emulated/codes.hpp>
+#include <qcoll/device/emulated/memfd.hpp>
 #include <qcoll/device/runtime.hpp>
 
 #include <sys/mman.h>
@@ -69,8 +70,7 @@ class memory_registry {
     *pointer = nullptr;
     if (bytes == 0) return success;  // as cudaMalloc(0): no memory, no error
     const std::uint64_t id = next_id();
-    const std::string name = memfd_name(::getpid(), id);
-    detail::file_descriptor fd(static_cast<int>(::syscall(SYS_memfd_create, name.c_str(), MFD_CLOEXEC)));
+    detail::file_descriptor fd = make_memfd(memfd_name("device", ::getpid(), id));
     const std::size_t mapped = whole_pages(bytes);
     if (fd.get() < 0 || ::ftruncate(fd.get(), static_cast<off_t>(mapped)) != 0) return out_of_memory;
     void* memory = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
@@ -155,7 +155,7 @@ class memory_registry {
     const detail::file_descriptor process = detail::open_process(described.pid);
     if (process.get() < 0) return invalid_handle;
     detail::file_descriptor fd = detail::fetch_descriptor(process, described.fd);
-    if (fd.get() < 0 || !names_memfd(fd, memfd_name(described.pid, described.id))) return invalid_handle;
+    if (fd.get() < 0 || !names_memfd(fd, memfd_name("device", described.pid, described.id))) return invalid_handle;
     const std::size_t mapped = whole_pages(static_cast<std::size_t>(described.bytes));
     struct stat info {};
     if (::fstat(fd.get(), &info) != 0 || static_cast<std::size_t>(info.st_size) != mapped) return invalid_handle;
@@ -182,21 +182,6 @@ class memory_registry {
 
  private:
   static std::uintptr_t address(const void* pointer) noexcept { return reinterpret_cast<std::uintptr_t>(pointer); }
-
-  static std::string memfd_name(std::int64_t pid, std::uint64_t id) {
-    return "qcoll-emulated-device-" + std::to_string(pid) + "-" + std::to_string(id);
-  }
-
-  /// Whether `fd` is the memfd named `name` (/proc/self/fd shows "/memfd:<name> (deleted)").
-  static bool names_memfd(const detail::file_descriptor& fd, const std::string& name) {
-    char target[256] = {};
-    const std::string link = "/proc/self/fd/" + std::to_string(fd.get());
-    const ssize_t length = ::readlink(link.c_str(), target, sizeof target - 1);
-    if (length <= 0) return false;
-    const std::string expected = "/memfd:" + name;
-    return std::string(target, static_cast<std::size_t>(length)).rfind(expected, 0) == 0 &&
-           (static_cast<std::size_t>(length) == expected.size() || target[expected.size()] == ' ');
-  }
 
   std::uint64_t next_id() {
     std::lock_guard lock(mutex_);

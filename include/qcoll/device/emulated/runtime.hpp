@@ -103,7 +103,7 @@ struct state {
   memory_registry memory;
 
   std::mutex mutex;  // guards what follows
-  std::map<stream_state*, std::unique_ptr<stream_state>> streams;
+  std::map<stream_state*, std::shared_ptr<stream_state>> streams;  // shared: a free waits on them unlocked
   std::map<event_state*, std::shared_ptr<event_state>> events;
   std::vector<stream_state*> default_streams;  // one per device, made at first use, never destroyed
   std::uint64_t last_event_id = 0;
@@ -119,8 +119,17 @@ inline int& current_ordinal() {
   return ordinal;
 }
 
-/// Whether an injected fault of `kind` fires now (and disarms it).
+/// Faults injected for the calls of one thread only (emulated_faults::inject_here).
+inline long (&thread_faults())[emulated_fault_kinds] {
+  thread_local long countdowns[emulated_fault_kinds] = {-1, -1, -1, -1, -1};
+  return countdowns;
+}
+
+/// Whether an injected fault of `kind` fires now (and disarms it): one injected for this
+/// thread's calls first, else one for any thread's.
 inline bool fault_fires(emulated_fault kind) {
+  long& mine = thread_faults()[static_cast<std::size_t>(kind)];
+  if (mine >= 0) return mine-- == 0;
   std::atomic<long>& countdown = the_state().faults[static_cast<std::size_t>(kind)];
   long left = countdown.load();
   while (left >= 0) {
@@ -334,14 +343,16 @@ inline int allocate(std::size_t bytes, void** pointer) {
 /// What cudaFree does first: waits for every stream, so no queued work touches freed memory.
 inline void synchronize_everything() {
   state& s = the_state();
-  std::vector<stream_state*> all;
+  std::vector<std::shared_ptr<stream_state>> streams;  // kept alive while waited on: another thread may destroy one
+  std::vector<stream_state*> defaults;                  // never destroyed
   {
     std::lock_guard lock(s.mutex);
-    for (const auto& [raw, owned] : s.streams) all.push_back(raw);
+    for (const auto& [raw, owned] : s.streams) streams.push_back(owned);
     for (stream_state* fallback : s.default_streams)
-      if (fallback) all.push_back(fallback);
+      if (fallback) defaults.push_back(fallback);
   }
-  for (stream_state* stream : all) stream->wait_idle();
+  for (const auto& stream : streams) stream->wait_idle();
+  for (stream_state* stream : defaults) stream->wait_idle();
 }
 
 inline int release(void* pointer) {
@@ -394,7 +405,7 @@ inline int synchronize(stream_handle handle) {
 
 inline int stream_create(stream_handle* handle) {
   state& s = the_state();
-  auto made = std::make_unique<stream_state>(current_ordinal(), delay());
+  auto made = std::make_shared<stream_state>(current_ordinal(), delay());
   stream_state* raw = made.get();
   std::lock_guard lock(s.mutex);
   s.streams.emplace(raw, std::move(made));
@@ -403,7 +414,7 @@ inline int stream_create(stream_handle* handle) {
 }
 inline int stream_destroy(stream_handle handle) {
   state& s = the_state();
-  std::unique_ptr<stream_state> gone;
+  std::shared_ptr<stream_state> gone;
   {
     std::lock_guard lock(s.mutex);
     const auto found = s.streams.find(static_cast<stream_state*>(handle));
@@ -411,7 +422,7 @@ inline int stream_destroy(stream_handle handle) {
     gone = std::move(found->second);
     s.streams.erase(found);
   }
-  gone.reset();  // runs what is queued, then stops its worker
+  gone.reset();  // runs what is queued, then stops its worker (unless a free is waiting on it: then after that)
   return success;
 }
 inline int stream_device(stream_handle handle, int* ordinal) {
@@ -578,9 +589,15 @@ struct emulated_faults {
   static void inject(emulated_fault kind, std::size_t after = 0) {
     emulated_detail::the_state().faults[static_cast<std::size_t>(kind)].store(static_cast<long>(after));
   }
-  /// Disarms every injected failure that has not fired.
+  /// The same for the calls the calling thread makes only (a rank of threads over the
+  /// in-process transport, say): the (after + 1)-th of them fails, once.
+  static void inject_here(emulated_fault kind, std::size_t after = 0) {
+    emulated_detail::thread_faults()[static_cast<std::size_t>(kind)] = static_cast<long>(after);
+  }
+  /// Disarms every injected failure that has not fired (this thread's too).
   static void clear() {
     for (auto& f : emulated_detail::the_state().faults) f.store(-1);
+    for (long& f : emulated_detail::thread_faults()) f = -1;
   }
 };
 

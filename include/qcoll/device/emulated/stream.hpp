@@ -11,6 +11,7 @@
 
 #include <qcoll/detail/posix_handles.hpp>
 #include <qcoll/device/emulated/codes.hpp>
+#include <qcoll/device/emulated/memfd.hpp>
 #include <qcoll/device/runtime.hpp>
 
 #include <sys/mman.h>
@@ -75,8 +76,7 @@ class event_state {
       *made = event;
       return success;
     }
-    const std::string name = memfd_name(::getpid(), id);
-    detail::file_descriptor fd(static_cast<int>(::syscall(SYS_memfd_create, name.c_str(), MFD_CLOEXEC)));
+    detail::file_descriptor fd = make_memfd(memfd_name("event", ::getpid(), id));
     const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     if (fd.get() < 0 || ::ftruncate(fd.get(), static_cast<off_t>(page)) != 0) return out_of_memory;
     void* shared = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
@@ -98,7 +98,7 @@ class event_state {
     const detail::file_descriptor process = detail::open_process(described.pid);
     if (process.get() < 0) return invalid_handle;
     detail::file_descriptor fd = detail::fetch_descriptor(process, described.fd);
-    if (fd.get() < 0 || !names(fd, memfd_name(described.pid, described.id))) return invalid_handle;
+    if (fd.get() < 0 || !names_memfd(fd, memfd_name("event", described.pid, described.id))) return invalid_handle;
     const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     void* shared = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (shared == MAP_FAILED) return out_of_memory;
@@ -139,18 +139,6 @@ class event_state {
 
  private:
   explicit event_state(std::uint64_t id) : id_(id) {}
-
-  static std::string memfd_name(std::int64_t pid, std::uint64_t id) {
-    return "qcoll-emulated-event-" + std::to_string(pid) + "-" + std::to_string(id);
-  }
-  static bool names(const detail::file_descriptor& fd, const std::string& name) {
-    char target[256] = {};
-    const std::string link = "/proc/self/fd/" + std::to_string(fd.get());
-    const ssize_t length = ::readlink(link.c_str(), target, sizeof target - 1);
-    const std::string expected = "/memfd:" + name;
-    return length > 0 && std::string(target, static_cast<std::size_t>(length)).rfind(expected, 0) == 0 &&
-           (static_cast<std::size_t>(length) == expected.size() || target[expected.size()] == ' ');
-  }
 
   std::uint64_t id_;
   event_counters local_{event_magic, {0}, {0}, {0}};
