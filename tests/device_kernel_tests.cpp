@@ -28,6 +28,7 @@
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/transports/inproc.hpp>
 
+#include "support/device_values.hpp"
 #include "support/half_inputs.hpp"
 #include "support/quantizer_inputs.hpp"
 
@@ -66,18 +67,8 @@ bool same_bits_or_both_nan(const std::vector<T>& a, const std::vector<T>& b) {
   return true;
 }
 
-template <class T>
-device_memory<T> on_device(const std::vector<T>& values) {
-  device_memory<T> memory(values.size());
-  memory.upload(values);
-  return memory;
-}
-template <class T>
-std::vector<T> to_host(const device_memory<T>& memory) {
-  std::vector<T> values(memory.size());
-  memory.download(values);
-  return values;
-}
+using qcoll::test::on_device;
+using qcoll::test::to_host;
 
 // ---- the reduce kernel and the 16-bit conversions
 

@@ -22,6 +22,7 @@
 #include <qcoll/device/emulated/runtime.hpp>
 #include <qcoll/execution/device_memory.hpp>
 
+#include "support/device_values.hpp"
 #include "support/ranks.hpp"
 
 #include <sys/wait.h>
@@ -77,27 +78,8 @@ struct emulated_setup {
 };
 BOOST_GLOBAL_FIXTURE(emulated_setup);
 
-template <class T>
-device_memory<T> on_device(const std::vector<T>& values) {
-  device_memory<T> memory(values.size());
-  memory.upload(values);
-  return memory;
-}
-template <class T>
-std::vector<T> to_host(const device_memory<T>& memory) {
-  std::vector<T> values(memory.size());
-  memory.download(values);
-  return values;
-}
-template <class T>
-std::vector<T> to_host(std::span<const T> device_values) {
-  std::vector<T> values(device_values.size());
-  if (!values.empty()) {
-    BOOST_REQUIRE_EQUAL(runtime().copy(values.data(), device_values.data(), device_values.size_bytes(), nullptr), 0);
-    BOOST_REQUIRE_EQUAL(runtime().synchronize(nullptr), 0);
-  }
-  return values;
-}
+using test::on_device;
+using test::to_host;
 
 template <class A, class B>
 bool same_bits(const A& a, const B& b) {
@@ -588,17 +570,21 @@ BOOST_AUTO_TEST_CASE(device_failures_fail_every_rank_and_leak_nothing) {
   const device::emulated_census before = device::census();
   for (device::emulated_fault fault : {device::emulated_fault::copy, device::emulated_fault::failed_work,
                                        device::emulated_fault::allocation}) {
-    std::vector<std::error_code> codes(3);
+    std::vector<std::string> errors(3);
     test::run_ranks(3, [&](test::inproc_communicator& comm) {
       device_memory<float> d = on_device(inputs<float>(1u << 20, comm.rank()));
-      comm.barrier();
-      if (comm.rank() == 2) device::emulated_faults::inject(fault);
-      comm.barrier();
-      comm.allreduce(device_stream{}, d.span(), reduce_op::sum, codes[comm.rank()]);
+      // For this thread's calls only, so no other rank's call fires it: nothing else to order.
+      if (comm.rank() == 2) device::emulated_faults::inject_here(fault);
+      try {
+        comm.allreduce(device_stream{}, d.span(), reduce_op::sum);
+      } catch (const qcoll::error& e) {
+        errors[comm.rank()] = e.what();
+      }
     });
     device::emulated_faults::clear();
     for (std::size_t r = 0; r < 3; ++r)
-      BOOST_TEST(static_cast<bool>(codes[r]), "rank " << r << " succeeded despite an injected failure");
+      BOOST_TEST(!errors[r].empty(), "rank " << r << " succeeded despite an injected failure of kind "
+                                             << static_cast<int>(fault) << " on rank 2, whose error was: " << errors[2]);
   }
   const device::emulated_census after = device::census();
   BOOST_TEST(after.allocations == before.allocations);
@@ -779,6 +765,7 @@ BOOST_AUTO_TEST_CASE(grid_plans_equal_the_host_plans) {
 
 BOOST_AUTO_TEST_CASE(a_failed_call_leaves_output_and_residuals_as_they_were) {
   if (!emulated()) return;
+  const device::emulated_census before = device::census();
   const std::size_t count = 200003;
   std::vector<std::error_code> codes(3);
   per_rank results;
@@ -788,10 +775,8 @@ BOOST_AUTO_TEST_CASE(a_failed_call_leaves_output_and_residuals_as_they_were) {
     device_memory<float> d_in = on_device(in), d_out = on_device(std::vector<float>(count, -7.0f));
     comm.allreduce(device_stream{}, plan, std::span<const float>(d_in.span()), d_out.span(), reduce_op::sum);
     const std::vector<float> residual = to_host(plan.worker_residual()), out_before = to_host(d_out);
-    comm.barrier();
-    // Rank 1's device fails a kernel midway through the next call.
-    if (comm.rank() == 1) device::emulated_faults::inject(device::emulated_fault::kernel, 20);
-    comm.barrier();
+    // Rank 1's device fails a kernel midway through the next call (its own calls only).
+    if (comm.rank() == 1) device::emulated_faults::inject_here(device::emulated_fault::kernel, 20);
     comm.allreduce(device_stream{}, plan, std::span<const float>(d_in.span()), d_out.span(), reduce_op::sum,
                    codes[comm.rank()]);
     if (!same_bits(to_host(d_out), out_before)) results.differ("rank " + std::to_string(comm.rank()) + ": output changed");
@@ -802,6 +787,11 @@ BOOST_AUTO_TEST_CASE(a_failed_call_leaves_output_and_residuals_as_they_were) {
   for (std::size_t r = 0; r < 3; ++r) BOOST_TEST(static_cast<bool>(codes[r]), "rank " << r << " did not fail");
   BOOST_TEST(codes[1] == errc::device_error);
   results.check();
+  // The plans and communicators are gone, and so is everything they had of the device.
+  const device::emulated_census after = device::census();
+  BOOST_TEST(after.allocations == before.allocations);
+  BOOST_TEST(after.streams == before.streams);
+  BOOST_TEST(after.events == before.events);
 }
 
 BOOST_AUTO_TEST_CASE(bad_input_to_a_plan_fails_on_every_rank) {

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from reference import DTYPES, OPS, inputs, reference
+from reference import DTYPES, OPS, inputs, reference, send_recv_around_the_ring
 
 
 def device_of_rank(rank):
@@ -81,15 +81,8 @@ def every_collective(rank, size):
     assert [t.cpu().tolist() for t in odd_all] == [[r] * 3 for r in range(size)], "all_gather of 3 bytes"
     # A barrier on the device, and send/recv around the ring.
     dist.barrier(device_ids=[device.index])
-    outgoing = torch.full((1000,), float(rank), device=device)
-    incoming = torch.empty(1000, device=device)
-    if rank % 2 == 0:
-        dist.send(outgoing, dst=(rank + 1) % size)
-        dist.recv(incoming, src=(rank - 1) % size)
-    else:
-        dist.recv(incoming, src=(rank - 1) % size)
-        dist.send(outgoing, dst=(rank + 1) % size)
-    assert torch.equal(incoming.cpu(), torch.full((1000,), float((rank - 1) % size))), "send/recv"
+    arrived, expected = send_recv_around_the_ring(rank, size, device)
+    assert torch.equal(arrived, expected), "send/recv"
     return alike
 
 

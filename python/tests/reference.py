@@ -38,3 +38,18 @@ def reference(size, count, dtype, op):
     if op == "min":
         return stack.min(0).values
     return stack.max(0).values
+
+
+def send_recv_around_the_ring(rank, size, device=None):
+    """Every rank sends 1000 copies of its rank to the next and receives the previous
+    one's (even ranks send first, so no two wait on each other); returns what arrived
+    and what should have."""
+    outgoing = torch.full((1000,), float(rank), device=device)
+    incoming = torch.empty(1000, device=device)
+    if rank % 2 == 0:
+        dist.send(outgoing, dst=(rank + 1) % size)
+        dist.recv(incoming, src=(rank - 1) % size)
+    else:
+        dist.recv(incoming, src=(rank - 1) % size)
+        dist.send(outgoing, dst=(rank + 1) % size)
+    return incoming.cpu(), torch.full((1000,), float((rank - 1) % size))

@@ -16,6 +16,7 @@ from conftest import run_ranks
 from reference import DTYPES, OPS
 from reference import inputs as _inputs
 from reference import reference as _reference
+from reference import send_recv_around_the_ring
 
 def every_collective(rank, size):
     import qcoll.torch
@@ -52,15 +53,8 @@ def every_collective(rank, size):
             assert torch.equal(mine2, expected), f"reduce_scatter_tensor {dtype} {count}"
     dist.barrier()
     # send and recv around the ring (small: a send completes once the transport has it)
-    outgoing = torch.full((1000,), float(rank))
-    incoming = torch.empty(1000)
-    if rank % 2 == 0:
-        dist.send(outgoing, dst=(rank + 1) % size)
-        dist.recv(incoming, src=(rank - 1) % size)
-    else:
-        dist.recv(incoming, src=(rank - 1) % size)
-        dist.send(outgoing, dst=(rank + 1) % size)
-    assert torch.equal(incoming, torch.full((1000,), float((rank - 1) % size)))
+    arrived, expected = send_recv_around_the_ring(rank, size)
+    assert torch.equal(arrived, expected)
     # a non-contiguous tensor is reduced in place, as PyTorch's other backends do
     strided = torch.arange(20, dtype=torch.float32).view(4, 5).t()
     dist.all_reduce(strided)
