@@ -63,19 +63,18 @@ class allocation {
   kind kind_ = kind::device;
 };
 
-}  // namespace memory_detail
-
-template <class T>
-class device_memory {
+/// `count` values of T in one allocation of `Kind`: what device_memory and
+/// pinned_memory share.
+template <class T, allocation::kind Kind>
+class typed_allocation {
  public:
-  device_memory() = default;
+  typed_allocation() = default;
   /// @throws qcoll::error: invalid_argument without a device runtime; device_error when
   /// the allocation fails.
-  explicit device_memory(std::size_t count)
-      : memory_(memory_detail::allocation::kind::device, count * sizeof(T), "device_memory"), count_(count) {}
-  device_memory(device_memory&& other) noexcept
+  typed_allocation(std::size_t count, const char* what) : memory_(Kind, count * sizeof(T), what), count_(count) {}
+  typed_allocation(typed_allocation&& other) noexcept
       : memory_(std::move(other.memory_)), count_(std::exchange(other.count_, 0)) {}
-  device_memory& operator=(device_memory&& other) noexcept {
+  typed_allocation& operator=(typed_allocation&& other) noexcept {
     memory_ = std::move(other.memory_);
     std::swap(count_, other.count_);
     return *this;
@@ -84,56 +83,61 @@ class device_memory {
   std::span<T> span() const noexcept { return {data(), count_}; }
   T* data() const noexcept { return static_cast<T*>(memory_.data()); }
   std::size_t size() const noexcept { return count_; }
+
+ protected:
+  const device::runtime* runtime() const noexcept { return memory_.runtime(); }
+
+ private:
+  allocation memory_;
+  std::size_t count_ = 0;
+};
+
+}  // namespace memory_detail
+
+template <class T>
+class device_memory : public memory_detail::typed_allocation<T, memory_detail::allocation::kind::device> {
+  using base = memory_detail::typed_allocation<T, memory_detail::allocation::kind::device>;
+
+ public:
+  device_memory() = default;
+  /// @throws qcoll::error: invalid_argument without a device runtime; device_error when
+  /// the allocation fails.
+  explicit device_memory(std::size_t count) : base(count, "device_memory") {}
 
   /// Copies host values into the first from.size() values, and waits for the copy. It
   /// runs on the device's default stream, after the work queued there (work on other
   /// streams is the caller's to wait for first).
   void upload(std::span<const T> from) const {
-    copy_and_wait(data(), from.data(), from.size_bytes(), "device_memory::upload");
+    copy_and_wait(this->data(), from.data(), from.size_bytes(), "device_memory::upload");
   }
   /// Copies the first into.size() values to host memory, and waits for the copy (on the
   /// default stream, as upload).
-  void download(std::span<T> into) const { copy_and_wait(into.data(), data(), into.size_bytes(), "device_memory::download"); }
+  void download(std::span<T> into) const {
+    copy_and_wait(into.data(), this->data(), into.size_bytes(), "device_memory::download");
+  }
 
  private:
   void copy_and_wait(void* to, const void* from, std::size_t bytes, const char* what) const {
-    if (bytes > count_ * sizeof(T))
-      detail::throw_error(errc::invalid_argument, "{}: {} bytes do not fit {} values", what, bytes, count_);
+    if (bytes > this->size() * sizeof(T))
+      detail::throw_error(errc::invalid_argument, "{}: {} bytes do not fit {} values", what, bytes, this->size());
     if (bytes == 0) return;
-    const auto& device = *memory_.runtime();
+    const auto& device = *this->runtime();
     check_device(device, device.copy(to, from, bytes, nullptr), what);
     check_device(device, device.synchronize(nullptr), what);
   }
-
-  memory_detail::allocation memory_;
-  std::size_t count_ = 0;
 };
 
 /// Page-locked host memory: copies between it and the device run while the host
 /// does other work (a copy from ordinary memory may not).
 template <class T>
-class pinned_memory {
+class pinned_memory : public memory_detail::typed_allocation<T, memory_detail::allocation::kind::pinned> {
+  using base = memory_detail::typed_allocation<T, memory_detail::allocation::kind::pinned>;
+
  public:
   pinned_memory() = default;
   /// @throws qcoll::error: invalid_argument without a device runtime; device_error when
   /// the allocation fails.
-  explicit pinned_memory(std::size_t count)
-      : memory_(memory_detail::allocation::kind::pinned, count * sizeof(T), "pinned_memory"), count_(count) {}
-  pinned_memory(pinned_memory&& other) noexcept
-      : memory_(std::move(other.memory_)), count_(std::exchange(other.count_, 0)) {}
-  pinned_memory& operator=(pinned_memory&& other) noexcept {
-    memory_ = std::move(other.memory_);
-    std::swap(count_, other.count_);
-    return *this;
-  }
-
-  std::span<T> span() const noexcept { return {data(), count_}; }
-  T* data() const noexcept { return static_cast<T*>(memory_.data()); }
-  std::size_t size() const noexcept { return count_; }
-
- private:
-  memory_detail::allocation memory_;
-  std::size_t count_ = 0;
+  explicit pinned_memory(std::size_t count) : base(count, "pinned_memory") {}
 };
 
 namespace memory_detail {
