@@ -56,6 +56,9 @@
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/execution/device_memory.hpp>
+#ifndef QCOLL_BENCH_MPI
+#include <qcoll/device/emulated/runtime.hpp>  // --device emulated (not in the MPI builds, which have no --device)
+#endif
 #include <qcoll/grid_allreduce.hpp>
 #include <qcoll/topologies/router.hpp>
 #include <qcoll/quantizers/bfp.hpp>
@@ -774,7 +777,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "collective_bench: --device is not in the MPI builds; run collective_bench --job under qcoll-run\n");
     return 2;
   }
+#ifndef QCOLL_BENCH_MPI
   if (o.device == "emulated") qcoll::execution::use_device(qcoll::device::emulated());
+#endif
   if (o.device == "cuda" &&
       (qcoll::execution::active_device() != qcoll::execution::linked_cuda() || qcoll::execution::gpu_count() == 0)) {
     std::printf("collective_bench --device cuda: no CUDA device here (or no CUDA build), skipped\n");

@@ -25,6 +25,7 @@
 #include "bench_args.hpp"
 
 #include <qcoll/core/half.hpp>
+#include <qcoll/device/emulated/runtime.hpp>  // --device emulated
 #include <qcoll/execution/device_memory.hpp>
 #include <qcoll/execution/dispatch.hpp>
 #include <qcoll/kernels/cpu/dispatch.hpp>

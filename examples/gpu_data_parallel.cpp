@@ -22,6 +22,9 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+// The emulated device, a CPU test double of the CUDA runtime: with it, QCOLL_DEVICE=emulated
+// runs this example where there is no GPU (as CI does). A program for GPUs only leaves it out.
+#include <qcoll/device/emulated/runtime.hpp>
 #include <qcoll/execution/device_memory.hpp>
 #include <qcoll/execution/kernels.hpp>
 #include <qcoll/quantizers/one_bit.hpp>

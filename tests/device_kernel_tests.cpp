@@ -19,6 +19,7 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/core/half.hpp>
+#include <qcoll/device/emulated/runtime.hpp>  // QCOLL_DEVICE=emulated: CI runs this on the emulated device
 #include <qcoll/execution/device_memory.hpp>
 #include <qcoll/execution/kernels.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>

@@ -5,6 +5,7 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
+#include <qcoll/device/emulated/runtime.hpp>  // QCOLL_DEVICE=emulated: the device scenarios in CI
 #include <qcoll/execution/device_memory.hpp>
 #include <qcoll/grid_allreduce.hpp>
 #include <qcoll/quantizers/bfp.hpp>

@@ -127,4 +127,11 @@ struct runtime {
   int not_ready;
 };
 
+/// The emulated device's table in a program that includes device/emulated/runtime.hpp
+/// (its translation units set this as they start), else null: what QCOLL_DEVICE=emulated
+/// finds. The emulation is a test double: a program opts in with that include, and no
+/// other translation unit compiles it (compiled into every user of the execution layer,
+/// it doubled the build of the ci preset).
+inline const runtime* included_emulated_device = nullptr;
+
 }  // namespace qcoll::device

@@ -6,7 +6,8 @@
 /// runs on the active device runtime (device/runtime.hpp): CUDA when the program
 /// links it (target qcoll::cuda, which compiles src/cuda_kernels.cu with nvcc and
 /// defines QCOLL_CUDA_KERNELS_COMPILED) and a GPU is present, or the emulated device
-/// (QCOLL_DEVICE=emulated, or use_device). Quantizers, primitives and plans reach
+/// (QCOLL_DEVICE=emulated in a program that includes device/emulated/runtime.hpp, or
+/// use_device). Quantizers, primitives and plans reach
 /// kernels only through here.
 ///
 /// Memory spaces are checked with the runtime's `locate` (CUDA: pointer attributes),
@@ -17,7 +18,6 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/format.hpp>
-#include <qcoll/device/emulated/runtime.hpp>
 #include <qcoll/device/runtime.hpp>
 #include <qcoll/execution/memory.hpp>
 #include <qcoll/kernels/cpu/dispatch.hpp>
@@ -81,7 +81,12 @@ inline const device::runtime* from_environment(const char*& refusal) {
   refusal = nullptr;
   const char* asked = std::getenv("QCOLL_DEVICE");
   const std::string_view wanted = asked ? asked : "";
-  if (wanted == "emulated") return &device::emulated();
+  if (wanted == "emulated") {
+    if (!device::included_emulated_device)
+      refusal = "QCOLL_DEVICE=emulated, but this program does not include the emulated device "
+                "(<qcoll/device/emulated/runtime.hpp>, a test double of the CUDA runtime)";
+    return device::included_emulated_device;
+  }
   if (wanted == "none") {
     refusal = "QCOLL_DEVICE=none";
     return nullptr;
@@ -89,7 +94,8 @@ inline const device::runtime* from_environment(const char*& refusal) {
   if (wanted.empty() || wanted == "cuda") {
     if (!linked_cuda()) {
       refusal = "a call on device memory needs qcoll's CUDA runtime; link the target qcoll::cuda (a CUDA-enabled "
-                "build of qcoll), or set QCOLL_DEVICE=emulated to test device code on the CPU";
+                "build of qcoll), or, to test device code on the CPU, include <qcoll/device/emulated/runtime.hpp> "
+                "and set QCOLL_DEVICE=emulated";
       return nullptr;
     }
     if (cuda_gpus() == 0) {

@@ -24,8 +24,9 @@
 /// - **Failures can be injected** (emulated_faults): an allocation, a copy, a kernel
 ///   launch, an IPC open, or a piece of work that fails when it runs.
 ///
-/// Chosen with QCOLL_DEVICE=emulated, or in code with
-/// execution::use_device(device::emulated()) (execution/dispatch.hpp). Options from the
+/// A program that includes this header can choose it with QCOLL_DEVICE=emulated, or in
+/// code with execution::use_device(device::emulated()) (execution/dispatch.hpp); one
+/// that does not has no emulated device (and does not compile one). Options from the
 /// environment (QCOLL_EMULATED_DEVICES, QCOLL_EMULATED_DELAY_US) or configure_emulated().
 /// What it does not prove: that the CUDA kernels and the CUDA runtime behave alike
 /// (tools/gpu-check runs the same tests with QCOLL_DEVICE=cuda), speed, and memory
@@ -574,6 +575,11 @@ inline const runtime& emulated() noexcept {
   static constexpr runtime table = emulated_detail::make_emulated_runtime();
   return table;
 }
+
+namespace emulated_detail {
+/// Makes the table what QCOLL_DEVICE=emulated selects in this program (device/runtime.hpp).
+inline const bool included = (included_emulated_device = &emulated(), true);
+}  // namespace emulated_detail
 
 /// Sets the emulation's options: the device count at once, the delay for work queued
 /// on streams made from now on (default streams already in use keep theirs).
