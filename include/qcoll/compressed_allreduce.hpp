@@ -139,15 +139,13 @@ class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
   /// As the host plan, and invalid_argument without a device runtime or for a stream not
   /// of it; device_error when the device memory cannot be had.
   template <class Communicator>
-    requires std::same_as<Space, execution::device_space>
-  compressed_allreduce_plan(execution::device_stream where, const Communicator& comm, std::size_t count,
+  compressed_allreduce_plan(execution::device_stream_if<Space> where, const Communicator& comm, std::size_t count,
                             Q quantizer = Q{}, compressed_allreduce_options options = {})
       : compressed_allreduce_plan(comm.rank(), comm.topology(), std::span<const std::size_t>(&count, 1),
                                   std::move(quantizer), options, {}, where) {}
   /// A fused plan on device memory.
   template <class Communicator>
-    requires std::same_as<Space, execution::device_space>
-  compressed_allreduce_plan(execution::device_stream where, const Communicator& comm,
+  compressed_allreduce_plan(execution::device_stream_if<Space> where, const Communicator& comm,
                             std::span<const std::size_t> tensor_sizes, Q quantizer = Q{},
                             compressed_allreduce_options options = {})
       : compressed_allreduce_plan(comm.rank(), comm.topology(), tensor_sizes, std::move(quantizer), options, {}, where) {}

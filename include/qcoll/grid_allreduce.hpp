@@ -84,8 +84,7 @@ class grid_allreduce_plan : public plan_handle<Q, T, Space> {
   /// A plan on device memory (Space execution::device_space), its state on the device
   /// of `where`'s stream, as compressed_allreduce_plan's device form.
   template <class Communicator>
-    requires std::same_as<Space, execution::device_space>
-  grid_allreduce_plan(execution::device_stream where, const Communicator& comm, const topologies::grid_routing& routing,
+  grid_allreduce_plan(execution::device_stream_if<Space> where, const Communicator& comm, const topologies::grid_routing& routing,
                       std::size_t count, Q quantizer = Q{}, grid_allreduce_options options = {})
       : grid_allreduce_plan(comm.rank(), comm.size(), routing, count, std::move(quantizer), std::move(options), where) {}
 

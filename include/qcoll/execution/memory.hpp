@@ -10,6 +10,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <type_traits>
 
 namespace qcoll::execution {
 
@@ -37,6 +38,20 @@ concept memory_space_tag = std::same_as<S, host_space> || std::same_as<S, device
 struct device_stream {
   void* stream = nullptr;
 };
+
+namespace memory_detail {
+struct no_device_form {
+  no_device_form() = delete;  // nothing converts to it: a host plan has no device constructor
+};
+}  // namespace memory_detail
+
+/// The first parameter of a plan's device constructors: device_stream in a plan of
+/// `Space` device_space, an unconstructible type in a host plan. (A `requires` on the
+/// constructor instead breaks class template argument deduction with clang++ 14 when
+/// the class's template parameters are constrained: it deduces the host plan.)
+template <memory_space_tag Space>
+using device_stream_if =
+    std::conditional_t<std::same_as<Space, device_space>, device_stream, memory_detail::no_device_form>;
 
 /// How a collective on device buffers enters: its caller's stream, and for a call
 /// started without waiting the event recorded on that stream when it was started
