@@ -65,7 +65,7 @@ inline const cuda_census& cuda_devices() {
     if (const device::runtime* cuda = linked_cuda())
       if (const int failed = cuda->device_count(&found.devices)) {
         found.devices = 0;
-        found.refusal = detail::format("a call on device memory, but CUDA finds no device: CUDA error {}: {}", failed,
+        found.refusal = detail::format("a call on device memory, but no CUDA device is usable: CUDA error {}: {}", failed,
                                        cuda->error_string(failed));
       }
     return found;
