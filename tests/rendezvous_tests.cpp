@@ -36,7 +36,12 @@
 #include <type_traits>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace qcoll;
@@ -1483,10 +1488,12 @@ struct agreement_outcome {
   std::vector<long long> ms;
 };
 
-/// Ranks in `calling` run agree_on_survivors; ranks in `silent` only listen; the others'
-/// roster entries are ports nobody listens on.
+/// Ranks in `calling` run agree_on_survivors; ranks in `silent` only listen; those in
+/// `elsewhere` are at the given address (another process); the others' roster entries
+/// are ports nobody listens on. `meanwhile` runs on a thread of its own as they start.
 agreement_outcome agree_threads(rank_t n, std::vector<rank_t> calling, std::vector<rank_t> silent,
-                                survivor_options opts) {
+                                survivor_options opts, const std::map<rank_t, std::string>& elsewhere = {},
+                                const std::function<void()>& meanwhile = {}) {
   const std::string id = fmt::format("survivors-{}", ::getpid());
   std::vector<std::unique_ptr<recovery_listener>> listeners(n);
   std::vector<std::string> roster(n);
@@ -1495,6 +1502,8 @@ agreement_outcome agree_threads(rank_t n, std::vector<rank_t> calling, std::vect
     if (listens) {
       listeners[r] = std::make_unique<recovery_listener>("127.0.0.1");
       roster[r] = listeners[r]->address();
+    } else if (elsewhere.contains(r)) {
+      roster[r] = elsewhere.at(r);
     } else {
       roster[r] = fmt::format("127.0.0.1:{}", free_port());
     }
@@ -1509,8 +1518,42 @@ agreement_outcome agree_threads(rank_t n, std::vector<rank_t> calling, std::vect
       });
       result.ms[r] = ms_since(start);
     });
+  if (meanwhile) ranks.emplace_back(meanwhile);
   for (auto& rank : ranks) rank.join();
   return result;
+}
+
+/// A process that listens on 127.0.0.1 and does nothing else: the recovery listener of
+/// a rank about to be killed.
+struct listening_process {
+  pid_t pid;
+  std::string address;
+};
+
+listening_process fork_listener() {
+  int port_pipe[2];
+  BOOST_TEST_REQUIRE(::pipe(port_pipe) == 0);
+  const pid_t pid = ::fork();
+  BOOST_TEST_REQUIRE(pid >= 0);
+  if (pid == 0) {  // async-signal-safe calls only, after a fork
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+        ::listen(listener, 64) != 0 || ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0)
+      ::_exit(1);
+    const std::uint16_t port = ntohs(address.sin_port);
+    if (::write(port_pipe[1], &port, sizeof port) != sizeof port) ::_exit(1);
+    for (;;) ::pause();
+  }
+  ::close(port_pipe[1]);
+  std::uint16_t port = 0;
+  const auto got = ::read(port_pipe[0], &port, sizeof port);
+  ::close(port_pipe[0]);
+  BOOST_TEST_REQUIRE(got == static_cast<ssize_t>(sizeof port));
+  return {pid, fmt::format("127.0.0.1:{}", port)};
 }
 
 }  // namespace
@@ -1550,6 +1593,37 @@ BOOST_AUTO_TEST_CASE(a_lowest_rank_that_is_alive_but_silent_is_given_up_after_ha
     BOOST_TEST(o.agreed[r]->lost.size() == 1u);
     BOOST_TEST(o.ms[r] >= 1900);  // waited for rank 0 for half of 4 s
     BOOST_TEST(o.ms[r] < 4000);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_killed_while_it_is_probed_is_gone_never_unreachable) {
+  // Rank 0's process is killed at a random moment while ranks 1 and 2 probe it and check
+  // in with it. Its host refuses or resets their connections (a reset: killed while a
+  // connection was being set up), and both mean its process is gone; "host or link
+  // down" would take probe_timeout of silence, which a killed process on a live host
+  // never gives. A reset was once counted "unreachable" at once (issue 53).
+  // Five ranks probe, so that some connects meet the kill: about 3 ms a trial here.
+  std::mt19937 random(53);
+  std::uniform_int_distribution<int> kill_after_us(0, 300);
+  const std::vector<rank_t> survivors_ranks{1, 2, 3, 4, 5};
+  for (int trial = 0; trial < 1000; ++trial) {
+    const listening_process rank0 = fork_listener();
+    const auto delay = std::chrono::microseconds(kill_after_us(random));
+    const auto o = agree_threads(6, survivors_ranks, {}, {.timeout = 20s, .probe_timeout = 10s}, {{0, rank0.address}}, [&] {
+      std::this_thread::sleep_for(delay);
+      ::kill(rank0.pid, SIGKILL);
+    });
+    int status = 0;
+    ::waitpid(rank0.pid, &status, 0);
+    for (rank_t r : survivors_ranks) {
+      BOOST_TEST_INFO("trial " << trial << " (killed after " << delay.count() << " us), rank " << r << ": "
+                               << o.errors[r].message);
+      BOOST_TEST_REQUIRE(!o.errors[r].threw);
+      BOOST_TEST(o.agreed[r]->ranks == survivors_ranks, boost::test_tools::per_element());
+      BOOST_TEST_REQUIRE(o.agreed[r]->lost.size() == 1u);
+      BOOST_TEST(o.agreed[r]->lost[0].first == 0u);
+      BOOST_TEST(to_string(o.agreed[r]->lost[0].second) == to_string(loss::refused));
+    }
   }
 }
 
