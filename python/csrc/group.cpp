@@ -51,6 +51,33 @@ struct plans_of {
   std::map<std::int64_t, on_device> on_device_by_key;
 };
 
+/// Calls fn(quantizer) with the quantizer `settings` name, made from them; `rank` seeds
+/// k_level's stochastic rounding (independent per rank). Settings a quantizer refuses
+/// are refused here with the value given (k_level's bits are checked before they become
+/// levels, so "bits=9" is named, not the levels it would overflow to).
+template <class Fn>
+void with_quantizer(const compression& settings, int rank, Fn&& fn) {
+  namespace q = qcoll::quantizers;
+  if (settings.quantizer == "one_bit") {
+    fn(q::one_bit({.group_size = settings.group_size}));
+  } else if (settings.quantizer == "k_level") {
+    if (settings.bits < 1 || settings.bits > 8)
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll: k_level takes bits from 1 to 8 (2 to 256 levels), not bits={}", settings.bits);
+    q::k_level_options o = q::k_level_options::with_bits(settings.bits);
+    o.group_size = settings.group_size;
+    o.seed = static_cast<std::uint64_t>(rank) + 1;
+    fn(q::k_level(o));
+  } else if (settings.quantizer == "bfp") {
+    fn(q::bfp({.mantissa_bits = settings.bits, .block_size = settings.group_size}));
+  } else if (settings.quantizer == "identity") {
+    fn(q::identity<float>());
+  } else {
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll: unknown quantizer '{}' (one_bit, k_level, bfp, identity)",
+                               settings.quantizer);
+  }
+}
+
 /// The span of `tensor`'s values as T (the caller has checked the type).
 template <class T>
 std::span<const T> values_of(const at::Tensor& tensor) {
@@ -124,25 +151,9 @@ class group_over final : public group {
                                    "qcoll: the compressed allreduce takes float32, bfloat16 or float16 gradients, "
                                    "not float64");
       } else {
-        namespace q = qcoll::quantizers;
-        if (settings.quantizer == "one_bit")
-          run<q::one_bit, T>(one_bits_, key, data, op, settings, where, q::one_bit({.group_size = settings.group_size}));
-        else if (settings.quantizer == "k_level")
-          run<q::k_level, T>(k_levels_, key, data, op, settings, where, [&] {
-            q::k_level_options o = q::k_level_options::with_bits(settings.bits);
-            o.group_size = settings.group_size;
-            o.seed = static_cast<std::uint64_t>(rank()) + 1;  // independent rounding per rank
-            return q::k_level(o);
-          }());
-        else if (settings.quantizer == "bfp")
-          run<q::bfp, T>(bfps_, key, data, op, settings, where,
-                         q::bfp({.mantissa_bits = settings.bits, .block_size = settings.group_size}));
-        else if (settings.quantizer == "identity")
-          run<q::identity<float>, T>(identities_, key, data, op, settings, where, q::identity<float>());
-        else
-          qcoll::detail::throw_error(errc::invalid_argument,
-                                     "qcoll: unknown quantizer '{}' (one_bit, k_level, bfp, identity)",
-                                     settings.quantizer);
+        with_quantizer(settings, rank(), [&]<class Q>(const Q& quantizer) {
+          run<Q, T>(plans_for<Q>(), key, data, op, settings, where, quantizer);
+        });
       }
     });
   }
@@ -176,6 +187,15 @@ class group_over final : public group {
     comm_.allreduce(*plan, data, op);
   }
 
+  template <class Q>
+  auto& plans_for() {
+    namespace q = qcoll::quantizers;
+    if constexpr (std::is_same_v<Q, q::one_bit>) return one_bits_;
+    else if constexpr (std::is_same_v<Q, q::k_level>) return k_levels_;
+    else if constexpr (std::is_same_v<Q, q::bfp>) return bfps_;
+    else return identities_;
+  }
+
   qcoll::communicator<Transport> comm_;
   const char* name_;
   std::tuple<plans_of<qcoll::quantizers::one_bit, float>, plans_of<qcoll::quantizers::one_bit, qcoll::bfloat16>,
@@ -200,6 +220,10 @@ std::string host_name() {
 }
 
 }  // namespace
+
+void check(const compression& settings) {
+  with_quantizer(settings, 0, [](const auto&) {});
+}
 
 qcoll::rendezvous::transport_kind transport_from_environment() {
   const char* value = std::getenv("QCOLL_TRANSPORT");

@@ -88,6 +88,11 @@ class group {
   virtual void abort(const std::string& reason) = 0;
 };
 
+/// Throws qcoll::error (invalid_argument), naming the value, for settings the
+/// quantizer refuses: an unknown name, k_level bits outside 1…8, bfp mantissa bits
+/// outside 2…16 and 32, a group size that is not a multiple of 8 in range.
+void check(const compression& settings);
+
 /// Joins the group of `size` ranks through `store` (collective: every rank calls it).
 std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                   const group_settings& settings);

@@ -63,6 +63,18 @@ PYBIND11_MODULE(_qcoll_torch, m) {
       .def_readwrite("bits", &qcoll_torch::compression::bits)
       .def_readwrite("error_feedback", &qcoll_torch::compression::error_feedback);
 
+  m.def(
+      "check_compression",
+      [](const qcoll_torch::compression& settings) {
+        try {
+          qcoll_torch::check(settings);
+        } catch (const qcoll::error& e) {
+          if (e.code() == qcoll::errc::invalid_argument) throw py::value_error(e.what());
+          throw;
+        }
+      },
+      py::arg("compression"), "Raises ValueError, naming the value, for settings the quantizer refuses");
+
   py::class_<qcoll_torch::compressed_communicator>(m, "CompressedCommunicator")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& transport) {

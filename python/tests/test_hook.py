@@ -71,3 +71,68 @@ def test_torchrun_runs_the_backend_and_the_hook(tmp_path):
         env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("torchrun ok") == 2, result.stdout + result.stderr
+
+
+def several_states_on_one_group(rank, size, transport):
+    """Three DDP models on the world group, each with a CompressedState of its own: the
+    first two trained one after the other (each state joins at its first call), then all
+    three in turn step by step, as a GAN's generator and discriminator are."""
+    import datetime
+
+    import qcoll.torch.hooks as hooks
+
+    def model_and_state(seed, quantizer):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        state = hooks.CompressedState(quantizer=quantizer, transport=transport,
+                                      timeout=datetime.timedelta(seconds=30))
+        ddp.register_comm_hook(state, hooks.compressed_allreduce)
+        return model, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+    trained = [model_and_state(seed, quantizer) for seed, quantizer in ((1, "one_bit"), (2, "k_level"), (3, "bfp"))]
+    generator = torch.Generator().manual_seed(7 + rank)
+
+    def step(ddp, optimizer):
+        inputs = torch.randn(32, 16, generator=generator)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(ddp(inputs), inputs[:, :4].argmax(1)).backward()
+        optimizer.step()
+
+    for model, ddp, state, optimizer in trained[:2]:  # sequential: one model, then the next
+        for _ in range(3):
+            step(ddp, optimizer)
+    for _ in range(3):  # interleaved: the three in turn, the third joining on the way
+        for model, ddp, state, optimizer in trained:
+            step(ddp, optimizer)
+    return [(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().tobytes(), state.bytes_sent(),
+             state.communicator().transport) for model, ddp, state, optimizer in trained]
+
+
+# Any number of states on one group, over either transport, on 2 and 4 ranks (issue 53:
+# the second state's join read the first's keys from the store and failed or hung).
+@pytest.mark.parametrize("transport,size", [("shm", 2), ("tcp", 2), ("shm", 4), ("tcp", 4)])
+def test_several_states_share_one_process_group(transport, size):
+    results = run_ranks(size, several_states_on_one_group, transport, backend="gloo", timeout=180)
+    for index in range(3):
+        parameters = {results[r][index][0] for r in range(size)}
+        assert len(parameters) == 1, f"model {index}: the ranks' parameters differ"
+        for r in range(size):
+            _, sent, used = results[r][index]
+            assert sent > 0, f"rank {r}: state {index} sent nothing"
+            assert used == transport, f"rank {r}: state {index} used {used}"
+
+
+def test_settings_the_quantizer_refuses_are_refused_when_the_state_is_made():
+    import qcoll.torch.hooks as hooks
+
+    for settings, named in (
+        (dict(quantizer="k_level", bits=9), "bits=9"),
+        (dict(quantizer="k_level", bits=0), "bits=0"),
+        (dict(quantizer="bfp", bits=17), "not 17"),
+        (dict(quantizer="one_bit", group_size=12), "not 12"),
+        (dict(quantizer="two_bit"), "'two_bit'"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            hooks.CompressedState(**settings)
+    hooks.CompressedState(quantizer="k_level", bits=8)  # the largest k_level takes

@@ -17,6 +17,10 @@ once).
 The hook brings its own qcoll communicator, joined once — at the first call, which
 every rank makes — through the process group's store: it works whatever the process
 group's backend is (gloo, or qcoll's), and its calls never queue behind the backend's.
+Any number of states may share a process group (two DDP models trained one after the
+other, or a GAN's generator and discriminator in turn): each state joins a communicator
+of its own, under a store prefix numbered in the order the states make their first
+calls — the same order on every rank, as for any collective.
 
 CUDA gradient buckets are compressed on their GPU, through plans on device memory (the
 residuals live there, per bucket as on the CPU; only the compressed frames cross to the
@@ -27,6 +31,8 @@ returned future is CUDA-aware, as with ProcessGroupNCCL (docs/pytorch.md).
 
 
 import datetime
+import itertools
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -59,13 +65,14 @@ class CompressedState:
         transport: str = "env",
         timeout: datetime.timedelta = datetime.timedelta(minutes=30),
     ):
-        if quantizer not in ("one_bit", "k_level", "bfp", "identity"):
-            raise ValueError(f"unknown quantizer {quantizer!r} (one_bit, k_level, bfp, identity)")
         self.compression = _extension.Compression()
         self.compression.quantizer = quantizer
         self.compression.group_size = group_size
         self.compression.bits = bits
         self.compression.error_feedback = error_feedback
+        # Settings the quantizer refuses are refused here, naming the value, not at the
+        # first backward().
+        _extension.check_compression(self.compression)
         self.process_group = process_group
         self.transport = transport
         self.timeout = timeout
@@ -77,7 +84,7 @@ class CompressedState:
             group = self.process_group or dist.group.WORLD
             _, store = distributed_c10d._world.pg_map[group]
             self._communicator = _extension.CompressedCommunicator(
-                dist.PrefixStore("qcoll_hook", store),
+                dist.PrefixStore(f"qcoll_hook/{_next_join(group)}", store),
                 dist.get_rank(group),
                 dist.get_world_size(group),
                 self.timeout,
@@ -88,6 +95,17 @@ class CompressedState:
     def bytes_sent(self) -> int:
         """Bytes this rank's hook has sent, measured where they leave its transport."""
         return 0 if self._communicator is None else self._communicator.bytes_sent()
+
+
+# Per process group, how many hook communicators this process has joined on it: the
+# next one's store prefix. Every rank joins a group's states in the same order (the
+# first calls are collective), so the numbers agree without asking the store.
+_joins = weakref.WeakKeyDictionary()
+
+
+def _next_join(group) -> int:
+    counter = _joins.setdefault(group, itertools.count())
+    return next(counter)
 
 
 def compressed_allreduce(state: CompressedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
