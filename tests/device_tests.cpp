@@ -24,6 +24,7 @@
 
 #include "support/device_values.hpp"
 #include "support/ranks.hpp"
+#include "support/sanitizers.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,31 +52,10 @@ using execution::pinned_memory;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-#else
-constexpr bool sanitized = false;
-#endif
-
+using test::sanitized;
 // The tests that show a forgotten wait read memory a stream's worker writes later, which
 // is the race they demonstrate: ThreadSanitizer rightly reports it, so they skip that part.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool thread_sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool thread_sanitized = true;
-#else
-constexpr bool thread_sanitized = false;
-#endif
-#else
-constexpr bool thread_sanitized = false;
-#endif
+using test::thread_sanitized;
 
 const device::runtime& runtime() { return execution::device_runtime("device_tests"); }
 bool emulated() { return std::string_view(runtime().name) == "emulated"; }

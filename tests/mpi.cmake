@@ -20,7 +20,12 @@ function(qcoll_mpi_test mpi name)
     "QCOLL_TIMEOUT_MS=20000;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;${arg_ENVIRONMENT}")
 endfunction()
 
-foreach(mpi openmpi mpich)
+# Which MPIs to test under, of those found (the clang preset: Open MPI only).
+set(QCOLL_TEST_MPIS "openmpi;mpich" CACHE STRING "The MPIs whose transport tests are built and run, where found")
+foreach(mpi IN LISTS QCOLL_TEST_MPIS)
+  if(NOT mpi MATCHES "^(openmpi|mpich)$")
+    message(FATAL_ERROR "qcoll: QCOLL_TEST_MPIS: '${mpi}' is not openmpi or mpich")
+  endif()
   string(TOUPPER ${mpi} upper)
   find_program(QCOLL_MPIRUN_${mpi} NAMES mpirun.${mpi})
   if(NOT TARGET PkgConfig::QCOLL_${upper} OR NOT QCOLL_MPIRUN_${mpi})

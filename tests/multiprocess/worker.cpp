@@ -17,6 +17,8 @@
 #include <qcoll/topologies/router.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/stream/engine.hpp>
+
+#include "../support/sanitizers.hpp"
 #ifdef QCOLL_TEST_MPI
 #include <qcoll/transports/mpi.hpp>
 #endif
@@ -1080,17 +1082,7 @@ void soak(endpoint_ref transport, communicator_options options, std::size_t call
              describe(at_end));
   // Under a sanitizer resident memory measures its quarantine and shadow, not qcoll's:
   // there LeakSanitizer (asan) checks memory, and the rest is checked here.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  constexpr bool check_rss = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  constexpr bool check_rss = false;
-#else
-  constexpr bool check_rss = true;
-#endif
-#else
-  constexpr bool check_rss = true;
-#endif
+  constexpr bool check_rss = !test::sanitized;
   if (at_end.descriptors != at_checkpoint.descriptors || at_end.threads != at_checkpoint.threads ||
       at_end.shared_mappings != at_checkpoint.shared_mappings ||
       (check_rss && at_end.rss_kib > at_checkpoint.rss_kib + 2 * 1024))
