@@ -3,6 +3,8 @@
 // options of collective_bench, which are those of ../shared/peers/src/common.hpp so the
 // same arguments (run_all.sh's `-b 4K -e 64M -f 2 [BENCH_ARGS]`) mean the same thing.
 
+#include <qcoll/quantizers/by_name.hpp>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
@@ -33,49 +35,25 @@ inline std::size_t parse_bytes(std::string_view text) {
 
 enum class operation { allreduce, reduce_scatter, all_gather, broadcast };
 
-/// A compressed allreduce variant named by --compressed (collective_bench.cpp makes
-/// the quantizer): identity, one_bit[/G], k_levelB[/G] (B code bits, 2^B levels),
-/// bfpM[/BLOCK] (M mantissa bits including the sign). G and BLOCK default to the
-/// quantizers' own defaults (2048 values per group, 32 values per bfp block).
+/// A compressed allreduce variant named by --compressed, in qcoll's written form of a
+/// quantizer (quantizers/by_name.hpp): identity, one_bit[/G], k_levelB[/G] (B code
+/// bits, 2^B levels), bfpM[/BLOCK] (M mantissa bits including the sign), and any
+/// quantizer added to qcoll's list. G and BLOCK default to the quantizers' own.
 struct compressed_variant {
-  enum class scheme { identity, one_bit, k_level, bfp };
-  scheme kind = scheme::identity;
-  unsigned bits = 0;      // k_level: code bits; bfp: mantissa bits
-  std::size_t group = 0;  // values per group or block; 0: the quantizer's default
-  std::string name;       // as written on the command line, for the table
+  qcoll::quantizers::quantizer_spec spec;
+  std::string name;  // as written on the command line, for the table
 
   /// Only identity is lossless: its results are checked element by element.
-  bool lossy() const noexcept { return kind != scheme::identity; }
+  bool lossy() const noexcept { return spec.name != qcoll::quantizers::identity<float>::name; }
 };
 
+/// @throws std::invalid_argument naming the text and the known quantizers.
 inline compressed_variant parse_compressed_variant(std::string_view text) {
-  compressed_variant v;
-  v.name = std::string(text);
-  const auto number = [&](std::string_view digits, const char* what) -> std::size_t {
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
-      throw std::invalid_argument("--compressed: bad " + std::string(what) + " in '" + v.name + "'");
-    return static_cast<std::size_t>(std::strtoull(std::string(digits).c_str(), nullptr, 10));
-  };
-  std::string_view head = text;
-  if (const std::size_t slash = text.find('/'); slash != std::string_view::npos) {
-    head = text.substr(0, slash);
-    v.group = number(text.substr(slash + 1), "group size");
-    if (v.group == 0) throw std::invalid_argument("--compressed: the group size in '" + v.name + "' must be positive");
+  try {
+    return {qcoll::quantizers::parse_quantizer_spec(text), std::string(text)};
+  } catch (const qcoll::error& e) {
+    throw std::invalid_argument(std::string("--compressed: ") + e.what());
   }
-  const auto with_bits = [&](std::string_view prefix, compressed_variant::scheme kind) {
-    if (head.substr(0, prefix.size()) != prefix) return false;
-    v.kind = kind;
-    v.bits = static_cast<unsigned>(number(head.substr(prefix.size()), "bit count"));
-    return true;
-  };
-  if (head == "identity" && v.group == 0) v.kind = compressed_variant::scheme::identity;
-  else if (head == "one_bit") v.kind = compressed_variant::scheme::one_bit;
-  else if (!with_bits("k_level", compressed_variant::scheme::k_level) && !with_bits("bfp", compressed_variant::scheme::bfp))
-    throw std::invalid_argument("--compressed takes identity, one_bit[/G], k_levelB[/G] or bfpM[/BLOCK], not '" +
-                                v.name + "'");
-  if (v.kind == compressed_variant::scheme::k_level && (v.bits < 1 || v.bits > 8))
-    throw std::invalid_argument("--compressed: k_level takes 1 to 8 bits (2 to 256 levels), not '" + v.name + "'");
-  return v;
 }
 
 /// Splits "a,b,c" (empty items are refused).

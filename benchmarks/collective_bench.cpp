@@ -61,10 +61,7 @@
 #endif
 #include <qcoll/grid_allreduce.hpp>
 #include <qcoll/topologies/router.hpp>
-#include <qcoll/quantizers/bfp.hpp>
-#include <qcoll/quantizers/identity.hpp>
-#include <qcoll/quantizers/k_level.hpp>
-#include <qcoll/quantizers/one_bit.hpp>
+#include <qcoll/quantizers/by_name.hpp>
 #include <qcoll/launch/join.hpp>
 #include <qcoll/transports/inproc.hpp>
 #ifdef QCOLL_BENCH_MPI
@@ -152,40 +149,18 @@ link_info link_from_environment() {
 }
 
 /// A --compressed variant, with its quantizer made (and validated) before any rank runs.
-using any_quantizer = std::variant<qcoll::quantizers::identity<float>, qcoll::quantizers::one_bit,
-                                   qcoll::quantizers::k_level, qcoll::quantizers::bfp>;
-
 struct variant_spec {
   bench::compressed_variant variant;
-  any_quantizer quantizer;
+  qcoll::quantizers::any_quantizer quantizer;
   std::string description;  // for the header
 };
 
 variant_spec make_variant(const bench::compressed_variant& v) {
-  using scheme = bench::compressed_variant::scheme;
-  namespace q = qcoll::quantizers;
-  switch (v.kind) {
-    case scheme::identity: return {v, q::identity<float>{}, "identity (float32 as it is)"};
-    case scheme::one_bit: {
-      q::one_bit_options options;
-      if (v.group) options.group_size = v.group;
-      return {v, q::one_bit(options), fmt::format("one_bit, {} values per group", options.group_size)};
-    }
-    case scheme::k_level: {
-      q::k_level_options options = q::k_level_options::with_bits(v.bits);
-      if (v.group) options.group_size = v.group;
-      return {v, q::k_level(options),
-              fmt::format("k_level, {} levels ({} bits), {} values per group", options.levels, v.bits, options.group_size)};
-    }
-    case scheme::bfp: {
-      q::bfp_options options;
-      options.mantissa_bits = v.bits;
-      if (v.group) options.block_size = v.group;
-      return {v, q::bfp(options),
-              fmt::format("bfp, {}-bit mantissas, {} values per block", options.mantissa_bits, options.block_size)};
-    }
-  }
-  throw std::invalid_argument("unknown variant");
+  return qcoll::quantizers::with_quantizer(v.spec, [&](const auto& quantizer) {
+    std::string description = fmt::format("{}, {} bits per value", quantizer.name, quantizer.bits_per_value());
+    if (quantizer.group_size() != 0) description += fmt::format(", {} values per group", quantizer.group_size());
+    return variant_spec{v, quantizer, std::move(description)};
+  });
 }
 
 struct run_context {

@@ -29,9 +29,7 @@
 #include <qcoll/execution/device_memory.hpp>
 #include <qcoll/execution/dispatch.hpp>
 #include <qcoll/kernels/cpu/dispatch.hpp>
-#include <qcoll/quantizers/bfp.hpp>
-#include <qcoll/quantizers/k_level.hpp>
-#include <qcoll/quantizers/one_bit.hpp>
+#include <qcoll/quantizers/by_name.hpp>
 
 #include <fmt/format.h>
 
@@ -98,30 +96,41 @@ struct quantizer_case {
   std::function<void(const kernel_table&, const std::byte*, std::span<float>)> decode_accumulate;
 };
 
+// The kernel calls of each quantizer that has kernels: this table times kernel
+// backends side by side (one process, every backend), which the quantizers' own calls
+// cannot (they use the backend chosen at start), so a quantizer with kernels of its own
+// adds its overload here.
+quantizer_case kernel_case(const std::string& name, const quantizers::one_bit& q) {
+  const quantizers::one_bit_options o = q.options();
+  return {name, [o](std::size_t n) { return quantizers::wire::one_bit_layout(o.group_size).payload_bytes(n); },
+          [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.one_bit_encode(o, in, r, r, {}, {}, out); },
+          [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.one_bit_decode(o, in, out, true); }};
+}
+
+quantizer_case kernel_case(const std::string& name, const quantizers::k_level& q) {
+  const quantizers::k_level_options o = q.options();
+  const unsigned code_bits = static_cast<unsigned>(q.bits_per_value());
+  return {name, [o, code_bits](std::size_t n) { return quantizers::wire::k_level_layout(o.group_size, code_bits).payload_bytes(n); },
+          [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.k_level_encode(o, in, r, r, {}, out); },
+          [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.k_level_decode(o, in, out, true); }};
+}
+
+quantizer_case kernel_case(const std::string& name, const quantizers::bfp& q) {
+  const quantizers::bfp_options o = q.options();
+  return {name, [o](std::size_t n) { return quantizers::wire::bfp_layout(o.block_size, o.mantissa_bits).payload_bytes(n); },
+          [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.bfp_encode(o, in, r, r, out); },
+          [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.bfp_decode(o, in, out, true); }};
+}
+
+template <class Q>
+quantizer_case kernel_case(const std::string& name, const Q&) {
+  throw std::invalid_argument(fmt::format("{}: {} has no kernels of its own to time", name, Q::name));
+}
+
+/// The quantizer `name` writes (qcoll's form, quantizers/by_name.hpp: one_bit, k_level4, bfp8/16, …).
 quantizer_case make_case(const std::string& name) {
-  using namespace quantizers;
-  if (name == "one_bit") {
-    const one_bit_options o;
-    return {name, [o](std::size_t n) { return wire::one_bit_layout(o.group_size).payload_bytes(n); },
-            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.one_bit_encode(o, in, r, r, {}, {}, out); },
-            [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.one_bit_decode(o, in, out, true); }};
-  }
-  if (name.rfind("k_level", 0) == 0) {
-    const unsigned bits = static_cast<unsigned>(std::stoul(name.substr(7)));
-    const k_level_options o = k_level_options::with_bits(bits);
-    const unsigned code_bits = bits;  // 2^bits levels take exactly `bits` bits
-    return {name, [o, code_bits](std::size_t n) { return wire::k_level_layout(o.group_size, code_bits).payload_bytes(n); },
-            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.k_level_encode(o, in, r, r, {}, out); },
-            [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.k_level_decode(o, in, out, true); }};
-  }
-  if (name.rfind("bfp", 0) == 0) {
-    bfp_options o;
-    o.mantissa_bits = static_cast<unsigned>(std::stoul(name.substr(3)));
-    return {name, [o](std::size_t n) { return wire::bfp_layout(o.block_size, o.mantissa_bits).payload_bytes(n); },
-            [o](const kernel_table& k, std::span<const float> in, std::span<float> r, std::byte* out) { k.bfp_encode(o, in, r, r, out); },
-            [o](const kernel_table& k, const std::byte* in, std::span<float> out) { k.bfp_decode(o, in, out, true); }};
-  }
-  throw std::invalid_argument(fmt::format("unknown quantizer {} (one_bit, k_level<bits>, bfp<bits>)", name));
+  return quantizers::with_quantizer(quantizers::parse_quantizer_spec(name),
+                                    [&](const auto& q) { return kernel_case(name, q); });
 }
 
 /// A 16-bit conversion as the two kernel calls the benchmark times.
@@ -203,16 +212,8 @@ device_case device_quantizer(std::string name, Q q) {
 }
 
 device_case make_device_case(const std::string& name) {
-  using namespace quantizers;
-  if (name == "one_bit") return device_quantizer(name, one_bit());
-  if (name.rfind("k_level", 0) == 0)
-    return device_quantizer(name, k_level(k_level_options::with_bits(static_cast<unsigned>(std::stoul(name.substr(7))))));
-  if (name.rfind("bfp", 0) == 0) {
-    bfp_options o;
-    o.mantissa_bits = static_cast<unsigned>(std::stoul(name.substr(3)));
-    return device_quantizer(name, bfp(o));
-  }
-  throw std::invalid_argument(fmt::format("unknown quantizer {} (one_bit, k_level<bits>, bfp<bits>)", name));
+  return quantizers::with_quantizer(quantizers::parse_quantizer_spec(name),
+                                    [&](const auto& q) { return device_quantizer(name, q); });
 }
 
 /// --device cuda: the CUDA kernels against a device-to-device copy in the same run

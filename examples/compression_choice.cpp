@@ -8,15 +8,14 @@
 //
 // Options: --sizes LIST (bucket sizes in bytes, K/M suffixes; default 4K,64K,1M,16M),
 // --calls N (calls per bucket, default 8: the first 4 are the probes), --quantizer
-// one_bit|k_level4|bfp8 (default one_bit).
+// SPEC (any of qcoll's quantizers, written name[bits][/group]: one_bit, k_level4,
+// bfp8/16, ...; default one_bit).
 // QCOLL_COMPRESSION=exact|compressed overrides the choice; QCOLL_DEBUG=INFO has every
 // rank write it. Exit status: 0, or 2 on errors.
 
 #include <qcoll/adaptive_allreduce.hpp>
 #include <qcoll/communicator.hpp>
-#include <qcoll/quantizers/bfp.hpp>
-#include <qcoll/quantizers/k_level.hpp>
-#include <qcoll/quantizers/one_bit.hpp>
+#include <qcoll/quantizers/by_name.hpp>
 
 #include <fmt/format.h>
 
@@ -36,7 +35,7 @@ namespace {
 struct settings {
   std::vector<std::size_t> sizes{4 << 10, 64 << 10, 1 << 20, 16 << 20};
   std::size_t calls = 8;
-  std::string quantizer = "one_bit";
+  qcoll::quantizers::quantizer_spec quantizer{.name = "one_bit"};
 };
 
 std::size_t parse_bytes(std::string_view text) {
@@ -67,9 +66,7 @@ settings parse(int argc, char** argv) {
         begin = comma + 1;
       }
     } else if (flag == "--quantizer") {
-      s.quantizer = value;
-      if (s.quantizer != "one_bit" && s.quantizer != "k_level4" && s.quantizer != "bfp8")
-        throw std::invalid_argument(fmt::format("--quantizer is one_bit, k_level4 or bfp8, not '{}'", value));
+      s.quantizer = qcoll::quantizers::parse_quantizer_spec(value);
     } else if (flag == "--calls") {
       char* end = nullptr;
       const std::string text(value);
@@ -107,13 +104,8 @@ template <class Communicator>
 int run(Communicator& comm, const settings& s, std::string_view transport) {
   if (comm.rank() == 0)
     fmt::print("{} ranks over {}: per bucket, {} calls of an adaptive allreduce (exact or compressed by {})\n",
-               comm.size(), transport, s.calls, s.quantizer);
-  if (s.quantizer == "k_level4")
-    run_buckets(comm, s, qcoll::quantizers::k_level(qcoll::quantizers::k_level_options::with_bits(4)));
-  else if (s.quantizer == "bfp8")
-    run_buckets(comm, s, qcoll::quantizers::bfp{});
-  else
-    run_buckets(comm, s, qcoll::quantizers::one_bit{});
+               comm.size(), transport, s.calls, qcoll::quantizers::to_string(s.quantizer));
+  qcoll::quantizers::with_quantizer(s.quantizer, [&](const auto& quantizer) { run_buckets(comm, s, quantizer); });
   comm.barrier();
   return 0;
 }

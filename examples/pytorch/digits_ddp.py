@@ -29,7 +29,11 @@ import qcoll.torch.hooks as hooks
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["qcoll", "gloo", "one_bit", "k_level", "bfp"], default="one_bit")
+    parser.add_argument("--mode", default="one_bit",
+                        help="qcoll (exact, qcoll backend), gloo (exact), or any qcoll quantizer for the DDP "
+                             "hook over gloo: one_bit, k_level, bfp, ... (default one_bit)")
+    parser.add_argument("--bits", type=int, default=None,
+                        help="the hook's quantizer bits where it takes them (default: the hook's, 4)")
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--hidden", type=int, default=512)
@@ -53,8 +57,8 @@ def main():
                           nn.Linear(args.hidden, 10))
     ddp = nn.parallel.DistributedDataParallel(model)
     state = None
-    if args.mode in ("one_bit", "k_level", "bfp"):
-        state = hooks.CompressedState(quantizer=args.mode, bits=4 if args.mode == "k_level" else 8)
+    if args.mode not in ("qcoll", "gloo"):  # a quantizer: the hook refuses a name it does not know
+        state = hooks.CompressedState(quantizer=args.mode, **({} if args.bits is None else {"bits": args.bits}))
         ddp.register_comm_hook(state, hooks.compressed_allreduce)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
 

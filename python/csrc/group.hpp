@@ -11,9 +11,7 @@
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/execution/memory.hpp>
 #include <qcoll/launch/join.hpp>
-#include <qcoll/quantizers/bfp.hpp>
-#include <qcoll/quantizers/k_level.hpp>
-#include <qcoll/quantizers/one_bit.hpp>
+#include <qcoll/quantizers/by_name.hpp>
 #include <qcoll/transports/shm.hpp>
 #include <qcoll/transports/tcp.hpp>
 
@@ -39,7 +37,7 @@ struct group_settings {
 
 /// The hook's quantizer and its settings.
 struct compression {
-  std::string quantizer = "one_bit";  ///< one_bit, k_level, bfp, identity
+  std::string quantizer = "one_bit";  ///< a name from qcoll::quantizers::named_quantizers
   std::size_t group_size = 2048;      ///< one_bit and k_level groups, bfp blocks
   unsigned bits = 4;                  ///< k_level: 2^bits levels; bfp: mantissa bits
   bool error_feedback = true;
@@ -90,7 +88,8 @@ class group {
 
 /// Throws qcoll::error (invalid_argument), naming the value, for settings the
 /// quantizer refuses: an unknown name, k_level bits outside 1…8, bfp mantissa bits
-/// outside 2…16 and 32, a group size that is not a multiple of 8 in range.
+/// outside 2…16 and 32, a group size that is not a multiple of 8 in range
+/// (each quantizer's from_spec, quantizers/by_name.hpp).
 void check(const compression& settings);
 
 /// Joins the group of `size` ranks through `store` (collective: every rank calls it).

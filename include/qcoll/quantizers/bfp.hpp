@@ -38,6 +38,7 @@
 #include <qcoll/device/runtime.hpp>
 #include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/quantizers/framed.hpp>
+#include <qcoll/quantizers/spec.hpp>
 
 #include <algorithm>
 #include <array>
@@ -66,6 +67,16 @@ class bfp : public detail::framed<bfp, float> {
                                  "bfp: the block size must be a multiple of 8 between 8 and {}, or "
                                  "bfp_options::whole_tensor (0), not {}",
                                  wire::max_group_size, block);
+  }
+
+  /// From a spec written "bfp<mantissa bits>[/block]" (quantizers/by_name.hpp).
+  static constexpr spec_reads reads{.bits = true, .group = true};
+  static bfp from_spec(const quantizer_spec& spec) {
+    detail::refuse_unread(name, reads, spec);
+    bfp_options options;
+    if (spec.bits) options.mantissa_bits = *spec.bits;
+    if (spec.group) options.block_size = *spec.group;
+    return bfp(options);
   }
 
   /// The mantissa width; the exponent adds 8 bits per block.

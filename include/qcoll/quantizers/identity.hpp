@@ -7,6 +7,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/device/runtime.hpp>
 #include <qcoll/quantizers/framed.hpp>
+#include <qcoll/quantizers/spec.hpp>
 
 #include <cstddef>
 #include <cstring>
@@ -24,6 +25,13 @@ class identity : public detail::framed<identity<T>, T> {
 
   constexpr double bits_per_value() const noexcept { return 8.0 * sizeof(T); }
   constexpr std::size_t group_size() const noexcept { return 0; }
+
+  /// From a spec written "identity" (quantizers/by_name.hpp): no settings.
+  static constexpr spec_reads reads{};
+  static identity from_spec(const quantizer_spec& spec) {
+    detail::refuse_unread(name, reads, spec);
+    return identity();
+  }
 
  private:
   friend class detail::framed<identity<T>, T>;

@@ -58,6 +58,7 @@
 #include <qcoll/kernels/group/codes.hpp>
 #include <qcoll/kernels/group/k_level.hpp>
 #include <qcoll/quantizers/framed.hpp>
+#include <qcoll/quantizers/spec.hpp>
 
 #include <array>
 #include <cstddef>
@@ -88,6 +89,23 @@ class k_level : public detail::framed<k_level, float> {
     if (options.rounding != rounding::nearest && options.rounding != rounding::stochastic)
       qcoll::detail::throw_error(errc::invalid_argument, "{}: unknown rounding {}", name,
                                  static_cast<unsigned>(options.rounding));
+  }
+
+  /// From a spec written "k_level<bits>[/group]" (2^bits levels; quantizers/by_name.hpp);
+  /// its seed keys the stochastic rounding.
+  static constexpr spec_reads reads{.bits = true, .group = true};
+  static k_level from_spec(const quantizer_spec& spec) {
+    detail::refuse_unread(name, reads, spec);
+    k_level_options options;
+    if (spec.bits) {
+      if (*spec.bits < 1 || *spec.bits > 8)  // named before with_bits turns it into levels
+        qcoll::detail::throw_error(errc::invalid_argument,
+                                   "{} takes 1 to 8 bits (2 to 256 levels), not bits={}", name, *spec.bits);
+      options = k_level_options::with_bits(*spec.bits);
+    }
+    if (spec.group) options.group_size = *spec.group;
+    options.seed = spec.seed;
+    return k_level(options);
   }
 
   /// The code width, ceil(log2(levels)); the table adds 64 bits per group.

@@ -28,6 +28,7 @@
 #include <qcoll/execution/memory.hpp>
 #include <qcoll/device/runtime.hpp>
 #include <qcoll/quantizers/framed.hpp>
+#include <qcoll/quantizers/spec.hpp>
 
 #include <cstddef>
 #include <span>
@@ -43,6 +44,15 @@ class one_bit : public detail::framed<one_bit, float> {
   /// @throws qcoll::error (invalid_argument) for a group size that is not a multiple of 8 in [8, 2^24].
   explicit one_bit(one_bit_options options = {}) : options_(options) {
     detail::check_group_size(name, options.group_size);
+  }
+
+  /// From a spec written "one_bit[/group]" (quantizers/by_name.hpp).
+  static constexpr spec_reads reads{.bits = false, .group = true};
+  static one_bit from_spec(const quantizer_spec& spec) {
+    detail::refuse_unread(name, reads, spec);
+    one_bit_options options;
+    if (spec.group) options.group_size = *spec.group;
+    return one_bit(options);
   }
 
   constexpr double bits_per_value() const noexcept { return 1.0; }
