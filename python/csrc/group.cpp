@@ -51,31 +51,21 @@ struct plans_of {
   std::map<std::int64_t, on_device> on_device_by_key;
 };
 
-/// Calls fn(quantizer) with the quantizer `settings` name, made from them; `rank` seeds
-/// k_level's stochastic rounding (independent per rank). Settings a quantizer refuses
-/// are refused here with the value given (k_level's bits are checked before they become
-/// levels, so "bits=9" is named, not the levels it would overflow to).
+/// A quantizer's plans for each gradient type the hook takes.
+template <class Q>
+using plans_per_type = std::tuple<plans_of<Q, float>, plans_of<Q, qcoll::bfloat16>, plans_of<Q, qcoll::float16>>;
+
+/// Calls fn(quantizer) with the quantizer the hook's settings name, from qcoll's list
+/// (quantizers/by_name.hpp); `rank` seeds k_level's stochastic rounding (independent
+/// per rank). The hook's bits and group_size have a default for every quantizer, so a
+/// quantizer gets only those it reads.
 template <class Fn>
 void with_quantizer(const compression& settings, int rank, Fn&& fn) {
   namespace q = qcoll::quantizers;
-  if (settings.quantizer == "one_bit") {
-    fn(q::one_bit({.group_size = settings.group_size}));
-  } else if (settings.quantizer == "k_level") {
-    if (settings.bits < 1 || settings.bits > 8)
-      qcoll::detail::throw_error(errc::invalid_argument,
-                                 "qcoll: k_level takes bits from 1 to 8 (2 to 256 levels), not bits={}", settings.bits);
-    q::k_level_options o = q::k_level_options::with_bits(settings.bits);
-    o.group_size = settings.group_size;
-    o.seed = static_cast<std::uint64_t>(rank) + 1;
-    fn(q::k_level(o));
-  } else if (settings.quantizer == "bfp") {
-    fn(q::bfp({.mantissa_bits = settings.bits, .block_size = settings.group_size}));
-  } else if (settings.quantizer == "identity") {
-    fn(q::identity<float>());
-  } else {
-    qcoll::detail::throw_error(errc::invalid_argument, "qcoll: unknown quantizer '{}' (one_bit, k_level, bfp, identity)",
-                               settings.quantizer);
-  }
+  const q::quantizer_spec spec = q::only_what_it_reads(
+      {.name = settings.quantizer, .bits = settings.bits, .group = settings.group_size,
+       .seed = static_cast<std::uint64_t>(rank) + 1});
+  q::with_quantizer(spec, std::forward<Fn>(fn));
 }
 
 /// The span of `tensor`'s values as T (the caller has checked the type).
@@ -152,7 +142,7 @@ class group_over final : public group {
                                    "not float64");
       } else {
         with_quantizer(settings, rank(), [&]<class Q>(const Q& quantizer) {
-          run<Q, T>(plans_for<Q>(), key, data, op, settings, where, quantizer);
+          run<Q, T>(std::get<plans_per_type<Q>>(plans_), key, data, op, settings, where, quantizer);
         });
       }
     });
@@ -187,30 +177,9 @@ class group_over final : public group {
     comm_.allreduce(*plan, data, op);
   }
 
-  template <class Q>
-  auto& plans_for() {
-    namespace q = qcoll::quantizers;
-    if constexpr (std::is_same_v<Q, q::one_bit>) return one_bits_;
-    else if constexpr (std::is_same_v<Q, q::k_level>) return k_levels_;
-    else if constexpr (std::is_same_v<Q, q::bfp>) return bfps_;
-    else return identities_;
-  }
-
   qcoll::communicator<Transport> comm_;
   const char* name_;
-  std::tuple<plans_of<qcoll::quantizers::one_bit, float>, plans_of<qcoll::quantizers::one_bit, qcoll::bfloat16>,
-             plans_of<qcoll::quantizers::one_bit, qcoll::float16>>
-      one_bits_;
-  std::tuple<plans_of<qcoll::quantizers::k_level, float>, plans_of<qcoll::quantizers::k_level, qcoll::bfloat16>,
-             plans_of<qcoll::quantizers::k_level, qcoll::float16>>
-      k_levels_;
-  std::tuple<plans_of<qcoll::quantizers::bfp, float>, plans_of<qcoll::quantizers::bfp, qcoll::bfloat16>,
-             plans_of<qcoll::quantizers::bfp, qcoll::float16>>
-      bfps_;
-  std::tuple<plans_of<qcoll::quantizers::identity<float>, float>,
-             plans_of<qcoll::quantizers::identity<float>, qcoll::bfloat16>,
-             plans_of<qcoll::quantizers::identity<float>, qcoll::float16>>
-      identities_;
+  qcoll::quantizers::each_quantizer<plans_per_type> plans_;  // one tuple of plans per listed quantizer
 };
 
 std::string host_name() {
@@ -228,10 +197,10 @@ void check(const compression& settings) {
 qcoll::rendezvous::transport_kind transport_from_environment() {
   const char* value = std::getenv("QCOLL_TRANSPORT");
   const std::string_view name = value ? value : "";
-  if (name.empty() || name == "auto") return qcoll::rendezvous::transport_kind::automatic;
-  if (name == "shm") return qcoll::rendezvous::transport_kind::shm;
-  if (name == "tcp") return qcoll::rendezvous::transport_kind::tcp;
-  qcoll::detail::throw_error(errc::invalid_argument, "qcoll: QCOLL_TRANSPORT={} is not one of shm, tcp, auto", name);
+  if (name.empty()) return qcoll::rendezvous::transport_kind::automatic;
+  if (const auto kind = qcoll::rendezvous::parse_transport(name)) return *kind;
+  qcoll::detail::throw_error(errc::invalid_argument, "qcoll: QCOLL_TRANSPORT={} is not one of {}", name,
+                             qcoll::rendezvous::transport_names());
 }
 
 std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -264,18 +233,13 @@ std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int ran
       ++job.local_size;
     }
 
-  const qcoll::rendezvous::transport_kind kind = qcoll::launch::agree_on_transport(job, rendezvous, until);
-  std::unique_ptr<group> joined;
-  if (kind == qcoll::rendezvous::transport_kind::shm)
-    joined = std::make_unique<group_over<qcoll::transports::shm::transport>>(
-        qcoll::transports::shm::transport::join(job, rendezvous), settings.timeout, "shm");
-  else
-    joined = std::make_unique<group_over<qcoll::transports::tcp::transport>>(
-        qcoll::transports::tcp::transport::join(job, rendezvous), settings.timeout, "tcp");
-  // Every rank through the join before any leaves: the last reads of the store are done.
-  rendezvous.set(qcoll::detail::format("qcoll/joined/{}", rank), "1");
-  rendezvous.wait_all("qcoll/joined/", job.size, until);
-  return joined;
+  // qcoll's join over PyTorch's store: the ranks agree on the transport, join it, and
+  // are all through with the store before any returns.
+  return qcoll::launch::join_through(job, rendezvous, [&](auto transport) -> std::unique_ptr<group> {
+    using transport_type = decltype(transport);
+    return std::make_unique<group_over<transport_type>>(std::move(transport), settings.timeout,
+                                                        qcoll::rendezvous::to_string(transport_type::kind).data());
+  });
 }
 
 }  // namespace qcoll_torch

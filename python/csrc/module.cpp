@@ -22,10 +22,9 @@ qcoll_torch::group_settings settings_of(const std::string& transport, std::chron
   qcoll_torch::group_settings settings;
   settings.timeout = timeout;
   if (transport.empty() || transport == "env") settings.transport = qcoll_torch::transport_from_environment();
-  else if (transport == "auto") settings.transport = qcoll::rendezvous::transport_kind::automatic;
-  else if (transport == "shm") settings.transport = qcoll::rendezvous::transport_kind::shm;
-  else if (transport == "tcp") settings.transport = qcoll::rendezvous::transport_kind::tcp;
-  else throw std::invalid_argument("qcoll: transport '" + transport + "' is not one of shm, tcp, auto");
+  else if (const auto kind = qcoll::rendezvous::parse_transport(transport)) settings.transport = *kind;
+  else throw std::invalid_argument("qcoll: transport '" + transport + "' is not one of env, " +
+                                   qcoll::rendezvous::transport_names());
   return settings;
 }
 

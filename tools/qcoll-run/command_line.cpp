@@ -119,8 +119,12 @@ command_line parse_command_line(int argc, char** argv) {
       ranks_given = true;
     } else if (is_option(arg, "--transport")) {
       parsed.transport = value_of(arg, "--transport");
-      if (parsed.transport != to_string(transport_kind::shm) && parsed.transport != to_string(transport_kind::tcp)) {
-        throw usage_error(fmt::format("--transport is shm or tcp, not '{}'", parsed.transport));
+      const auto kind = qcoll::rendezvous::parse_transport(parsed.transport);
+      if (!kind || *kind == transport_kind::automatic) {
+        std::string names;  // the launcher starts one transport: every named one but auto
+        for (const transport_kind named : qcoll::rendezvous::named_transports)
+          if (named != transport_kind::automatic) names += (names.empty() ? "" : " or ") + std::string(to_string(named));
+        throw usage_error(fmt::format("--transport is {}, not '{}'", names, parsed.transport));
       }
     } else if (is_option(arg, "--bind")) {
       const std::string_view how = value_of(arg, "--bind");

@@ -165,6 +165,22 @@ rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& s
 
 namespace detail {
 
+/// The transport of `kind` joined through `store`, then `joined()` (the end of the
+/// rendezvous), then fn(transport): the one place that maps a transport's kind to its
+/// type (rendezvous::named_transports lists the kinds).
+template <rendezvous::store Store, class Joined, class Fn>
+decltype(auto) join_kind(rendezvous::transport_kind kind, const rendezvous::job& j, Store& store, Joined&& joined,
+                         Fn&& fn, const join_options& opts) {
+  if (kind == rendezvous::transport_kind::shm) {
+    auto transport = transports::shm::transport::join(j, store, opts.shm);
+    joined();
+    return std::forward<Fn>(fn)(std::move(transport));
+  }
+  auto transport = transports::tcp::transport::join(j, store, opts.tcp);
+  joined();
+  return std::forward<Fn>(fn)(std::move(transport));
+}
+
 /// join, with the store server given (or made here on rank 0) and `publish(store, until)`
 /// run by every rank once the transports agree and before either starts: the elastic
 /// job publishes its recovery roster there.
@@ -187,17 +203,26 @@ decltype(auto) join_with(const rendezvous::job& j, std::unique_ptr<rendezvous::s
       server.reset();
     }
   };
-  if (kind == rendezvous::transport_kind::shm) {
-    auto transport = transports::shm::transport::join(j, store, opts.shm);
-    finish_rendezvous();
-    return std::forward<Fn>(fn)(std::move(transport));
-  }
-  auto transport = transports::tcp::transport::join(j, store, opts.tcp);
-  finish_rendezvous();
-  return std::forward<Fn>(fn)(std::move(transport));
+  return join_kind(kind, j, store, finish_rendezvous, std::forward<Fn>(fn), opts);
 }
 
 }  // namespace detail
+
+/// join, through a rendezvous store the caller already has — any type that models
+/// rendezvous::store, such as PyTorch's c10d store in the PyTorch bridge — instead of
+/// the job's own TCP store: the ranks agree on the transport, join it, and wait until
+/// every rank is through with the store before fn(transport) runs, so the store's
+/// owner may go on or go away. Collective. Errors as join's.
+template <rendezvous::store Store, class Fn>
+decltype(auto) join_through(const rendezvous::job& j, Store& store, Fn&& fn, const join_options& opts = {}) {
+  const deadline until = clock::now() + j.timeout;
+  const rendezvous::transport_kind kind = agree_on_transport(j, store, until);
+  const auto everyone_joined = [&] {
+    store.set(qcoll::detail::format("qcoll/joined/{}", j.rank), "1");
+    store.wait_all("qcoll/joined/", j.size, until);
+  };
+  return detail::join_kind(kind, j, store, everyone_joined, std::forward<Fn>(fn), opts);
+}
 
 /// Joins the job `j` describes and calls fn(transport) with the connected transport.
 /// Collective: every rank of the job calls it.

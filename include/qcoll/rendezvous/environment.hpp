@@ -102,6 +102,27 @@ constexpr std::string_view to_string(transport_kind kind) noexcept {
   return "transport?";
 }
 
+/// The transports by name, in one list: QCOLL_TRANSPORT, qcoll-run's --transport and
+/// the PyTorch bridge read names through parse_transport, and launch/join.hpp joins
+/// each kind. A new transport adds its kind here and its join there.
+inline constexpr transport_kind named_transports[] = {transport_kind::automatic, transport_kind::shm,
+                                                      transport_kind::tcp};
+
+/// The kind `name` names ("auto", "shm", "tcp"), or nothing.
+constexpr std::optional<transport_kind> parse_transport(std::string_view name) noexcept {
+  for (const transport_kind kind : named_transports)
+    if (to_string(kind) == name) return kind;
+  return std::nullopt;
+}
+
+/// "shm, tcp, auto": for messages.
+inline std::string transport_names() {
+  std::string names;
+  for (const transport_kind kind : named_transports)
+    if (kind != transport_kind::automatic) names += std::string(to_string(kind)) + ", ";
+  return names + std::string(to_string(transport_kind::automatic));
+}
+
 /// Everything a rank needs to join its job.
 struct job {
   rank_t rank = 0, size = 1, local_rank = 0, local_size = 1;
@@ -489,16 +510,11 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
   }
 
   if (auto transport = read_variable(lookup, variables::transport)) {
-    if (*transport == "shm") {
-      result.transport = transport_kind::shm;
-    } else if (*transport == "tcp") {
-      result.transport = transport_kind::tcp;
-    } else if (*transport == "auto") {
-      result.transport = transport_kind::automatic;
-    } else {
-      qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_TRANSPORT={} is not one of shm, tcp, auto",
-                                 environment_error_prefix, *transport);
-    }
+    const std::optional<transport_kind> kind = parse_transport(*transport);
+    if (!kind)
+      qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_TRANSPORT={} is not one of {}",
+                                 environment_error_prefix, *transport, transport_names());
+    result.transport = *kind;
   }
 
   if (auto bind = read_variable(lookup, variables::bind)) result.bind_address = *bind;

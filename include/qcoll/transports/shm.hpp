@@ -384,6 +384,9 @@ inline mapping attach_segment(const std::string& name, const layout& shape, std:
 /// One rank's endpoint. Models qcoll::transport; move-only.
 class transport : public stream::endpoint {
  public:
+  /// Its name in QCOLL_TRANSPORT and qcoll-run --transport (rendezvous::named_transports).
+  static constexpr rendezvous::transport_kind kind = rendezvous::transport_kind::shm;
+
   /// Joins the job: rank 0 creates the segment, everyone attaches, and the name is
   /// unlinked once all have. Collective: every rank of the job calls it, each with its
   /// own connection to the job's store.

@@ -244,6 +244,9 @@ inline tcp::socket connect_to(asio::io_context& io, const tcp::endpoint& where, 
 /// One rank's endpoint. Models qcoll::transport; move-only.
 class transport : public stream::endpoint {
  public:
+  /// Its name in QCOLL_TRANSPORT and qcoll-run --transport (rendezvous::named_transports).
+  static constexpr rendezvous::transport_kind kind = rendezvous::transport_kind::tcp;
+
   /// Connects every pair of ranks twice, once each way. Collective: every rank of the job calls it.
   /// Connections that fail the handshake (garbage, wrong secret, version or job, a
   /// rank already connected) are logged and refused while setup waits for the real
