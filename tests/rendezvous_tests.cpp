@@ -24,11 +24,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -1358,6 +1360,60 @@ BOOST_AUTO_TEST_CASE(ranks_that_agree_join_the_transport_they_chose) {
       BOOST_TEST_INFO("rank " << r << ", told " << to_string(kind));
       BOOST_TEST(!o.errors[r].threw, o.errors[r].message);
       BOOST_TEST(o.joined[r] == (kind == transport_kind::tcp ? "tcp" : "shm"));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(join_through_a_store_of_the_callers_own) {
+  // launch::join_through over a store that is neither qcoll's TCP store nor a server
+  // (as PyTorch's is for the bridge): an in-memory one the ranks share.
+  struct memory_store {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::map<std::string, std::string, std::less<>> values;
+    void set(std::string_view key, std::string_view value) {
+      {
+        std::lock_guard lock(mutex);
+        values[std::string(key)] = std::string(value);
+      }
+      changed.notify_all();
+    }
+    std::string get(std::string_view key, deadline until) {
+      std::unique_lock lock(mutex);
+      if (!changed.wait_until(lock, until, [&] { return values.contains(key); }))
+        throw qcoll::error(errc::timeout, fmt::format("memory store: no key {}", key));
+      return values.find(key)->second;
+    }
+    void wait_all(std::string_view prefix, rank_t n, deadline until) {
+      for (rank_t r = 0; r < n; ++r) get(fmt::format("{}{}", prefix, r), until);
+    }
+  };
+  static_assert(rendezvous::store<memory_store>);
+  for (const transport_kind kind : {transport_kind::shm, transport_kind::tcp}) {
+    memory_store store;
+    const std::string id = fmt::format("through-{}-{}", to_string(kind), ::getpid());
+    std::vector<std::string> joined(3);
+    std::vector<outcome> errors(3);
+    std::vector<std::thread> ranks;
+    for (rank_t r = 0; r < 3; ++r)
+      ranks.emplace_back([&, r] {
+        job j = test_job(r, 3, "s3cret", id);
+        j.local_size = 3;
+        j.transport = kind;
+        errors[r] = capture([&] {
+          joined[r] = launch::join_through(j, store, [&](auto transport) {
+            std::vector<float> v(5, float(r + 1));
+            communicator comm(std::move(transport));
+            comm.allreduce(std::span<float>(v), reduce_op::sum);
+            return fmt::format("{} {}", to_string(decltype(transport)::kind), v[4]);
+          });
+        });
+      });
+    for (auto& rank : ranks) rank.join();
+    for (rank_t r = 0; r < 3; ++r) {
+      BOOST_TEST_INFO("rank " << r << " over " << to_string(kind) << ": " << errors[r].message);
+      BOOST_TEST_REQUIRE(!errors[r].threw);
+      BOOST_TEST(joined[r] == fmt::format("{} 6", to_string(kind)));
     }
   }
 }
