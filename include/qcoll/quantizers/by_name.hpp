@@ -12,7 +12,7 @@
 /// k_level8/1024, bfp8, bfp4/16, identity.
 
 #include <qcoll/core/error.hpp>
-#include <qcoll/detail/format.hpp>
+#include <qcoll/detail/check.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
 #include <qcoll/quantizers/k_level.hpp>

@@ -6,7 +6,7 @@
 /// parses the written form "name[bits][/group]".
 
 #include <qcoll/core/error.hpp>
-#include <qcoll/detail/format.hpp>
+#include <qcoll/detail/check.hpp>
 
 #include <cstddef>
 #include <cstdint>
