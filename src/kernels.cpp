@@ -14,6 +14,13 @@ extern const kernel_table QCOLL_KERNEL_TABLE;
 constinit const kernel_table QCOLL_KERNEL_TABLE = make_simd_table<xsimd::QCOLL_KERNEL_ARCH>();
 #else
 constinit const kernel_table QCOLL_KERNEL_TABLE = make_reference_table();
+
+// The dispatch asks which instruction sets this CPU runs here, in the baseline build
+// (never in a kernel TU, which may not run on this CPU), so that no other translation
+// unit parses xsimd (kernels/cpu/dispatch.hpp).
+bool cpu_runs_avx512f() noexcept { return simd::cpu_has<xsimd::avx512f>(); }
+bool cpu_runs_avx2() noexcept { return simd::cpu_has<xsimd::avx2>(); }
+bool cpu_runs_sse2() noexcept { return simd::cpu_has<xsimd::sse2>(); }
 #endif
 
 }  // namespace qcoll::kernels::cpu::compiled

@@ -17,6 +17,11 @@ Measured 2026-11-23 with g++-12 (libstdc++ 12, Debian 12):
 Each bound is about 1.5x today's count: room for the standard library and for
 growth, but not for a header to start pulling in fmt or a policy folder again.
 
+It also fails if qcoll/communicator.hpp, as a program built with the compiled kernels
+reads it (QCOLL_KERNELS_COMPILED, what qcoll::qcoll defines), includes any of xsimd:
+only the kernels' own translation units need it (issue 53: 132,921 lines with xsimd,
+116,713 without; g++-12 -fsyntax-only 2.49 s -> 2.34 s).
+
 Usage: preprocessed_size.py <C++ compiler> <include dir>   (the directory that holds qcoll/)
 """
 import pathlib
@@ -30,13 +35,19 @@ BOUNDS = {  # header: lines (about 1.5 x the count measured 2026-11-23 with g++-
 FOR_SCALE = "qcoll/qcoll.hpp"
 
 
-def preprocessed_lines(compiler, include_dir, header):
-    result = subprocess.run([compiler, "-std=c++20", "-E", f"-I{include_dir}", "-x", "c++", str(include_dir / header)],
+def preprocessed(compiler, include_dir, header, defines=()):
+    result = subprocess.run([compiler, "-std=c++20", "-E", *[f"-D{d}" for d in defines], f"-I{include_dir}", "-x",
+                             "c++", str(include_dir / header)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         sys.stderr.write(result.stderr)
         return None
-    return result.stdout.count("\n")
+    return result.stdout
+
+
+def preprocessed_lines(compiler, include_dir, header):
+    text = preprocessed(compiler, include_dir, header)
+    return None if text is None else text.count("\n")
 
 
 def main(argv):
@@ -57,6 +68,18 @@ def main(argv):
                       "it has started pulling in more (see its #includes)")
     for_scale = preprocessed_lines(compiler, include_dir, FOR_SCALE)
     print(f"  {FOR_SCALE:<24} {f'{for_scale:,}' if for_scale is not None else 'failed to preprocess':>20}   (for scale)")
+    communicator = preprocessed(compiler, include_dir, "qcoll/communicator.hpp", ["QCOLL_KERNELS_COMPILED"])
+    if communicator is None:
+        failed = True
+    else:
+        xsimd = sorted({line.split('"')[1] for line in communicator.splitlines()
+                        if line.startswith("# ") and "/xsimd/" in line})
+        print(f"  {'qcoll/communicator.hpp':<24} {communicator.count(chr(10)):>20,}   (compiled kernels: "
+              f"{'no xsimd' if not xsimd else f'{len(xsimd)} xsimd files'})")
+        if xsimd:
+            failed = True
+            print("FAILED: qcoll/communicator.hpp includes xsimd with the compiled kernels (only the kernels' own "
+                  f"translation units need it), first {xsimd[0]}")
     if failed:
         return 1
     print("OK: every bounded header is within its bound")

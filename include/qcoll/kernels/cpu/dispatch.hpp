@@ -9,11 +9,14 @@
 /// flags enable. QCOLL_KERNELS=<name> in the environment picks a backend by name
 /// (for instance "reference"); an unknown or unsupported name is reported on
 /// stderr and ignored.
+///
+/// With the compiled kernels this header includes no xsimd: which instruction sets
+/// the CPU runs is asked of the reference kernels' translation unit (src/kernels.cpp,
+/// built for the baseline), so the communicator and every quantizer — every
+/// translation unit of a program — do not parse xsimd (about 16,000 preprocessed lines
+/// of communicator.hpp's 133,000; guards.preprocessed_size keeps it out).
 
 #include <qcoll/kernels/cpu/kernel_table.hpp>
-#include <qcoll/kernels/cpu/simd/xsimd_compat.hpp>
-
-#include <xsimd/xsimd.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +28,11 @@
 #if defined(QCOLL_KERNELS_COMPILED)
 namespace qcoll::kernels::cpu::compiled {
 extern const kernel_table reference;
+/// Whether this CPU runs the instruction set, as xsimd finds (src/kernels.cpp's
+/// reference build answers: it runs on any x86-64).
+bool cpu_runs_avx512f() noexcept;
+bool cpu_runs_avx2() noexcept;
+bool cpu_runs_sse2() noexcept;
 #if defined(QCOLL_KERNELS_WITH_AVX512F)
 extern const kernel_table avx512f;
 #endif
@@ -41,13 +49,6 @@ extern const kernel_table sse2;
 
 namespace qcoll::kernels::cpu {
 
-/// Whether this CPU runs code built for Arch (asked here, never inside the kernels'
-/// own translation units, which may not run on this CPU).
-template <class Arch>
-bool cpu_runs() noexcept {
-  return simd::cpu_has<Arch>();
-}
-
 struct backend {
   const kernel_table* kernels;
   bool runs_here;  ///< this CPU has the instruction set the kernels were built for
@@ -59,13 +60,13 @@ inline std::span<const backend> compiled_backends() {
     std::vector<backend> list;
 #if defined(QCOLL_KERNELS_COMPILED)
 #if defined(QCOLL_KERNELS_WITH_AVX512F)
-    list.push_back({&compiled::avx512f, cpu_runs<xsimd::avx512f>()});
+    list.push_back({&compiled::avx512f, compiled::cpu_runs_avx512f()});
 #endif
 #if defined(QCOLL_KERNELS_WITH_AVX2)
-    list.push_back({&compiled::avx2, cpu_runs<xsimd::avx2>()});
+    list.push_back({&compiled::avx2, compiled::cpu_runs_avx2()});
 #endif
 #if defined(QCOLL_KERNELS_WITH_SSE2)
-    list.push_back({&compiled::sse2, cpu_runs<xsimd::sse2>()});
+    list.push_back({&compiled::sse2, compiled::cpu_runs_sse2()});
 #endif
     list.push_back({&compiled::reference, true});
 #else
