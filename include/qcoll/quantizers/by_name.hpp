@@ -51,7 +51,10 @@ bool is_named(std::string_view name, quantizer_list<Q...>) {
 template <class... Q>
 spec_reads reads_of(std::string_view name, quantizer_list<Q...>) {
   spec_reads reads;
-  ((name == Q::name ? (reads = Q::reads, true) : false) || ...);
+  const auto take = [&](std::string_view candidate, spec_reads its) {
+    if (name == candidate) reads = its;
+  };
+  (take(Q::name, Q::reads), ...);
   return reads;
 }
 
