@@ -24,9 +24,10 @@ TARGETS = {
                r"recv|receive|read|parse|deliver|park|match|abort|test\(|wait|on_|header|fail"),
     "handshake": (["include/qcoll/rendezvous/handshake.hpp"],
                   r"server_handshake|client_handshake|refusal_reason|printable|channel_name"),
-    "store": (["include/qcoll/rendezvous/tcp_store.hpp"], r"parse_request|store_table|take_response"),
+    "store": (["include/qcoll/rendezvous/tcp_store_protocol.hpp", "include/qcoll/rendezvous/tcp_store_table.hpp"],
+              r"parse_request|store_table|take_response"),
     "survivors": (["include/qcoll/rendezvous/survivors.hpp"], r"read_ranks|read_answer|encode_answer|put_ranks"),
-    "environment": (["include/qcoll/rendezvous/environment.hpp"],
+    "environment": (["include/qcoll/rendezvous/environment.hpp", "include/qcoll/rendezvous/launcher_variables.hpp"],
                     r"job_from_environment\(std::function|read_variable|parse_|read_pair|slurm_|mpirun_local_port"),
 }
 

@@ -3,13 +3,17 @@
 /// Step primitives: the verbs every collective is written in (send, recv,
 /// send_recv, send_recv_reduce). They are the one place that posts to a transport,
 /// checks what arrived, and turns any failure into an abort of the communicator
-/// plus an exception that names the call, this rank, the peer and the sizes.
+/// plus an exception that names the call, this rank, the peer and the sizes. Two
+/// parts live apart: how a step ends, those checks and failures included
+/// (step_completion.hpp, the base of primitives), and the schedule of a ring phase
+/// pipelined in slices (ring_pipeline.hpp, run by ring_phase). Here: the verbs, the
+/// single-copy steps that read from the peer's memory, and the arrival gate.
 
+#include <qcoll/algorithms/ring_pipeline.hpp>
+#include <qcoll/algorithms/step_completion.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
-#include <qcoll/detail/call_trace.hpp>
-#include <qcoll/detail/describe.hpp>
 #include <qcoll/detail/format.hpp>
 #include <qcoll/execution/kernels.hpp>
 
@@ -21,10 +25,8 @@
 #include <cstring>
 #include <deque>
 #include <span>
-#include <string>
 #include <system_error>
 #include <utility>
-#include <vector>
 
 namespace qcoll::algorithms {
 
@@ -37,17 +39,27 @@ struct arrival_gate {
   const char* (*await)(void* context, const void* data, std::size_t bytes) = nullptr;
 };
 
+/// A call's step verbs over `Transport`. How a step ends (the bounded wait, the checks
+/// of what arrived, fail, fail_with, abandon; the call's header, rank and trace) comes
+/// from step_completion (step_completion.hpp).
 template <transport Transport>
-class primitives {
+class primitives : public step_completion<Transport> {
+  using base = step_completion<Transport>;
+  // The base's names the verbs use unqualified (a dependent base's are not found otherwise).
+  using base::transport_, base::header_, base::trace_;
+  using base::finish_send, base::finish_recv, base::fail_transport;
+
  public:
   using request = typename Transport::request;
+  using base::fail;
+  using base::abandon;
 
   /// `header` describes the call on this rank; every message carries it and every
   /// received header must equal it. `timeout` bounds each wait, i.e. how long a step
-  /// may go without progress.
+  /// may go without progress. `tag` tags every message the verbs post themselves.
   primitives(Transport& transport, const transports::message_header& header, std::chrono::milliseconds timeout,
              transports::tag_t tag = 0)
-      : transport_(transport), header_(header), timeout_(timeout), tag_(tag) {}
+      : base(transport, header, timeout), tag_(tag) {}
 
   template <class T>
   void send(rank_t to, std::span<const T> data) {
@@ -144,114 +156,15 @@ class primitives {
   /// A ring phase of `steps` steps as one pipeline of slices: step s sends block
   /// outgoing(s) to `to` and receives block incoming(s) from `from`, both cut into
   /// slices (slice_reductions()), each its own message; arrived(s, offset, count) runs
-  /// as each slice of step s lands, in order. Slice k of step s leaves as soon as slice
-  /// k of step s − 1 has arrived (the ring's data dependence), not when the whole step
-  /// has, so the link stays busy across steps; slice k of step s is received only once
-  /// this rank is done with slice k of step s − 1 both ways, so a phase may reuse its
-  /// buffers from step to step. Receives are posted up to the in-flight count ahead;
-  /// sends whenever their data is there (a send window could hold a sender back while
-  /// its peer waits for exactly that send). outgoing(s) and incoming(s) are asked once
-  /// per step, in step order.
+  /// as each slice of step s lands, in order. The link stays busy across steps, and a
+  /// phase may reuse its buffers from step to step (run_ring_pipeline, ring_pipeline.hpp,
+  /// says when each slice goes). outgoing(s) and incoming(s) are asked once per step,
+  /// in step order.
   template <class T, class Outgoing, class Incoming, class Arrived>
   void ring_phase(rank_t to, rank_t from, std::size_t steps, Outgoing&& outgoing, Incoming&& incoming,
                   Arrived&& arrived) {
-    struct stream {  // one direction: which slices are posted and done
-      std::vector<std::size_t> first_unit{0};  // first_unit[s]: slices of the steps before s
-      std::size_t posted = 0, done = 0;
-      std::size_t step_of_posted = 0;  // the step of the next slice to post
-      std::size_t step_of_done = 0;    // the step of the oldest slice not done
-    };
-    const std::size_t slice = std::max<std::size_t>(1, slice_bytes_ / sizeof(T));
-    const std::size_t window = slices_in_flight_;
-    const auto cut = [&](std::size_t elements) { return slicing(elements, slice); };
-    std::vector<std::span<const T>> out_blocks;
-    std::vector<std::span<T>> in_blocks;
-    stream sends, receives;
-    std::deque<request> send_requests;  // one per slice sent; a deque never moves them
-    std::array<request, max_slices_in_flight> receive_requests;
-    // A slice done in either direction; false when the oldest is still pending.
-    const auto finish_oldest_receive = [&](bool block) {
-      request& r = receive_requests[receives.done % window];
-      if (!block && !poll(r)) return false;
-      while (receives.first_unit[receives.step_of_done + 1] <= receives.done) ++receives.step_of_done;
-      const std::size_t s = receives.step_of_done, k = receives.done - receives.first_unit[s];
-      const slicing pieces = cut(in_blocks[s].size());
-      const std::span<T> landed = pieces.of(in_blocks[s], k);
-      finish_recv(r, from, landed.size_bytes());
-      ++receives.done;
-      arrived(s, std::min(k * pieces.size, in_blocks[s].size()), landed.size());
-      return true;
-    };
-    const auto finish_oldest_send = [&](bool block) {
-      request& r = send_requests[sends.done];
-      if (!block && !poll(r)) return false;
-      while (sends.first_unit[sends.step_of_done + 1] <= sends.done) ++sends.step_of_done;
-      const std::size_t s = sends.step_of_done, k = sends.done - sends.first_unit[s];
-      finish_send(r, to, cut(out_blocks[s].size()).of(out_blocks[s], k).size_bytes());
-      ++sends.done;
-      return true;
-    };
-    // Whether step s − 1 is done up to element `end` in `st`: every slice of it that
-    // starts before `end` (blocks of neighbouring steps may differ by an element, and
-    // so in how they are cut, so slices are matched by elements, not by index).
-    const auto done_before = [&](const stream& st, std::size_t s, std::size_t block_elements, std::size_t end) {
-      if (st.first_unit.size() <= s) return false;  // step s − 1 not even posted
-      const slicing pieces = cut(block_elements);
-      const std::size_t last = end == 0 || pieces.size == 0 ? 0 : (end - 1) / pieces.size;
-      return st.done > st.first_unit[s - 1] + std::min(last, st.first_unit[s] - st.first_unit[s - 1] - 1);
-    };
-    try {
-      for (;;) {
-        bool moved = false;
-        while (sends.done < sends.posted && finish_oldest_send(false)) moved = true;
-        while (receives.done < receives.posted && finish_oldest_receive(false)) moved = true;
-        // Sends, in order, as their data arrives.
-        while (sends.step_of_posted < steps) {
-          const std::size_t s = sends.step_of_posted;
-          if (out_blocks.size() == s) {
-            out_blocks.push_back(outgoing(s));
-            sends.first_unit.push_back(sends.first_unit[s] + cut(out_blocks[s].size()).count);
-          }
-          const std::size_t k = sends.posted - sends.first_unit[s];
-          const slicing pieces = cut(out_blocks[s].size());
-          const std::size_t end = std::min((k + 1) * pieces.size, out_blocks[s].size());
-          if (s > 0 && (in_blocks.size() < s || !done_before(receives, s, in_blocks[s - 1].size(), end)))
-            break;  // its data has not arrived
-          post_send(send_requests.emplace_back(), to, tag_, pieces.of(out_blocks[s], k));
-          if (++sends.posted == sends.first_unit[s + 1]) ++sends.step_of_posted;
-          moved = true;
-        }
-        // Receives, in order, once the previous step's slice is done with both ways.
-        while (receives.step_of_posted < steps && receives.posted - receives.done < window) {
-          const std::size_t s = receives.step_of_posted;
-          if (in_blocks.size() == s) {
-            in_blocks.push_back(incoming(s));
-            receives.first_unit.push_back(receives.first_unit[s] + cut(in_blocks[s].size()).count);
-          }
-          const std::size_t k = receives.posted - receives.first_unit[s];
-          const slicing pieces = cut(in_blocks[s].size());
-          const std::size_t end = std::min((k + 1) * pieces.size, in_blocks[s].size());
-          if (s > 0 && (!done_before(receives, s, in_blocks[s - 1].size(), end) ||
-                        out_blocks.size() < s || !done_before(sends, s, out_blocks[s - 1].size(), end)))
-            break;  // the previous step still uses these elements of the buffers
-          post_recv(receive_requests[receives.posted % window], from, tag_, pieces.of(in_blocks[s], k));
-          if (++receives.posted == receives.first_unit[s + 1]) ++receives.step_of_posted;
-          moved = true;
-        }
-        if (moved) continue;
-        // Nothing to do but wait: for the oldest receive (it unblocks the most), else the oldest send.
-        if (receives.done < receives.posted) finish_oldest_receive(true);
-        else if (sends.done < sends.posted) finish_oldest_send(true);
-        else break;  // everything posted has completed, and nothing is left to post
-      }
-      if (sends.step_of_posted < steps || receives.step_of_posted < steps)
-        fail(errc::invalid_argument, "internal error: the ring pipeline stalled at step {} of {}",
-             std::min(sends.step_of_posted, receives.step_of_posted), steps);
-    } catch (const std::system_error& failure) {
-      abandon(receive_requests, failure);
-      for (request& r : send_requests) abandon(std::span<request>(&r, 1), failure);
-      throw;
-    }
+    run_ring_pipeline<T>(*this, tag_, to, from, steps, slice_bytes_, slices_in_flight_, std::forward<Outgoing>(outgoing),
+                         std::forward<Incoming>(incoming), std::forward<Arrived>(arrived));
   }
 
   /// Asks send_recv and send_recv_reduce to read what arrives straight from the
@@ -290,7 +203,7 @@ class primitives {
   /// every rank passes the same values.
   void slice_reductions(std::size_t bytes, std::size_t in_flight) noexcept {
     slice_bytes_ = bytes;
-    slices_in_flight_ = std::clamp<std::size_t>(in_flight, 1, max_slices_in_flight);
+    slices_in_flight_ = std::clamp<std::size_t>(in_flight, 1, max_ring_slices_in_flight);
   }
 
   /// Every read of data a step sends or reduces waits for `gate` first; the call fails
@@ -317,116 +230,13 @@ class primitives {
   /// Waits for a posted receive and checks that it carries this call's header.
   void complete_recv(request& r, rank_t from, std::size_t bytes) { finish_recv(r, from, bytes); }
 
-  /// After a failure: makes sure every rank hears of it, then takes back whatever
-  /// is still posted, so the requests and their buffers are free again.
-  void abandon(std::span<request> requests, const std::system_error& failure) {
-    if (!transport_.failure().code) transport_.abort(failure.code(), failure.what());
-    for (request& r : requests) transport_.wait(r, clock::now());
-  }
-
-  rank_t rank() const noexcept { return transport_.rank(); }
-  const transports::message_header& header() const noexcept { return header_; }
-  /// What QCOLL_DEBUG=INFO reports when the call ends (the communicator arms it).
-  detail::call_trace& trace() noexcept { return trace_; }
-
-  /// Aborts the communicator (so every rank learns of it) and throws.
-  template <class... Args>
-  [[noreturn]] void fail(errc code, qcoll::detail::format_string<Args...> format, const Args&... args) {
-    fail_with(make_error_code(code), qcoll::detail::format_erased(format, fmt::make_format_args(args...)));
-  }
-
-  /// The same for a failure found outside the primitives (say, an exception from a
-  /// kernel): the transport is aborted unless something already aborted it.
-  [[noreturn]] void fail_with(std::error_code code, const std::string& detail) {
-    const std::string message = qcoll::detail::format("qcoll {} on rank {} of {}: {}", qcoll::detail::describe(header_),
-                                            transport_.rank(), transport_.size(), detail);
-    transport_.abort(code, message);
-    throw error(code, message);
-  }
-
  private:
-
-  void finish_send(request& r, rank_t to, std::size_t bytes) {
-    if (const std::error_code code = wait(r))
-      fail_transport(code, to, qcoll::detail::format("sending {} bytes to it", bytes));
-  }
-
-  void finish_recv(request& r, rank_t from, std::size_t bytes) {
-    const std::error_code code = wait(r);
-    // A protocol error with a header: a message of this call's or another's, wrongly
-    // sized. Without one, no message was matched: the peer's stream broke, or a rank
-    // aborted with that code (fail_transport passes its words on).
-    if (code == errc::protocol_error && !r.header_arrived()) {
-      if (!transport_.failure().code)
-        fail_with(code, qcoll::detail::format("peer {} sent something that is not a qcoll message while receiving {} "
-                                              "bytes from it", from, bytes));
-      fail_transport(code, from, qcoll::detail::format("receiving {} bytes from it", bytes));
-    }
-    if (!code || code == errc::protocol_error) {
-      const transports::message_header& got = r.header();
-      if (got != header_) {
-        fail_with(make_error_code(mismatch_of(got)),
-                  qcoll::detail::format("peer {} called {} but this rank called {}", from, qcoll::detail::describe(got),
-                              qcoll::detail::describe(header_)));
-      }
-      if (code) {
-        fail_with(code, qcoll::detail::format("peer {} sent {} bytes where {} were expected", from, r.transferred(), bytes));
-      }
-      return;
-    }
-    fail_transport(code, from, qcoll::detail::format("receiving {} bytes from it", bytes));
-  }
-
-  [[noreturn]] void fail_transport(std::error_code code, rank_t peer, const std::string& what) {
-    if (const transports::failure failed = transport_.failure(); failed.code) {
-      // Another rank (or this one, earlier) aborted: pass its code and words on, it knows why.
-      throw error(failed.code, qcoll::detail::format("qcoll {} on rank {} of {}: waiting for peer {}: {}",
-                                           qcoll::detail::describe(header_), transport_.rank(), transport_.size(), peer,
-                                           failed.reason));
-    }
-    if (code == errc::timeout) {
-      if constexpr (liveness_transport<Transport>) {
-        if (const transports::stall stall = transport_.stall(peer); stall.peer_alive)
-          fail_with(code, qcoll::detail::format("peer {} is alive but {} did not finish within {}ms: {}", peer, what,
-                                                stall.waited.count(), what_it_waits_for(stall)));
-      }
-      fail_with(code, qcoll::detail::format("no progress from peer {} within {}ms while {}", peer, timeout_.count(), what));
-    }
-    if (code == errc::peer_lost) fail_with(code, qcoll::detail::format("peer {} was lost while {}", peer, what));
-    fail_with(code, qcoll::detail::format("peer {}: {} while {}", peer, code.message(), what));
-  }
-
-  std::string what_it_waits_for(const transports::stall& stall) const {
-    if (!stall.waits_for) return "it sent something, but not what this rank waits for";
-    if (*stall.waits_for == transport_.rank())
-      return "it waits for this rank, which waits for it (did every rank make the same calls?)";
-    return qcoll::detail::format("it waits for peer {}", *stall.waits_for);
-  }
-
-  errc mismatch_of(const transports::message_header& got) const noexcept {
-    if (got.kind != header_.kind || got.op != header_.op || got.root != header_.root ||
-        got.sequence != header_.sequence)
-      return errc::operation_mismatch;
-    if (got.type != header_.type) return errc::type_mismatch;
-    if (got.count != header_.count) return errc::count_mismatch;
-    return errc::operation_mismatch;  // the same call, run by another algorithm
-  }
-
-  static constexpr std::size_t max_slices_in_flight = 8;
 
   /// Waits for `data` to have arrived (await_arrivals); fails the call if it cannot.
   void arrive(std::span<const std::byte> data) {
     if (!arrivals_.await || data.empty()) return;
     if (const char* failure = arrivals_.await(arrivals_.context, data.data(), data.size()))
       fail(errc::device_error, "copying {} bytes of the input from device memory: {}", data.size(), failure);
-  }
-
-  /// The transport's wait, bounded by the step timeout; timed for the trace when armed.
-  std::error_code wait(request& r) {
-    const clock::time_point entered = clock::now();
-    const std::error_code code = transport_.wait(r, entered + timeout_);
-    if (trace_.armed()) trace_.add_wait(clock::now() - entered);
-    return code;
   }
 
   /// The transport's copy out of `peer`'s memory (single_copy_transport).
@@ -571,29 +381,10 @@ class primitives {
   }
 
 
-  /// A step's `count` elements as slices of `slice` (one slice when fewer than two fit).
-  struct slicing {
-    slicing(std::size_t elements, std::size_t slice_elements)
-        : size(slice_elements == 0 || elements < 2 * slice_elements ? elements : slice_elements),
-          count(size == 0 ? 1 : (elements + size - 1) / size) {}
-    template <class U>
-    std::span<U> of(std::span<U> whole, std::size_t k) const {
-      const std::size_t offset = std::min(k * size, whole.size());
-      return whole.subspan(offset, std::min(size, whole.size() - offset));
-    }
-    std::size_t size;
-    std::size_t count;
-  };
-
-
-  Transport& transport_;
-  transports::message_header header_;
-  std::chrono::milliseconds timeout_;
   transports::tag_t tag_;
   std::size_t slice_bytes_ = 0;
   bool read_directly_ = false;
   std::span<std::byte> bounce_;
-  detail::call_trace trace_;
   std::array<std::span<std::byte>, 2> staging_;  // the buffer and its spare: a step offers one while its result fills the other
   bool redirect_requested_ = false;
   std::span<const std::byte> redirected_;  // the result (left untouched) whose values wait in staging

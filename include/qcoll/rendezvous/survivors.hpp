@@ -5,9 +5,9 @@
 ///
 /// 1. Every rank keeps a recovery listener open for the life of the job, and the join
 ///    tells every rank every listener's address (the roster).
-/// 2. A survivor probes every other rank's listener at once. A refused (or reset)
-///    connection is a dead process (its host's kernel answers for it); one that is
-///    neither accepted nor refused within probe_timeout is a host or link that is
+/// 2. A survivor probes every other rank's listener at once (probe.hpp). A refused (or
+///    reset) connection is a dead process (its host's kernel answers for it); one that
+///    is neither accepted nor refused within probe_timeout is a host or link that is
 ///    down. Both are lost.
 /// 3. The lowest rank a survivor found alive coordinates. The others check in with it
 ///    over an authenticated connection (handshake.hpp, channel recovery, under the
@@ -31,6 +31,7 @@
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake_client.hpp>
 #include <qcoll/rendezvous/handshake_server.hpp>
+#include <qcoll/rendezvous/probe.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
 #include <qcoll/rendezvous/tcp_store.hpp>
 
@@ -88,18 +89,6 @@ class recovery_listener {
   std::string address_;
 };
 
-/// Why a rank is not among the survivors.
-enum class loss { refused, unreachable, silent };
-
-constexpr std::string_view to_string(loss why) noexcept {
-  switch (why) {
-    case loss::refused: return "its process is gone (its host refused the connection)";
-    case loss::unreachable: return "no answer from its host (host or link down)";
-    case loss::silent: return "alive but did not check in";
-  }
-  return "?";
-}
-
 /// What the survivors agreed on, as one survivor sees it.
 struct survivors {
   std::vector<rank_t> ranks;                  ///< old ranks that go on, ascending: new rank = position
@@ -117,74 +106,6 @@ using asio::ip::tcp;
 inline constexpr std::uint32_t max_roster = 1u << 20;
 
 enum class verdict : std::uint8_t { go_on = 0, too_few = 1 };
-
-/// What a probe's connect says about the rank behind it: alive (accepted), gone (its
-/// host's kernel refused or reset the connection: nothing listens there any more — a
-/// reset comes from a process killed while the connection was being set up), or
-/// nothing yet. "Nothing yet" covers the errors that are no answer from the rank's
-/// host (the network's host or net unreachable, a local failure): the probe tries
-/// again until probe_timeout, and only then counts the rank unreachable, as
-/// docs/recovery.md says.
-enum class probe_answer : std::uint8_t { alive, gone, none_yet };
-
-inline probe_answer classify_connect(const boost::system::error_code& ec) noexcept {
-  if (!ec) return probe_answer::alive;
-  if (ec == asio::error::connection_refused || ec == asio::error::connection_reset ||
-      ec == asio::error::connection_aborted)
-    return probe_answer::gone;
-  return probe_answer::none_yet;
-}
-
-/// Probes the ranks `found` still counts alive (all at first), updating it; keeps the
-/// connections to higher ranks (a coordinator waits only for higher ones) and closes
-/// the others at once, so a lower rank that accepts one sees it end at once.
-inline std::vector<std::optional<tcp::socket>> probe(asio::io_context& io,
-                                                     std::span<const std::optional<tcp::endpoint>> where,
-                                                     rank_t self, std::vector<std::optional<loss>>& found,
-                                                     deadline until) {
-  constexpr auto retry_pause = std::chrono::milliseconds(20);
-  const std::size_t n = where.size();
-  std::vector<std::optional<tcp::socket>> connections(n);
-  std::vector<std::optional<asio::steady_timer>> retries(n);
-  std::size_t pending = 0;
-  std::function<void(rank_t)> connect = [&](rank_t r) {
-    connections[r].emplace(io);
-    connections[r]->async_connect(*where[r], [&, r](boost::system::error_code ec) {
-      const probe_answer answer = classify_connect(ec);
-      if (answer == probe_answer::none_yet && ec != asio::error::operation_aborted &&
-          clock::now() + retry_pause < until) {
-        retries[r].emplace(io, retry_pause);
-        retries[r]->async_wait([&, r](boost::system::error_code waited) {
-          if (waited) --pending;  // cancelled at the deadline: unreachable
-          else connect(r);
-        });
-        return;
-      }
-      --pending;
-      if (answer == probe_answer::alive) found[r].reset();
-      else if (answer == probe_answer::gone) found[r] = loss::refused;
-      boost::system::error_code ignored;
-      if (ec || r < self) connections[r]->close(ignored);
-    });
-  };
-  for (rank_t r = 0; r < n; ++r) {
-    if (r == self || found[r].has_value()) continue;
-    found[r] = loss::unreachable;  // until its host answers
-    if (!where[r]) continue;
-    ++pending;
-    connect(r);
-  }
-  run_until(io, [&] { return pending == 0; }, until, [&] {
-    boost::system::error_code ignored;
-    for (auto& connection : connections)
-      if (connection) connection->cancel(ignored);
-    for (auto& retry : retries)
-      if (retry) retry->cancel();
-  });
-  for (rank_t r = 0; r < n; ++r)
-    if (connections[r] && (found[r].has_value() || !connections[r]->is_open())) connections[r].reset();
-  return connections;
-}
 
 inline void put_ranks(std::vector<std::byte>& out, std::span<const rank_t> ranks) {
   const std::size_t at = out.size();

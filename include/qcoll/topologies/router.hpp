@@ -29,6 +29,10 @@
 ///    node may keep its place in the core, played by a neighbour, instead of making
 ///    its groups forward; by default when the faults are scattered.
 ///
+/// Over 500 lines: one algorithm (the spec's §3–7) in one class whose stages share the
+/// grid, the faults and the routes found so far; 105 of its lines are the rules above and
+/// the comments on them. What is not the router already lives beside it (below).
+///
 /// This header holds the router: routing_options, route_grid. It includes what
 /// that needs and gives: routing.hpp (the grid_routing it returns, describe() and
 /// draw()), grid_paths.hpp (the path queries and breadth-first walks it routes with)
