@@ -1035,7 +1035,7 @@ BOOST_AUTO_TEST_CASE(a_failed_call_leaves_the_owners_state_as_it_was) {
       const rank_t r = endpoint.rank();
       communicator<test::counting_transport> comm(test::counting_transport(std::move(endpoint)), topology,
                                                   {.timeout = std::chrono::seconds(10)});
-      if (r == victim) comm.transport().fail_after_sends(1);
+      if (r == victim) comm.transport().fail_after_sends(0);
       out[r] = in[r];
       comm.allreduce(*plans[r], std::span(out[r]), reduce_op::avg, codes[r]);
     });
@@ -1859,6 +1859,233 @@ BOOST_AUTO_TEST_CASE(a_call_allocates_nothing) {
   for (rank_t r = 0; r < n; ++r) {
     BOOST_TEST(blocking[r] == 0u);
     BOOST_TEST(started[r] == 0u);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// A plan that is no quantizer plan, built on plan_base as a user's compressor would be
+// (issue 53): the communicator runs it, plan_base gives it the started call, the fused
+// and 16-bit calls, and a call that commits or leaves the plan as it was.
+BOOST_AUTO_TEST_SUITE(plan_base_without_a_quantizer)
+
+/// Every rank rounds its values plus the rounding error it carries to bfloat16 (a
+/// compressor with no quantizer and no frames), keeps the new rounding error (error
+/// feedback, double-buffered), sends its rounded values to every other rank and sums
+/// all of them in rank order: every rank gets the same bits.
+template <element T>
+class rounded_sum_plan : public plan_base<T, float> {
+ public:
+  static constexpr collective collective_kind = collective::allreduce;
+
+  rounded_sum_plan(rank_t rank, rank_t size, std::size_t count)
+      : plan_base<T, float>("rounded_sum_plan", std::span<const std::size_t>(&count, 1)), rank_(rank), size_(size),
+        residual_{std::vector<float>(count), std::vector<float>(count)},
+        rounded_(size, std::vector<bfloat16>(count)) {}
+
+  std::size_t count() const noexcept { return residual_[0].size(); }
+  std::uint32_t header_root() const noexcept { return 0x726f756eu; }  // ranks running another plan disagree
+  void refuse_if_excluded(const group_view&) const noexcept {}
+  template <transport Transport>
+  void check(algorithms::primitives<Transport>& step, const group_view& group) const {
+    if (group.rank != rank_ || group.size != size_ || !group.fully_linked)
+      step.fail(errc::invalid_argument, "rounded_sum_plan was made for rank {} of {}", rank_, size_);
+  }
+  template <transport Transport>
+  void run(algorithms::primitives<Transport>& step, const plan_call<T>& call) {
+    this->run_call(step, call, {}, [&](algorithms::value_view<const float> in, algorithms::value_view<float> out) {
+      const std::span<const float> values = in.of({0, count()});
+      for (std::size_t i = 0; i < count(); ++i) {
+        const float wanted = values[i] + residual_[committed_][i];
+        rounded_[rank_][i] = bfloat16(wanted);
+        residual_[1 - committed_][i] = wanted - static_cast<float>(rounded_[rank_][i]);
+      }
+      for (rank_t k = 1; k < size_; ++k) {
+        const rank_t to = (rank_ + k) % size_, from = (rank_ + size_ - k) % size_;
+        step.send_recv(to, std::span<const bfloat16>(rounded_[rank_]), from, std::span<bfloat16>(rounded_[from]));
+      }
+      const std::span<float> result = out.of({0, count()});
+      for (std::size_t i = 0; i < count(); ++i) {
+        float sum = 0;
+        for (rank_t r = 0; r < size_; ++r) sum += static_cast<float>(rounded_[r][i]);
+        result[i] = call.op == reduce_op::avg ? sum / static_cast<float>(size_) : sum;
+      }
+    }, [&] { committed_ = 1 - committed_; });
+  }
+  void roll_back_last_call() {
+    this->roll_back("roll_back_last_call", [&] { committed_ = 1 - committed_; });
+  }
+  std::span<const float> residual() const noexcept { return residual_[committed_]; }
+
+ private:
+  rank_t rank_, size_;
+  std::vector<float> residual_[2];
+  unsigned committed_ = 0;
+  std::vector<std::vector<bfloat16>> rounded_;  // every rank's rounded values
+};
+static_assert(allreduce_plan<rounded_sum_plan<float>, transports::inproc::transport>);
+static_assert(allreduce_plan<rounded_sum_plan<bfloat16>, transports::subgroup<test::counting_transport>>);
+
+/// rounded_sum_plan's arithmetic, sequentially: one call's result from every rank's input.
+struct rounded_sum_model {
+  std::vector<std::vector<float>> residual;
+  std::vector<float> call(const std::vector<std::vector<float>>& inputs, reduce_op op) {
+    const std::size_t n = inputs.size(), count = inputs[0].size();
+    residual.resize(n, std::vector<float>(count));
+    std::vector<float> result(count);
+    std::vector<std::vector<bfloat16>> rounded(n, std::vector<bfloat16>(count));
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < count; ++i) {
+        const float wanted = inputs[r][i] + residual[r][i];
+        rounded[r][i] = bfloat16(wanted);
+        residual[r][i] = wanted - static_cast<float>(rounded[r][i]);
+      }
+    for (std::size_t i = 0; i < count; ++i) {
+      float sum = 0;
+      for (std::size_t r = 0; r < n; ++r) sum += static_cast<float>(rounded[r][i]);
+      result[i] = op == reduce_op::avg ? sum / static_cast<float>(n) : sum;
+    }
+    return result;
+  }
+};
+
+// Three calls — blocking, started and waited for, fused — of float and bfloat16 plans
+// over 1, 3 and 4 ranks: every rank's result is the model's, bit for bit, so the base
+// widened the 16-bit input exactly, rounded the float result once, and committed the
+// residual after each call.
+BOOST_AUTO_TEST_CASE(the_communicator_runs_it_blocking_started_and_fused) {
+  for (std::size_t n : {1u, 3u, 4u}) {
+    const std::size_t count = 1001;
+    const auto inputs = random_calls<float>(3, n, count, 90 + n);
+    for (reduce_op op : {reduce_op::sum, reduce_op::avg}) {
+      BOOST_TEST_CONTEXT(n << " ranks, " << to_string(op)) {
+        rounded_sum_model model;
+        std::vector<std::vector<float>> expected;
+        for (const auto& call : inputs) expected.push_back(model.call(call, op));
+        std::vector<std::vector<std::vector<float>>> as_float(n), as_bf16(n);
+        auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+          communicator comm(std::move(endpoint));
+          const rank_t r = comm.rank();
+          rounded_sum_plan<float> plan(r, static_cast<rank_t>(n), count);
+          rounded_sum_plan<bfloat16> half_plan(r, static_cast<rank_t>(n), count);
+          for (std::size_t c = 0; c < 3; ++c) {
+            std::vector<float> values = inputs[c][r];
+            std::vector<bfloat16> halves(count);
+            for (std::size_t i = 0; i < count; ++i) halves[i] = bfloat16(values[i]);
+            if (c == 0) {
+              comm.allreduce(plan, std::span(values), op);
+              comm.allreduce(half_plan, std::span(halves), op);
+            } else if (c == 1) {
+              comm.start_allreduce(plan, std::span(values), op);
+              comm.start_allreduce(half_plan, std::span(halves), op);
+              plan.wait();
+              half_plan.wait();
+            } else {
+              const std::span<float> one[] = {std::span(values)};
+              const std::span<bfloat16> half_one[] = {std::span(halves)};
+              comm.allreduce(plan, std::span<const std::span<float>>(one), op);
+              comm.allreduce(half_plan, std::span<const std::span<bfloat16>>(half_one), op);
+            }
+            as_float[r].push_back(values);
+            std::vector<float> widened(count);
+            for (std::size_t i = 0; i < count; ++i) widened[i] = static_cast<float>(halves[i]);
+            as_bf16[r].push_back(widened);
+          }
+        });
+        for (auto& e : errors)
+          if (e) std::rethrow_exception(e);
+        // The bfloat16 plan sees its input rounded to bfloat16, then rounds the float sum once.
+        rounded_sum_model half_model;
+        for (std::size_t c = 0; c < 3; ++c) {
+          std::vector<std::vector<float>> rounded_inputs = inputs[c];
+          for (auto& v : rounded_inputs)
+            for (float& x : v) x = static_cast<float>(bfloat16(x));
+          std::vector<float> half_expected = half_model.call(rounded_inputs, op);
+          for (float& x : half_expected) x = static_cast<float>(bfloat16(x));
+          for (std::size_t r = 0; r < n; ++r) {
+            BOOST_TEST_INFO("call " << c << ", rank " << r);
+            BOOST_TEST(bitwise_equal(as_float[r][c], expected[c]));
+            BOOST_TEST(bitwise_equal(as_bf16[r][c], half_expected));
+          }
+        }
+      }
+    }
+  }
+}
+
+/// One call of plans[r] on every rank of a world of inproc ranks, rank `victim`'s first
+/// send failing (none when victim is past the last rank): each rank's error and output.
+template <class T>
+std::pair<std::vector<std::error_code>, std::vector<std::vector<T>>> call_rounded_sum(
+    std::vector<std::unique_ptr<rounded_sum_plan<T>>>& plans, const std::vector<std::vector<float>>& inputs,
+    rank_t victim) {
+  const std::size_t n = plans.size();
+  std::vector<std::error_code> codes(n);
+  std::vector<std::vector<T>> outputs(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    const rank_t r = endpoint.rank();
+    communicator<test::counting_transport> comm(test::counting_transport(std::move(endpoint)),
+                                                {.timeout = std::chrono::seconds(10)});
+    if (r == victim) comm.transport().fail_after_sends(0);
+    std::vector<T> in(inputs[r].size()), out(inputs[r].size(), T(-7.0f));
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = T(inputs[r][i]);
+    comm.allreduce(*plans[r], std::span<const T>(in), std::span(out), reduce_op::sum, codes[r]);
+    outputs[r] = out;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return {codes, outputs};
+}
+
+template <class T>
+std::vector<std::unique_ptr<rounded_sum_plan<T>>> rounded_sum_plans(std::size_t n, std::size_t count) {
+  std::vector<std::unique_ptr<rounded_sum_plan<T>>> plans;
+  for (rank_t r = 0; r < n; ++r) plans.push_back(std::make_unique<rounded_sum_plan<T>>(r, n, count));
+  return plans;
+}
+
+// A call that fails (rank 1's first send fails: no rank can have every other's values)
+// leaves every plan as it was — the residual of the last successful call, and a 16-bit
+// call's output untouched (the base rounds into it only after success); a successful
+// call rolls back once, to the residual before it.
+BOOST_AUTO_TEST_CASE(a_failed_call_changes_nothing_and_a_successful_one_rolls_back_once) {
+  const std::size_t n = 3, count = 500;
+  const rank_t nobody = ~rank_t{0};
+  const auto inputs = random_calls<float>(2, n, count, 77);
+  auto plans = rounded_sum_plans<float>(n, count);
+  const auto residuals = [&] {
+    std::vector<std::vector<float>> all;
+    for (const auto& p : plans) all.emplace_back(p->residual().begin(), p->residual().end());
+    return all;
+  };
+  BOOST_TEST(!call_rounded_sum(plans, inputs[0], nobody).first[0]);
+  const auto after_first = residuals();
+  BOOST_TEST(after_first != std::vector<std::vector<float>>(n, std::vector<float>(count)));
+
+  const auto failed = call_rounded_sum(plans, inputs[1], 1).first;
+  BOOST_TEST(failed[1] == errc::peer_lost);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST_INFO("rank " << r << ": " << failed[r].message());
+    BOOST_TEST(static_cast<bool>(failed[r]));
+  }
+  BOOST_TEST(residuals() == after_first);
+
+  BOOST_TEST(!call_rounded_sum(plans, inputs[1], nobody).first[0]);
+  BOOST_TEST(residuals() != after_first);
+  for (auto& p : plans) p->roll_back_last_call();
+  BOOST_TEST(residuals() == after_first);
+  for (auto& p : plans)
+    BOOST_CHECK_EXCEPTION(p->roll_back_last_call(), qcoll::error, [](const qcoll::error& e) {
+      return e.code() == errc::invalid_argument &&
+             std::string(e.what()).find("no successful call to roll back") != std::string::npos;
+    });
+
+  auto half_plans = rounded_sum_plans<bfloat16>(n, count);
+  const auto [codes, outputs] = call_rounded_sum(half_plans, inputs[0], 1);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST_INFO("rank " << r << ": " << codes[r].message());
+    BOOST_TEST(static_cast<bool>(codes[r]));
+    BOOST_TEST(std::all_of(outputs[r].begin(), outputs[r].end(), [](bfloat16 x) { return float(x) == -7.0f; }));
   }
 }
 

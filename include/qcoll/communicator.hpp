@@ -57,7 +57,7 @@
 #include <qcoll/error_code_forms.hpp>
 #include <qcoll/execution/dispatch.hpp>
 #include <qcoll/execution/memory.hpp>
-#include <qcoll/plan.hpp>
+#include <qcoll/plan_base.hpp>
 #include <qcoll/started_calls.hpp>
 #include <qcoll/topologies/fully_connected.hpp>
 #include <qcoll/topologies/graph.hpp>
@@ -355,7 +355,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   }
 
   /// out = in₀ + in₁ + … (or their average) through `plan`'s quantizer, with error
-  /// feedback. Any model of allreduce_plan (plan.hpp) runs here; qcoll's two are
+  /// feedback. Any model of allreduce_plan (plan_base.hpp) runs here; qcoll's two are
   /// these. A compressed_allreduce_plan runs the two-phase striped exchange
   /// (docs/compressed-allreduce.md); a grid_allreduce_plan runs its grid_routing
   /// over a mesh or torus with degraded nodes (docs/grid-allreduce.md: there `in₀ …`
@@ -795,7 +795,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     return {rank(), size(), topology_.ring_order(), *fully_linked_};
   }
 
-  /// One call of a plan (plan.hpp, run_plan_call).
+  /// One call of a plan (plan_base.hpp, run_plan_call).
   template <class Plan>
   void run_plan(Plan& plan, const plan_call<typename Plan::value_type>& call) {
     auto step = begin(Plan::collective_kind, dtype_of<typename Plan::value_type>::value, call.op, call.count(),

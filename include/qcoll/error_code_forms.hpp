@@ -13,7 +13,7 @@
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/outcome.hpp>
 #include <qcoll/execution/memory.hpp>
-#include <qcoll/plan.hpp>
+#include <qcoll/plan_base.hpp>
 #include <qcoll/transports/subgroup.hpp>
 
 #include <cstdint>

@@ -15,7 +15,7 @@
 #include <qcoll/detail/outcome.hpp>
 #include <qcoll/detail/progress_thread.hpp>
 #include <qcoll/execution/memory.hpp>
-#include <qcoll/plan.hpp>
+#include <qcoll/plan_base.hpp>
 #include <qcoll/transports/subgroup.hpp>
 
 #include <span>
