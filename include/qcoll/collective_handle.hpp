@@ -114,13 +114,19 @@ class collective_handle : public detail::call_handle {
         if constexpr (Kind == collective::allreduce) comm.allreduce_on_device(entry, in, out, op);
         else if constexpr (Kind == collective::reduce_scatter) comm.reduce_scatter_on_device(entry, in, out, op);
         else if constexpr (Kind == collective::all_gather) comm.all_gather_on_device(entry, in, out);
-        else comm.broadcast_on_device(entry, out, handle.call_.root);
+        else {
+          static_assert(Kind == collective::broadcast, "collective_handle::run: a started collective needs its call here");
+          comm.broadcast_on_device(entry, out, handle.call_.root);
+        }
         return;
       }
       if constexpr (Kind == collective::allreduce) comm.allreduce(in, out, op);
       else if constexpr (Kind == collective::reduce_scatter) comm.reduce_scatter(in, out, op);
       else if constexpr (Kind == collective::all_gather) comm.all_gather(in, out);
-      else comm.broadcast(out, handle.call_.root);
+      else {
+        static_assert(Kind == collective::broadcast, "collective_handle::run: a started collective needs its call here");
+        comm.broadcast(out, handle.call_.root);
+      }
     });
   }
 

@@ -26,6 +26,14 @@ int parse_rank_count(std::string_view text) {
   return count;
 }
 
+/// "shm or tcp": the launcher starts one transport, so every named one but auto.
+std::string launched_transport_names() {
+  std::string names;
+  for (const transport_kind named : qcoll::rendezvous::named_transports)
+    if (named != transport_kind::automatic) names += (names.empty() ? "" : " or ") + std::string(to_string(named));
+  return names;
+}
+
 double parse_seconds(std::string_view option, std::string_view text, bool zero_allowed) {
   double seconds = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), seconds);
@@ -65,7 +73,7 @@ prefixed with "[rank] ", on stdout or stderr as the rank printed it.
 
 Options:
   -n N                 number of ranks, 1 to {} (required)
-  --transport shm|tcp  the ranks' {} (default: shm)
+  --transport NAME     the ranks' {}: {} (default: shm)
   --bind core|none     pin rank r to the r-th CPU qcoll-run may use (default: core when
                        there are at least N such CPUs, else none; as Open MPI binds)
   --keep-going         when a rank fails, let the other ranks finish
@@ -84,7 +92,7 @@ Exit status: 0 when every rank exits 0, else the status of the first rank that f
 (128 + the signal number for a rank killed by a signal); 124 when the job timed out;
 127 when the program cannot be run; 2 on bad usage; 125 when qcoll-run itself fails.
 )",
-                     variables, max_ranks, qcoll::rendezvous::variables::transport,
+                     variables, max_ranks, qcoll::rendezvous::variables::transport, launched_transport_names(),
                      qcoll::rendezvous::variables::job_id, qcoll::rendezvous::variables::secret,
                      qcoll::rendezvous::variables::secret_file);
 }
@@ -121,10 +129,7 @@ command_line parse_command_line(int argc, char** argv) {
       parsed.transport = value_of(arg, "--transport");
       const auto kind = qcoll::rendezvous::parse_transport(parsed.transport);
       if (!kind || *kind == transport_kind::automatic) {
-        std::string names;  // the launcher starts one transport: every named one but auto
-        for (const transport_kind named : qcoll::rendezvous::named_transports)
-          if (named != transport_kind::automatic) names += (names.empty() ? "" : " or ") + std::string(to_string(named));
-        throw usage_error(fmt::format("--transport is {}, not '{}'", names, parsed.transport));
+        throw usage_error(fmt::format("--transport is {}, not '{}'", launched_transport_names(), parsed.transport));
       }
     } else if (is_option(arg, "--bind")) {
       const std::string_view how = value_of(arg, "--bind");

@@ -74,13 +74,6 @@ enum class algorithm : std::uint8_t {
   halving_doubling = 6,    ///< allreduce: reduce-scatter by recursive halving, all-gather by doubling
 };
 
-/// The largest value of each wire enum, for decoders that check what a peer sent
-/// (every enum starts at 1 and has no gaps).
-inline constexpr std::uint8_t max_dtype = static_cast<std::uint8_t>(dtype::f16);
-inline constexpr std::uint8_t max_reduce_op = static_cast<std::uint8_t>(reduce_op::product);
-inline constexpr std::uint8_t max_collective = static_cast<std::uint8_t>(collective::point_to_point);
-inline constexpr std::uint8_t max_algorithm = static_cast<std::uint8_t>(algorithm::halving_doubling);  // from 0
-
 constexpr const char* to_string(dtype type) noexcept {
   switch (type) {
     case dtype::f32: return "f32";
@@ -129,6 +122,32 @@ constexpr const char* to_string(algorithm way) noexcept {
   }
   return "algorithm?";
 }
+
+namespace detail {
+/// The largest value of a wire enum that to_string names. A value added to the enum
+/// without its name fails -Wswitch in to_string; with it, the bound below follows, so
+/// a decoder never refuses a value this build sends.
+template <class Enum>
+constexpr std::uint8_t largest_named(const char* unnamed) noexcept {
+  const auto same = [](const char* a, const char* b) {  // (no <string_view> in this header)
+    while (*a != 0 && *a == *b) ++a, ++b;
+    return *a == *b;
+  };
+  std::uint8_t largest = 0;
+  for (int value = 0; value < 256; ++value)
+    if (!same(to_string(static_cast<Enum>(value)), unnamed)) largest = static_cast<std::uint8_t>(value);
+  return largest;
+}
+}  // namespace detail
+
+/// The largest value of each wire enum, for decoders that check what a peer sent
+/// (every enum starts at 1, algorithm at 0, and none has gaps).
+inline constexpr std::uint8_t max_dtype = detail::largest_named<dtype>("dtype?");
+inline constexpr std::uint8_t max_reduce_op = detail::largest_named<reduce_op>("reduce_op?");
+inline constexpr std::uint8_t max_collective = detail::largest_named<collective>("collective?");
+inline constexpr std::uint8_t max_algorithm = detail::largest_named<algorithm>("algorithm?");
+static_assert(max_dtype == 4 && max_reduce_op == 5 && max_collective == 9 && max_algorithm == 6,
+              "a wire enum changed: docs/wire-format.md lists their values");
 
 constexpr std::size_t size_of(dtype type) noexcept {
   switch (type) {

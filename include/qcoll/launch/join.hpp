@@ -14,8 +14,8 @@
 /// Rank 0 serves the job's key-value store for the duration of the join; the transport
 /// is shm when every rank is on this host and tcp otherwise, unless QCOLL_TRANSPORT says,
 /// and every rank must end up with the same one (agree_on_transport).
-/// `fn` is instantiated for both transports, so it is usually a generic lambda, and
-/// both instantiations must return the same type.
+/// `fn` is instantiated for every transport join_kind joins (shm and tcp), so it is
+/// usually a generic lambda, and every instantiation must return the same type.
 ///
 /// This folder sits above rendezvous/ and transports/: it is the one place that picks
 /// the concrete store (rendezvous/tcp_store.hpp) and the transports, so rendezvous/
@@ -171,14 +171,21 @@ namespace detail {
 template <rendezvous::store Store, class Joined, class Fn>
 decltype(auto) join_kind(rendezvous::transport_kind kind, const rendezvous::job& j, Store& store, Joined&& joined,
                          Fn&& fn, const join_options& opts) {
-  if (kind == rendezvous::transport_kind::shm) {
-    auto transport = transports::shm::transport::join(j, store, opts.shm);
-    joined();
-    return std::forward<Fn>(fn)(std::move(transport));
+  switch (kind) {  // no default: a kind added to the list without its case here fails -Wswitch
+    case rendezvous::transport_kind::shm: {
+      auto transport = transports::shm::transport::join(j, store, opts.shm);
+      joined();
+      return std::forward<Fn>(fn)(std::move(transport));
+    }
+    case rendezvous::transport_kind::tcp: {
+      auto transport = transports::tcp::transport::join(j, store, opts.tcp);
+      joined();
+      return std::forward<Fn>(fn)(std::move(transport));
+    }
+    case rendezvous::transport_kind::automatic: break;  // agree_on_transport resolved it
   }
-  auto transport = transports::tcp::transport::join(j, store, opts.tcp);
-  joined();
-  return std::forward<Fn>(fn)(std::move(transport));
+  qcoll::detail::throw_error(errc::invalid_argument, "qcoll rank {}: no transport of kind '{}' to join", j.rank,
+                             rendezvous::to_string(kind));
 }
 
 /// join, with the store server given (or made here on rank 0) and `publish(store, until)`
