@@ -6,7 +6,7 @@
 /// with the device's own checks (wire::header_verdict and kernels/simt's
 /// records_valid, the code the CUDA check kernel runs) into its status word and
 /// touches `out` only if that is 0. 16-bit inputs are widened as the CUDA kernels widen
-/// them as they read. Each function here runs on the worker; emulated.hpp queues them.
+/// them as they read. Each function here runs on the worker; kernel_entries.hpp queues them.
 
 #include <qcoll/core/half.hpp>
 #include <qcoll/core/quantizer_options.hpp>
