@@ -34,7 +34,7 @@ topo::grid_faults fully(std::initializer_list<rank_t> nodes) {
 }
 
 /// The spec's process: degraded nodes are not hosted, their groups forward.
-topo::routing_options options(std::vector<std::size_t> order, topo::forwarding mode) {
+topo::routing_options spec_options(std::vector<std::size_t> order, topo::forwarding mode) {
   topo::routing_options o;
   o.dimension_order = std::move(order);
   o.mode = mode;
@@ -51,7 +51,7 @@ struct fig_5b {
   grid_schedule schedule;
 
   explicit fig_5b(topo::forwarding mode)
-      : plan(topo::route_grid(grid, options({1, 0}, mode))), schedule(plan, 12, 1, four_bytes_each) {}
+      : plan(topo::route_grid(grid, spec_options({1, 0}, mode))), schedule(plan, 12, 1, four_bytes_each) {}
 };
 
 /// Rows c and d run the 4-member ring (mesh: the closing hop goes back along the

@@ -1,6 +1,6 @@
-"""Runs a test body on N ranks, each a process (torch.multiprocessing, spawn), joined
-with init_process_group over a fresh TCP store port; results come back through a queue,
-and a rank that raises fails the test with its traceback. Every wait is bounded."""
+"""Runs a test body on N ranks, each a process (torch.multiprocessing, forkserver),
+joined with init_process_group over a fresh TCP store port; results come back through a
+queue, and a rank that raises fails the test with its traceback. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -41,6 +41,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rank_context():
+    """Ranks fork from one server process that has imported torch and the bridge: a
+    spawned rank imported them itself, 3-6 s of CPU per process on a 2-core CI machine,
+    in each of a test's 2-4 ranks. The server starts once and never initialises CUDA
+    (importing torch does not), and ranks fork from it as DataLoader's workers fork from
+    a process that imported torch; a rank gets its environment from run_ranks' `env`,
+    as before."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", "qcoll.torch"])
+    return context
+
+
 def _rank_main(rank, size, port, backend, body, args, results, env):
     os.environ.update(env)
     # A rank still running shortly before the parent gives up prints where each of its
@@ -68,7 +80,7 @@ def _rank_main(rank, size, port, backend, body, args, results, env):
 def run_ranks(size, body, *args, backend="qcoll", env=None, timeout=120, expect_exit=()):
     """body(rank, size, *args) on `size` ranks; returns {rank: value}. Ranks listed in
     expect_exit may end without reporting (a test that kills them)."""
-    context = mp.get_context("spawn")
+    context = _rank_context()
     results = context.Queue()
     port = free_port()
     processes = [

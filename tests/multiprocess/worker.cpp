@@ -43,6 +43,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -336,9 +337,9 @@ template <class Comm>
 void kill_a_rank(Comm& comm, bool allocated, std::size_t count, bool on_device = false) {
   const rank_t victim = comm.size() - 1;
   std::atomic<bool> inside{false};
-  std::jthread killer;
+  std::optional<std::jthread> killer;  // (emplaced: g++-12 -O2 warns of a moved-from temporary's stop_token)
   if (comm.rank() == victim)
-    killer = std::jthread([&] {
+    killer.emplace([&] {
       while (!inside) std::this_thread::sleep_for(1ms);
       std::this_thread::sleep_for(30ms);
       std::raise(SIGKILL);
