@@ -37,6 +37,7 @@ foreach(mpi IN LISTS QCOLL_TEST_MPIS)
   target_link_libraries(transport_worker_${mpi} PRIVATE qcoll::qcoll PkgConfig::QCOLL_${upper})
   target_compile_definitions(transport_worker_${mpi} PRIVATE QCOLL_TEST_MPI)
   qcoll_warnings(transport_worker_${mpi})
+  qcoll_unoptimized_program(transport_worker_${mpi})  # the clang preset: compiled, run by g++'s builds
 
   qcoll_mpi_test(${mpi} collectives_2_ranks_0_to_${largest_message}_bytes RANKS 2 ARGS collectives ${largest_message}
     LINES "2:all collectives correct .* up to ${largest_message} bytes")

@@ -4,7 +4,10 @@
 // compared bit for bit with the CPU reference, and its checks of received frames
 // with the quantizers'. What this cannot test — the CUDA intrinsics behind a tile,
 // launches, device memory — cuda_tests.cu tests on a GPU.
+// A binary of its own, apart from quantizer_tests: it is the one suite of the quantizers
+// that runs threads, so the tsan preset builds it and not the single-threaded rest.
 
+#define BOOST_TEST_MODULE qcoll GPU kernels on the CPU
 #include <boost/test/unit_test.hpp>
 
 #include "support/half_inputs.hpp"
