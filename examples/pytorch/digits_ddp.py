@@ -4,12 +4,19 @@
     torchrun --nproc-per-node 4 examples/pytorch/digits_ddp.py --mode qcoll     # exact, qcoll backend
     torchrun --nproc-per-node 4 examples/pytorch/digits_ddp.py --mode gloo      # exact, PyTorch's gloo
     torchrun --nproc-per-node 4 examples/pytorch/digits_ddp.py --mode one_bit   # gloo + qcoll's one_bit hook
+    torchrun --nproc-per-node 4 examples/pytorch/digits_ddp.py --mode qcoll,gloo,one_bit  # all three, in turn
 
 Each rank trains on its shard of the training set; rank 0 prints the test accuracy and
 the bytes this rank sent per step, measured where they leave qcoll's transport (the
 exact allreduce's with --mode qcoll, the hook's with --mode one_bit; gloo's are not
 visible to qcoll). QCOLL_TRANSPORT=tcp measures what would cross a network: over shm, a
 large exact allreduce lets peers read blocks from shared memory instead of sending them.
+
+Several modes train one after the other in the same processes (one launch, one import
+of torch per rank), each from the same initial weights and batch order, so each gives
+what it gives alone. The world's process group is gloo's; --mode qcoll trains over a
+group of qcoll's backend, dist.new_group(backend="qcoll") (dist.init_process_group("qcoll")
+makes qcoll the default group instead, as docs/pytorch.md shows).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", default="one_bit",
                         help="qcoll (exact, qcoll backend), gloo (exact), or any qcoll quantizer for the DDP "
-                             "hook over gloo: one_bit, k_level, bfp, ... (default one_bit)")
+                             "hook over gloo: one_bit, k_level, bfp, ...; several, comma-separated, train in "
+                             "turn (default one_bit)")
     parser.add_argument("--bits", type=int, default=None,
                         help="the hook's quantizer bits where it takes them (default: the hook's, 4)")
     parser.add_argument("--epochs", type=int, default=40)
@@ -40,10 +48,10 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--json", action="store_true", help="print rank 0's result as one JSON line")
+    parser.add_argument("--json", action="store_true", help="print rank 0's result as one JSON line per mode")
     args = parser.parse_args()
 
-    dist.init_process_group("qcoll" if args.mode == "qcoll" else "gloo")
+    dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
 
     digits = load_digits()
@@ -52,19 +60,37 @@ def main():
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
     x_train, y_train = x_train[rank::size], y_train[rank::size]  # this rank's shard
 
-    torch.manual_seed(args.seed)  # every rank starts from the same weights
+    for mode in args.mode.split(","):
+        result = train(mode, args, rank, x_train, y_train, x_test, y_test)
+        if rank != 0:
+            continue
+        if args.json:
+            print(json.dumps(dict(result, ranks=size)), flush=True)
+        else:
+            per_step = ("not measured (gloo)" if result["bytes_sent_per_step"] is None
+                        else f"{result['bytes_sent_per_step']:,.0f} bytes")
+            print(f"{mode}: test accuracy {100 * result['test_accuracy']:.2f} % after {result['steps']} steps; "
+                  f"rank 0 sent {per_step} per step ({result['parameters']:,} parameters, "
+                  f"{4 * result['parameters']:,} bytes of float32 gradient)", flush=True)
+    dist.destroy_process_group()
+
+
+def train(mode, args, rank, x_train, y_train, x_test, y_test):
+    """Trains a fresh model with one mode; returns rank 0's figures (every rank's, alike)."""
+    group = dist.new_group(backend="qcoll") if mode == "qcoll" else None  # None: the world's (gloo)
+    torch.manual_seed(args.seed)  # every rank, and every mode, starts from the same weights
     model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, 10))
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group)
     state = None
-    if args.mode not in ("qcoll", "gloo"):  # a quantizer: the hook refuses a name it does not know
-        state = hooks.CompressedState(quantizer=args.mode, **({} if args.bits is None else {"bits": args.bits}))
+    if mode not in ("qcoll", "gloo"):  # a quantizer: the hook refuses a name it does not know
+        state = hooks.CompressedState(quantizer=mode, **({} if args.bits is None else {"bits": args.bits}))
         ddp.register_comm_hook(state, hooks.compressed_allreduce)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
 
     def bytes_sent():  # this rank's, through qcoll; None where qcoll does not carry the gradients
-        if args.mode == "qcoll":
-            return qcoll.torch.bytes_sent()
+        if mode == "qcoll":
+            return qcoll.torch.bytes_sent(group)
         return None if state is None else state.bytes_sent()
 
     sent_before = bytes_sent()  # DDP's broadcast of the initial weights is not a step
@@ -81,22 +107,15 @@ def main():
             optimizer.step()
             steps += 1
         if rank == 0 and not args.json and (epoch + 1) % 10 == 0:
-            print(f"epoch {epoch + 1}: loss {loss.item():.4f}", flush=True)
+            print(f"{mode}: epoch {epoch + 1}: loss {loss.item():.4f}", flush=True)
 
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     sent = None if sent_before is None else bytes_sent() - sent_before
-    parameters = sum(p.numel() for p in model.parameters())
-    if rank == 0:
-        result = {"mode": args.mode, "ranks": size, "steps": steps, "parameters": parameters,
-                  "test_accuracy": accuracy, "bytes_sent_per_step": None if sent is None else sent / steps}
-        if args.json:
-            print(json.dumps(result), flush=True)
-        else:
-            per_step = "not measured (gloo)" if sent is None else f"{sent / steps:,.0f} bytes"
-            print(f"{args.mode}: test accuracy {100 * accuracy:.2f} % after {steps} steps; rank 0 sent {per_step} "
-                  f"per step ({parameters:,} parameters, {4 * parameters:,} bytes of float32 gradient)", flush=True)
-    dist.destroy_process_group()
+    if group is not None:
+        dist.destroy_process_group(group)
+    return {"mode": mode, "steps": steps, "parameters": sum(p.numel() for p in model.parameters()),
+            "test_accuracy": accuracy, "bytes_sent_per_step": None if sent is None else sent / steps}
 
 
 if __name__ == "__main__":
