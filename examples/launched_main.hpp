@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <exception>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 
 namespace qcoll_examples {
@@ -23,9 +22,9 @@ int launched_main(std::string_view program, int argc, char** argv, Parse&& parse
   try {
     const auto options = parse(argc, argv);
     return qcoll::launch::join_from_environment([&](auto transport) {
-      constexpr bool shared_memory = std::is_same_v<decltype(transport), qcoll::transports::shm::transport>;
+      const std::string_view name = qcoll::rendezvous::to_string(transport.kind());
       qcoll::communicator comm(std::move(transport));
-      return run(comm, options, shared_memory ? "shm" : "tcp");
+      return run(comm, options, name);
     });
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}: {}\n", program, e.what());

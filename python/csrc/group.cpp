@@ -236,9 +236,8 @@ std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int ran
   // qcoll's join over PyTorch's store: the ranks agree on the transport, join it, and
   // are all through with the store before any returns.
   return qcoll::launch::join_through(job, rendezvous, [&](auto transport) -> std::unique_ptr<group> {
-    using transport_type = decltype(transport);
-    return std::make_unique<group_over<transport_type>>(std::move(transport), settings.timeout,
-                                                        qcoll::rendezvous::to_string(transport_type::kind).data());
+    const std::string_view name = qcoll::rendezvous::to_string(transport.kind());
+    return std::make_unique<group_over<decltype(transport)>>(std::move(transport), settings.timeout, name.data());
   });
 }
 

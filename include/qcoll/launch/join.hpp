@@ -14,8 +14,9 @@
 /// Rank 0 serves the job's key-value store for the duration of the join; the transport
 /// is shm when every rank is on this host and tcp otherwise, unless QCOLL_TRANSPORT says,
 /// and every rank must end up with the same one (agree_on_transport).
-/// `fn` is instantiated for every transport join_kind joins (shm and tcp), so it is
-/// usually a generic lambda, and every instantiation must return the same type.
+/// `fn` gets a transports::process_transport either way — shm and tcp join one type
+/// (transports/process.hpp), so `fn` and the collectives it calls are compiled once;
+/// transport.kind() says which joined.
 ///
 /// This folder sits above rendezvous/ and transports/: it is the one place that picks
 /// the concrete store (rendezvous/tcp_store.hpp) and the transports, so rendezvous/
@@ -167,18 +168,20 @@ namespace detail {
 
 /// The transport of `kind` joined through `store`, then `joined()` (the end of the
 /// rendezvous), then fn(transport): the one place that maps a transport's kind to its
-/// type (rendezvous::named_transports lists the kinds).
+/// join (rendezvous::named_transports lists the kinds). Every case hands fn the same
+/// type: a transport of another type here would compile every program's collectives
+/// once more.
 template <rendezvous::store Store, class Joined, class Fn>
 decltype(auto) join_kind(rendezvous::transport_kind kind, const rendezvous::job& j, Store& store, Joined&& joined,
                          Fn&& fn, const join_options& opts) {
   switch (kind) {  // no default: a kind added to the list without its case here fails -Wswitch
     case rendezvous::transport_kind::shm: {
-      auto transport = transports::shm::transport::join(j, store, opts.shm);
+      auto transport = transports::shm::join(j, store, opts.shm);
       joined();
       return std::forward<Fn>(fn)(std::move(transport));
     }
     case rendezvous::transport_kind::tcp: {
-      auto transport = transports::tcp::transport::join(j, store, opts.tcp);
+      auto transport = transports::tcp::join(j, store, opts.tcp);
       joined();
       return std::forward<Fn>(fn)(std::move(transport));
     }

@@ -45,6 +45,7 @@
 #include <qcoll/detail/posix_handles.hpp>
 #include <qcoll/transports/shm_pipes.hpp>
 #include <qcoll/transports/shm_segment.hpp>
+#include <qcoll/transports/process.hpp>
 #include <qcoll/transports/shm_shared_memory.hpp>
 #include <qcoll/tuning/table.hpp>
 
@@ -85,165 +86,108 @@ struct options {
   stream::engine_options engine{};
 };
 
+/// One rank's endpoint: the type both the shm and the tcp join give (process.hpp).
+using transport = process_transport;
 
-/// One rank's endpoint. Models qcoll::transport; move-only.
-class transport : public stream::endpoint {
- public:
-  /// Its name in QCOLL_TRANSPORT and qcoll-run --transport (rendezvous::named_transports).
-  static constexpr rendezvous::transport_kind kind = rendezvous::transport_kind::shm;
+namespace detail {
 
-  /// Joins the job: rank 0 creates the segment, everyone attaches, and the name is
-  /// unlinked once all have. Collective: every rank of the job calls it, each with its
-  /// own connection to the job's store.
-  /// @par Errors
-  /// qcoll::error: invalid_argument (bad options, system call failures, named),
-  /// protocol_error (a segment that is not this job's), timeout (a rank never came),
-  /// and whatever the store throws.
-  // A template over the store rather than a virtual interface: it is the simpler of the
-  // two (no adapter class, one instantiation per store type, setup code run once), and
-  // it keeps this header free of the TCP store's Boost.Asio.
-  template <rendezvous::store Store>
-  static transport join(const rendezvous::job& job, Store& store, const options& opts = {}) {
-    if (opts.pipe_bytes < (std::size_t{64} << 10) || (opts.pipe_bytes & (opts.pipe_bytes - 1)) != 0)
+/// Each rank reads every peer's probe word; single copy is on only if every rank
+/// read every word. Rank 0 says why not, once for the job.
+template <rendezvous::store Store>
+bool agree_on_single_copy(const rendezvous::job& job, Store& store, const detail::rank_slot* slots,
+                          const std::vector<pid_t>& pids, deadline until) {
+  std::string refused;
+  for (rank_t p = 0; p < job.size && refused.empty(); ++p) {
+    if (p == job.rank) continue;
+    std::uint64_t seen = 0;
+    const iovec local{&seen, sizeof seen};
+    const iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(slots[p].probe_address.load())),
+                       sizeof seen};
+    const ssize_t n = ::process_vm_readv(pids[p], &local, 1, &remote, 1, 0);
+    if (n != static_cast<ssize_t>(sizeof seen))
+      refused = qcoll::detail::format("rank {} may not read rank {}'s memory (process_vm_readv: {})", job.rank, p,
+                                      n < 0 ? std::strerror(errno) : "short read");
+    else if (seen != slots[p].probe_value.load())
+      refused = qcoll::detail::format("rank {} read the wrong value from rank {}'s memory", job.rank, p);
+  }
+  store.set(qcoll::detail::format("qcoll/shm/single-copy/{}", job.rank), refused.empty() ? "yes" : refused);
+  store.wait_all("qcoll/shm/single-copy/", job.size, until);
+  std::string first_refusal;
+  for (rank_t r = 0; r < job.size && first_refusal.empty(); ++r) {
+    std::string answer = r == job.rank ? (refused.empty() ? "yes" : refused)
+                                       : store.get(qcoll::detail::format("qcoll/shm/single-copy/{}", r), until);
+    if (answer != "yes") first_refusal = std::move(answer);
+  }
+  if (!first_refusal.empty() && job.rank == 0)
+    qcoll::detail::log_warning("qcoll: shm transport: single copy is off for this job: {}; large messages take "
+                               "the two-copy path through the shared pipes (docs/transports.md, \"Single copy\")",
+                               first_refusal);
+  return first_refusal.empty();
+}
+
+}  // namespace detail
+
+/// Joins the job: rank 0 creates the segment, everyone attaches, and the name is
+/// unlinked once all have. Collective: every rank of the job calls it, each with its
+/// own connection to the job's store.
+/// @par Errors
+/// qcoll::error: invalid_argument (bad options, system call failures, named),
+/// protocol_error (a segment that is not this job's), timeout (a rank never came),
+/// and whatever the store throws.
+// A template over the store rather than a virtual interface: it is the simpler of the
+// two (no adapter class, one instantiation per store type, setup code run once), and
+// it keeps this header free of the TCP store's Boost.Asio.
+template <rendezvous::store Store>
+process_transport join(const rendezvous::job& job, Store& store, const options& opts = {}) {
+  if (opts.pipe_bytes < (std::size_t{64} << 10) || (opts.pipe_bytes & (opts.pipe_bytes - 1)) != 0)
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "shm transport: pipe_bytes = {} must be a power of two of at least 65536",
+                               opts.pipe_bytes);
+  const detail::layout shape{job.size, opts.pipe_bytes};
+  const std::string name = segment_name(job.job_id);  // shm_segment.hpp
+  const deadline until = clock::now() + job.timeout;
+
+  detail::mapping segment;
+  if (job.rank == 0) {
+    std::random_device entropy;
+    const std::uint64_t nonce = (std::uint64_t{entropy()} << 32) ^ entropy();
+    segment = detail::create_segment(name, shape, nonce);
+    store.set("qcoll/shm/segment", qcoll::detail::format("{} {} {}", name, nonce, opts.pipe_bytes));
+  } else {
+    const std::string announced = store.get("qcoll/shm/segment", until);
+    const std::string expected_prefix = name + " ";
+    std::uint64_t nonce = 0;
+    std::size_t their_pipe_bytes = 0;
+    if (announced.rfind(expected_prefix, 0) != 0 ||
+        !detail::parse_two(std::string_view(announced).substr(expected_prefix.size()), nonce, their_pipe_bytes))
+      qcoll::detail::throw_error(errc::protocol_error, "shm transport: rank 0 announced '{}', expected '{}…'",
+                                 announced, expected_prefix);
+    if (their_pipe_bytes != opts.pipe_bytes)
       qcoll::detail::throw_error(errc::invalid_argument,
-                                 "shm transport: pipe_bytes = {} must be a power of two of at least 65536",
-                                 opts.pipe_bytes);
-    const detail::layout shape{job.size, opts.pipe_bytes};
-    const std::string name = segment_name(job.job_id);  // shm_segment.hpp
-    const deadline until = clock::now() + job.timeout;
-
-    detail::mapping segment;
-    if (job.rank == 0) {
-      std::random_device entropy;
-      const std::uint64_t nonce = (std::uint64_t{entropy()} << 32) ^ entropy();
-      segment = detail::create_segment(name, shape, nonce);
-      store.set("qcoll/shm/segment", qcoll::detail::format("{} {} {}", name, nonce, opts.pipe_bytes));
-    } else {
-      const std::string announced = store.get("qcoll/shm/segment", until);
-      const std::string expected_prefix = name + " ";
-      std::uint64_t nonce = 0;
-      std::size_t their_pipe_bytes = 0;
-      if (announced.rfind(expected_prefix, 0) != 0 ||
-          !detail::parse_two(std::string_view(announced).substr(expected_prefix.size()), nonce, their_pipe_bytes))
-        qcoll::detail::throw_error(errc::protocol_error, "shm transport: rank 0 announced '{}', expected '{}…'",
-                                   announced, expected_prefix);
-      if (their_pipe_bytes != opts.pipe_bytes)
-        qcoll::detail::throw_error(errc::invalid_argument,
-                                   "shm transport: rank 0 uses pipe_bytes = {} but rank {} was given {}",
-                                   their_pipe_bytes, job.rank, opts.pipe_bytes);
-      segment = detail::attach_segment(name, shape, nonce);
-    }
-    auto* slots = reinterpret_cast<detail::rank_slot*>(segment.base() + shape.slots_offset());
-    slots[job.rank].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
-    // The probe word lives as long as the transport; its value is random, so a read of
-    // the wrong process or address cannot pass for a successful one.
-    auto probe = std::make_unique<std::uint64_t>((std::uint64_t{std::random_device{}()} << 32) | 0x9e3779b9u);
-    slots[job.rank].probe_value.store(*probe, std::memory_order_relaxed);
-    slots[job.rank].probe_address.store(reinterpret_cast<std::uintptr_t>(probe.get()), std::memory_order_release);
-    if (opts.single_copy) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // EINVAL without Yama: fine
-    store.set(qcoll::detail::format("qcoll/shm/attached/{}", job.rank), "1");
-    store.wait_all("qcoll/shm/attached/", job.size, until);
-    if (job.rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: the name is no longer needed
-
-    std::vector<pid_t> pids(job.size);
-    for (rank_t r = 0; r < job.size; ++r) pids[r] = slots[r].pid.load(std::memory_order_acquire);
-    const bool single_copy = opts.single_copy && agree_on_single_copy(job, store, slots, pids, until);
-
-    auto pipes = std::make_unique<detail::shm_channels>(std::move(segment), shape, job.rank);
-    return transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "shm transport",
-                                                      stream::resolve(opts.engine, job.local_size)),
-                     job.timeout, std::move(pids), single_copy, std::move(probe));
+                                 "shm transport: rank 0 uses pipe_bytes = {} but rank {} was given {}",
+                                 their_pipe_bytes, job.rank, opts.pipe_bytes);
+    segment = detail::attach_segment(name, shape, nonce);
   }
+  auto* slots = reinterpret_cast<detail::rank_slot*>(segment.base() + shape.slots_offset());
+  slots[job.rank].pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
+  // The probe word lives as long as the transport; its value is random, so a read of
+  // the wrong process or address cannot pass for a successful one.
+  auto probe = std::make_unique<std::uint64_t>((std::uint64_t{std::random_device{}()} << 32) | 0x9e3779b9u);
+  slots[job.rank].probe_value.store(*probe, std::memory_order_relaxed);
+  slots[job.rank].probe_address.store(reinterpret_cast<std::uintptr_t>(probe.get()), std::memory_order_release);
+  if (opts.single_copy) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // EINVAL without Yama: fine
+  store.set(qcoll::detail::format("qcoll/shm/attached/{}", job.rank), "1");
+  store.wait_all("qcoll/shm/attached/", job.size, until);
+  if (job.rank == 0) ::shm_unlink(name.c_str());  // everyone has it mapped: the name is no longer needed
 
-  /// Whether every pair of ranks may read each other's memory (agreed at join).
-  bool single_copy() const noexcept { return single_copy_; }
+  std::vector<pid_t> pids(job.size);
+  for (rank_t r = 0; r < job.size; ++r) pids[r] = slots[r].pid.load(std::memory_order_acquire);
+  const bool single_copy = opts.single_copy && detail::agree_on_single_copy(job, store, slots, pids, until);
 
-  /// Memory the other ranks can map, for a collective's data (communicator::allocate):
-  /// single-copy steps read it in place instead of through the kernel. Without single
-  /// copy it is ordinary memory to the collectives. Any thread; it may outlive the
-  /// transport.
-  shared_memory allocate_shared(std::size_t bytes) { return shared_memory::make(regions_, bytes); }
-
-  /// Which of this rank's shared regions holds all of `data` (serial 0: none).
-  shared_region region_of(std::span<const std::byte> data) const { return regions_->find(data); }
-
-  /// `bytes` at `address` in the region `peer` described, mapped read-only into this
-  /// process (once; kept until the owner frees it); empty when it cannot be mapped.
-  std::span<const std::byte> map_peer(rank_t peer, const shared_region& region, std::uint64_t address,
-                                      std::size_t bytes) {
-    if (!single_copy_ || peer == rank()) return {};
-    return peer_regions_->view(peer, region, address, bytes);
-  }
-
-  /// How many of the peers' shared regions this rank has mapped now.
-  std::size_t mapped_peer_regions() const { return peer_regions_->mapped_count(); }
-
-  /// Copies into.size() bytes from `address` in `peer`'s memory (process_vm_readv).
-  /// peer_lost when its process is gone or the memory no longer mapped (it left the call).
-  std::error_code read_peer(rank_t peer, std::uint64_t address, std::span<std::byte> into) {
-    if (!single_copy_ || peer >= pids_.size() || peer == rank()) return make_error_code(errc::invalid_argument);
-    std::size_t done = 0;
-    while (done < into.size()) {
-      const iovec local{into.data() + done, into.size() - done};
-      const iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(address + done)), into.size() - done};
-      const ssize_t n = ::process_vm_readv(pids_[peer], &local, 1, &remote, 1, 0);
-      if (n > 0) {
-        done += static_cast<std::size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      return make_error_code(errno == ESRCH || errno == EFAULT || n == 0 ? errc::peer_lost : errc::invalid_argument);
-    }
-    return {};
-  }
-
- private:
-  transport(std::unique_ptr<stream::engine> core, std::chrono::milliseconds job_timeout, std::vector<pid_t> pids,
-            bool single_copy, std::unique_ptr<std::uint64_t> probe)
-      : stream::endpoint(std::move(core), job_timeout), pids_(std::move(pids)), single_copy_(single_copy), probe_(std::move(probe)),
-        peer_regions_(std::make_unique<detail::peer_regions>(pids_)) {}
-
-  /// Each rank reads every peer's probe word; single copy is on only if every rank
-  /// read every word. Rank 0 says why not, once for the job.
-  template <rendezvous::store Store>
-  static bool agree_on_single_copy(const rendezvous::job& job, Store& store, const detail::rank_slot* slots,
-                                   const std::vector<pid_t>& pids, deadline until) {
-    std::string refused;
-    for (rank_t p = 0; p < job.size && refused.empty(); ++p) {
-      if (p == job.rank) continue;
-      std::uint64_t seen = 0;
-      const iovec local{&seen, sizeof seen};
-      const iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(slots[p].probe_address.load())),
-                         sizeof seen};
-      const ssize_t n = ::process_vm_readv(pids[p], &local, 1, &remote, 1, 0);
-      if (n != static_cast<ssize_t>(sizeof seen))
-        refused = qcoll::detail::format("rank {} may not read rank {}'s memory (process_vm_readv: {})", job.rank, p,
-                              n < 0 ? std::strerror(errno) : "short read");
-      else if (seen != slots[p].probe_value.load())
-        refused = qcoll::detail::format("rank {} read the wrong value from rank {}'s memory", job.rank, p);
-    }
-    store.set(qcoll::detail::format("qcoll/shm/single-copy/{}", job.rank), refused.empty() ? "yes" : refused);
-    store.wait_all("qcoll/shm/single-copy/", job.size, until);
-    std::string first_refusal;
-    for (rank_t r = 0; r < job.size && first_refusal.empty(); ++r) {
-      std::string answer = r == job.rank ? (refused.empty() ? "yes" : refused)
-                                         : store.get(qcoll::detail::format("qcoll/shm/single-copy/{}", r), until);
-      if (answer != "yes") first_refusal = std::move(answer);
-    }
-    if (!first_refusal.empty() && job.rank == 0)
-      qcoll::detail::log_warning("qcoll: shm transport: single copy is off for this job: {}; large messages take "
-                                 "the two-copy path through the shared pipes (docs/transports.md, \"Single copy\")",
-                                 first_refusal);
-    return first_refusal.empty();
-  }
-
-  std::vector<pid_t> pids_;
-  bool single_copy_ = false;
-  std::unique_ptr<std::uint64_t> probe_;  // read by the peers' probes at join
-  std::shared_ptr<detail::region_registry> regions_ = std::make_shared<detail::region_registry>();
-  std::unique_ptr<detail::peer_regions> peer_regions_;  // behind a pointer: it holds a mutex, the transport moves
-};
-
-static_assert(qcoll::shared_memory_transport<transport>);
+  auto pipes = std::make_unique<detail::shm_channels>(std::move(segment), shape, job.rank);
+  return process_transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "shm transport",
+                                                            stream::resolve(opts.engine, job.local_size)),
+                           job.timeout, rendezvous::transport_kind::shm, {std::move(pids), single_copy, std::move(probe)});
+}
 
 }  // namespace qcoll::transports::shm

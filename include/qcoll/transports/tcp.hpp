@@ -34,6 +34,7 @@
 #include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
 #include <qcoll/rendezvous/store.hpp>
+#include <qcoll/transports/process.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
 #include <qcoll/detail/asio.hpp>
@@ -241,90 +242,82 @@ inline tcp::socket connect_to(asio::io_context& io, const tcp::endpoint& where, 
 
 }  // namespace detail
 
-/// One rank's endpoint. Models qcoll::transport; move-only.
-class transport : public stream::endpoint {
- public:
-  /// Its name in QCOLL_TRANSPORT and qcoll-run --transport (rendezvous::named_transports).
-  static constexpr rendezvous::transport_kind kind = rendezvous::transport_kind::tcp;
+/// One rank's endpoint: the type both the shm and the tcp join give (process.hpp). A tcp
+/// job never reads its peers' memory: single_copy() is false.
+using transport = process_transport;
 
-  /// Connects every pair of ranks twice, once each way. Collective: every rank of the job calls it.
-  /// Connections that fail the handshake (garbage, wrong secret, version or job, a
-  /// rank already connected) are logged and refused while setup waits for the real
-  /// peer until job.timeout.
-  /// @par Errors
-  /// qcoll::error: invalid_argument (cannot listen on the bind address), timeout (a
-  /// peer never connected or answered), peer_lost (a peer refused the connection),
-  /// protocol_error (a peer refused this rank's handshake, with its reason), and
-  /// whatever the store throws.
-  template <rendezvous::store Store>
-  static transport join(const rendezvous::job& job, Store& store, const options& opts = {}) {
-    namespace asio = boost::asio;
-    using asio::ip::tcp;
-    const deadline until = clock::now() + job.timeout;
-    auto io = std::make_unique<asio::io_context>();
-    std::vector<std::optional<tcp::socket>> outgoing(job.size), incoming(job.size);
+/// Connects every pair of ranks twice, once each way. Collective: every rank of the job calls it.
+/// Connections that fail the handshake (garbage, wrong secret, version or job, a
+/// rank already connected) are logged and refused while setup waits for the real
+/// peer until job.timeout.
+/// @par Errors
+/// qcoll::error: invalid_argument (cannot listen on the bind address), timeout (a
+/// peer never connected or answered), peer_lost (a peer refused the connection),
+/// protocol_error (a peer refused this rank's handshake, with its reason), and
+/// whatever the store throws.
+template <rendezvous::store Store>
+process_transport join(const rendezvous::job& job, Store& store, const options& opts = {}) {
+  namespace asio = boost::asio;
+  using asio::ip::tcp;
+  const deadline until = clock::now() + job.timeout;
+  auto io = std::make_unique<asio::io_context>();
+  std::vector<std::optional<tcp::socket>> outgoing(job.size), incoming(job.size);
 
-    tcp::acceptor acceptor(*io);
-    rendezvous::detail::listen_on_free_port(acceptor, job.bind_address, qcoll::detail::format("tcp transport: rank {}", job.rank));
-    store.set(qcoll::detail::format("qcoll/tcp/address/{}", job.rank),
-              qcoll::detail::format("{}:{}", job.bind_address, acceptor.local_endpoint().port()));
+  tcp::acceptor acceptor(*io);
+  rendezvous::detail::listen_on_free_port(acceptor, job.bind_address, qcoll::detail::format("tcp transport: rank {}", job.rank));
+  store.set(qcoll::detail::format("qcoll/tcp/address/{}", job.rank),
+            qcoll::detail::format("{}:{}", job.bind_address, acceptor.local_endpoint().port()));
 
-    const auto connect = [&](rank_t peer) {
-      const auto where =
-          detail::parse_endpoint(store.get(qcoll::detail::format("qcoll/tcp/address/{}", peer), until), peer);
-      tcp::socket socket = detail::connect_to(*io, where, peer, until);
-      rendezvous::introduce(socket, job, rendezvous::channel::data, until);
-      detail::tune(socket, opts);
-      outgoing[peer].emplace(std::move(socket));
+  const auto connect = [&](rank_t peer) {
+    const auto where =
+        detail::parse_endpoint(store.get(qcoll::detail::format("qcoll/tcp/address/{}", peer), until), peer);
+    tcp::socket socket = detail::connect_to(*io, where, peer, until);
+    rendezvous::introduce(socket, job, rendezvous::channel::data, until);
+    detail::tune(socket, opts);
+    outgoing[peer].emplace(std::move(socket));
+  };
+  // Accepts any peer's connection, once each, until ranks [first, size) all connected.
+  const auto accept_until_connected = [&](rank_t first) {
+    const auto missing = [&] {
+      rank_t count = 0;
+      for (rank_t p = first; p < job.size; ++p) count += p != job.rank && !incoming[p];
+      return count;
     };
-    // Accepts any peer's connection, once each, until ranks [first, size) all connected.
-    const auto accept_until_connected = [&](rank_t first) {
-      const auto missing = [&] {
-        rank_t count = 0;
-        for (rank_t p = first; p < job.size; ++p) count += p != job.rank && !incoming[p];
-        return count;
-      };
-      while (missing() > 0) {
-        tcp::socket socket(*io);
-        bool accepted = false;
-        boost::system::error_code accept_error = asio::error::timed_out;
-        acceptor.async_accept(socket, [&](boost::system::error_code e) {
-          accept_error = e;
-          accepted = true;
-        });
-        rendezvous::detail::run_until(*io, [&] { return accepted; }, until, [&] { acceptor.cancel(); });
-        if (accept_error)
-          qcoll::detail::throw_error(errc::timeout, "tcp transport: rank {} waited {}ms for {} rank(s) to connect; {}",
-                                     job.rank, job.timeout.count(), missing(), accept_error.message());
-        const std::string from = detail::endpoint_text(socket);
-        try {
-          // A connection that says nothing must not hold up the real peers for long.
-          const deadline admit_until = std::min(until, clock::now() + std::chrono::seconds(5));
-          const rendezvous::hello peer = rendezvous::admit(socket, job, rendezvous::channel::data, admit_until);
-          if (peer.rank == job.rank || incoming[peer.rank])
-            qcoll::detail::throw_error(errc::protocol_error, "rank {} is this rank or already connected", peer.rank);
-          detail::tune(socket, opts);
-          incoming[peer.rank].emplace(std::move(socket));
-        } catch (const qcoll::error& refused) {
-          qcoll::detail::log_warning("qcoll: rank {}: tcp transport refused a connection from {}: {}", job.rank, from,
-                                     refused.what());
-        }
+    while (missing() > 0) {
+      tcp::socket socket(*io);
+      bool accepted = false;
+      boost::system::error_code accept_error = asio::error::timed_out;
+      acceptor.async_accept(socket, [&](boost::system::error_code e) {
+        accept_error = e;
+        accepted = true;
+      });
+      rendezvous::detail::run_until(*io, [&] { return accepted; }, until, [&] { acceptor.cancel(); });
+      if (accept_error)
+        qcoll::detail::throw_error(errc::timeout, "tcp transport: rank {} waited {}ms for {} rank(s) to connect; {}",
+                                   job.rank, job.timeout.count(), missing(), accept_error.message());
+      const std::string from = detail::endpoint_text(socket);
+      try {
+        // A connection that says nothing must not hold up the real peers for long.
+        const deadline admit_until = std::min(until, clock::now() + std::chrono::seconds(5));
+        const rendezvous::hello peer = rendezvous::admit(socket, job, rendezvous::channel::data, admit_until);
+        if (peer.rank == job.rank || incoming[peer.rank])
+          qcoll::detail::throw_error(errc::protocol_error, "rank {} is this rank or already connected", peer.rank);
+        detail::tune(socket, opts);
+        incoming[peer.rank].emplace(std::move(socket));
+      } catch (const qcoll::error& refused) {
+        qcoll::detail::log_warning("qcoll: rank {}: tcp transport refused a connection from {}: {}", job.rank, from,
+                                   refused.what());
       }
-    };
-    for (rank_t peer = 0; peer < job.rank; ++peer) connect(peer);
-    accept_until_connected(job.rank + 1);  // every higher rank; lower ones may already come too
-    for (rank_t peer = job.rank + 1; peer < job.size; ++peer) connect(peer);
-    accept_until_connected(0);
-    auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(outgoing), std::move(incoming), job.rank);
-    return transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "tcp transport",
-                                                      stream::resolve(opts.engine, job.local_size)),
-                     job.timeout);
-  }
-
- private:
-  using stream::endpoint::endpoint;
-};
-
-static_assert(qcoll::transport<transport>);
+    }
+  };
+  for (rank_t peer = 0; peer < job.rank; ++peer) connect(peer);
+  accept_until_connected(job.rank + 1);  // every higher rank; lower ones may already come too
+  for (rank_t peer = job.rank + 1; peer < job.size; ++peer) connect(peer);
+  accept_until_connected(0);
+  auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(outgoing), std::move(incoming), job.rank);
+  return process_transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "tcp transport",
+                                                            stream::resolve(opts.engine, job.local_size)),
+                           job.timeout, rendezvous::transport_kind::tcp);
+}
 
 }  // namespace qcoll::transports::tcp
