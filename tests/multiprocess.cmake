@@ -7,7 +7,6 @@ endif()
 add_executable(transport_worker multiprocess/worker.cpp)
 target_link_libraries(transport_worker PRIVATE ${qcoll_device_target})  # its "device" scenario runs on a GPU too
 qcoll_warnings(transport_worker)
-qcoll_unoptimized_program(transport_worker)  # the clang preset: compiled, run by g++'s builds
 
 # qcoll_job_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… [EXIT s] [LINES n:regex|…]
 #                [LAUNCHER_OPTIONS …] [ENVIRONMENT var=value…] [CHECK var=value…]

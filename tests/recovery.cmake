@@ -7,7 +7,6 @@ endif()
 add_executable(recovery_worker multiprocess/recovery_worker.cpp)
 target_link_libraries(recovery_worker PRIVATE qcoll::qcoll)
 qcoll_warnings(recovery_worker)
-qcoll_unoptimized_program(recovery_worker)  # the clang preset: compiled, run by g++'s builds
 
 # qcoll_recovery_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… EXIT s LINES …):
 # qcoll_job_test of recovery_worker under --keep-going, with a directory of the test's own

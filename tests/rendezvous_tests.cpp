@@ -1663,7 +1663,7 @@ BOOST_AUTO_TEST_CASE(a_rank_killed_while_it_is_probed_is_gone_never_unreachable)
   // Five ranks probe, so that some connects meet the kill: about 5 ms a trial here,
   // 30-50 ms under a sanitizer, which runs a fifth of the trials (what a sanitizer
   // looks for is in the probe's bookkeeping, not in how often the kill lands; the
-  // ci and clang presets run all of them).
+  // ci preset runs all of them).
   std::mt19937 random(53);
   std::uniform_int_distribution<int> kill_after_us(0, 300);
   const std::vector<rank_t> survivors_ranks{1, 2, 3, 4, 5};
