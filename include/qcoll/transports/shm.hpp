@@ -43,9 +43,9 @@
 #include <qcoll/rendezvous/store.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 #include <qcoll/detail/posix_handles.hpp>
+#include <qcoll/transports/process.hpp>
 #include <qcoll/transports/shm_pipes.hpp>
 #include <qcoll/transports/shm_segment.hpp>
-#include <qcoll/transports/process.hpp>
 #include <qcoll/transports/shm_shared_memory.hpp>
 #include <qcoll/tuning/table.hpp>
 
