@@ -247,7 +247,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     const choose::choice way = allreduce_choice<T>(in.size());
     auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
     detail::check_same_or_disjoint(step, in, out);
-    execution::require_host(step, {{"the input", in}, {"the output", out}});
+    require_host(step, {{"the input", in}, {"the output", out}});
     run_allreduce(step, way, in, out, op);
   }
 
@@ -284,7 +284,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     auto step = begin_reduce_scatter(in, out, op);
-    execution::require_host(step, {{"the input", in}, {"the output", out}});
+    require_host(step, {{"the input", in}, {"the output", out}});
     workspace_.reduce_scatter_by_ring(step, ring(), in, out, op);
   }
 
@@ -301,7 +301,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     auto step = begin_all_gather(in, out);
-    execution::require_host(step, {{"the input", in}, {"the output", out}});
+    require_host(step, {{"the input", in}, {"the output", out}});
     const block_range mine = block_of(out.size(), size(), rank());
     if (!detail::same_range(in, mine.of(out))) std::copy(in.begin(), in.end(), mine.of(out).begin());
     algorithms::ring_all_gather<channel_type, T>(step, ring(), out);
@@ -324,7 +324,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     const choose::choice way = choose::broadcast(tuning_, world(), data.size_bytes());
     auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root, way);
     if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
-    execution::require_host(step, {{"the data", data}});
+    require_host(step, {{"the data", data}});
     run_broadcast(step, way, data, root);
   }
 
@@ -435,7 +435,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void send(std::span<const T> data, rank_t to) {
     auto step = begin_point_to_point<T>(sent_to_, to, data.size());
-    execution::require_host(step, {{"the data", data}});
+    require_host(step, {{"the data", data}});
     step.send(to, data);
   }
 
@@ -443,7 +443,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void recv(std::span<T> data, rank_t from) {
     auto step = begin_point_to_point<T>(received_from_, from, data.size());
-    execution::require_host(step, {{"the data", data}});
+    require_host(step, {{"the data", data}});
     step.recv(from, data);
   }
 
@@ -454,12 +454,8 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   void send_recv(std::span<const T> outgoing, rank_t to, std::span<T> incoming, rank_t from) {
     auto receiving = begin_point_to_point<T>(received_from_, from, incoming.size());
     auto sending = begin_point_to_point<T>(sent_to_, to, outgoing.size());
-    execution::require_host(receiving, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}});
-    typename channel_type::request received, sent;
-    receiving.post_recv(received, from, 0, incoming);
-    sending.post_send(sent, to, 0, outgoing);
-    receiving.complete_recv(received, from, incoming.size_bytes());
-    sending.complete_send(sent, to, outgoing.size_bytes());
+    require_host(receiving, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}});
+    exchange(receiving, sending, outgoing, to, incoming, from);
   }
 
   /// Point to point on device memory, as allreduce's device form: send returns once the
@@ -467,6 +463,8 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void send(execution::device_stream where, std::span<const T> data, rank_t to) {
     auto step = begin_point_to_point<T>(sent_to_, to, data.size());
+    if constexpr (!algorithms::needs_staging<Transport>)
+      return run_on_device(step, {where}, {{"the data", data}}, 0, [&](algorithms::device_staging&) { step.send(to, data); });
     run_on_device(step, {where}, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
       const std::span<T> mirror = stage.template mirror_of<T>(data.size());
       download(step, stage, std::as_bytes(data), 0, true);
@@ -476,6 +474,8 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void recv(execution::device_stream where, std::span<T> data, rank_t from) {
     auto step = begin_point_to_point<T>(received_from_, from, data.size());
+    if constexpr (!algorithms::needs_staging<Transport>)
+      return run_on_device(step, {where}, {{"the data", data}}, 0, [&](algorithms::device_staging&) { step.recv(from, data); });
     run_on_device(step, {where}, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
       const std::span<T> mirror = stage.template mirror_of<T>(data.size());
       step.recv(from, mirror);
@@ -487,16 +487,15 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
                  rank_t from) {
     auto receiving = begin_point_to_point<T>(received_from_, from, incoming.size());
     auto sending = begin_point_to_point<T>(sent_to_, to, outgoing.size());
+    if constexpr (!algorithms::needs_staging<Transport>)
+      return run_on_device(receiving, {where}, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}}, 0,
+                           [&](algorithms::device_staging&) { exchange(receiving, sending, outgoing, to, incoming, from); });
     run_on_device(receiving, {where}, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}},
                   outgoing.size_bytes() + incoming.size_bytes(), [&](algorithms::device_staging& stage) {
       const std::span<T> both = stage.template mirror_of<T>(outgoing.size() + incoming.size());
       const std::span<T> leaving = both.first(outgoing.size()), arriving = both.subspan(outgoing.size());
       download(sending, stage, std::as_bytes(outgoing), 0, true);
-      typename channel_type::request received, sent;
-      receiving.post_recv(received, from, 0, arriving);
-      sending.post_send(sent, to, 0, std::span<const T>(leaving));
-      receiving.complete_recv(received, from, arriving.size_bytes());
-      sending.complete_send(sent, to, leaving.size_bytes());
+      exchange(receiving, sending, std::span<const T>(leaving), to, arriving, from);
       upload(receiving, stage, std::span<const T>(arriving), incoming);
     });
   }
@@ -584,6 +583,26 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     algorithms::ring_all_gather<channel_type, float>(step, ring(), std::span<float>());
   }
 
+  /// send_recv's one exchange: the receive posted first, then the send.
+  template <element T>
+  void exchange(algorithms::primitives<channel_type>& receiving, algorithms::primitives<channel_type>& sending,
+                std::span<const T> outgoing, rank_t to, std::span<T> incoming, rank_t from) {
+    typename channel_type::request received, sent;
+    receiving.post_recv(received, from, 0, incoming);
+    sending.post_send(sent, to, 0, outgoing);
+    receiving.complete_recv(received, from, incoming.size_bytes());
+    sending.complete_send(sent, to, outgoing.size_bytes());
+  }
+
+  /// The door of every call on host buffers: they are host memory, and the transport
+  /// moves host memory (one that moves device memory takes the device forms only).
+  void require_host(algorithms::primitives<channel_type>& step, std::initializer_list<execution::named_buffer> buffers) {
+    if constexpr (moves_device_memory<Transport>)
+      step.fail(errc::invalid_argument, "this communicator's transport moves device memory: call the form that takes "
+                "a device_stream first, with device buffers");
+    execution::require_host(step, buffers);
+  }
+
   // ---- calls on device buffers (algorithms/device_staging.hpp)
 
   template <element T>
@@ -591,6 +610,9 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     const choose::choice way = allreduce_choice<T>(in.size());
     auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
     detail::check_same_or_disjoint(step, in, out);
+    if constexpr (!algorithms::needs_staging<Transport>)
+      return run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0,
+                           [&](algorithms::device_staging&) { run_allreduce(step, way, in, out, op); });
     run_on_device(step, entry, {{"the input", in}, {"the output", out}}, in.size_bytes(),
                   [&](algorithms::device_staging& stage) {
       const std::span<T> mirror = stage.template mirror_of<T>(in.size());
@@ -604,6 +626,10 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   void reduce_scatter_on_device(const execution::device_entry& entry, std::span<const T> in, std::span<T> out,
                                 reduce_op op) {
     auto step = begin_reduce_scatter(in, out, op);
+    if constexpr (!algorithms::needs_staging<Transport>)
+      return run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0, [&](algorithms::device_staging&) {
+        workspace_.reduce_scatter_by_ring(step, ring(), in, out, op);
+      });
     const choose::choice way{choose::ring(tuning_, largest_block(in.size()) * sizeof(T), reads_peers_memory())};
     run_on_device(step, entry, {{"the input", in}, {"the output", out}}, in.size_bytes(),
                   [&](algorithms::device_staging& stage) {
@@ -618,6 +644,12 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void all_gather_on_device(const execution::device_entry& entry, std::span<const T> in, std::span<T> out) {
     auto step = begin_all_gather(in, out);
+    if constexpr (!algorithms::needs_staging<Transport>)
+      return run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0, [&](algorithms::device_staging&) {
+        const block_range mine = block_of(out.size(), size(), rank());
+        if (!detail::same_range(in, mine.of(out))) step.copy(in, mine.of(out));
+        algorithms::ring_all_gather<channel_type, T>(step, ring(), out);
+      });
     run_on_device(step, entry, {{"the input", in}, {"the output", out}}, out.size_bytes(),
                   [&](algorithms::device_staging& stage) {
       const std::span<T> mirror = stage.template mirror_of<T>(out.size());
@@ -634,6 +666,9 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     const choose::choice way = choose::broadcast(tuning_, world(), data.size_bytes());
     auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root, way);
     if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
+    if constexpr (!algorithms::needs_staging<Transport>)
+      return run_on_device(step, entry, {{"the data", data}}, 0,
+                           [&](algorithms::device_staging&) { run_broadcast(step, way, data, root); });
     run_on_device(step, entry, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
       const std::span<T> mirror = stage.template mirror_of<T>(data.size());
       if (rank() == root) download(step, stage, std::as_bytes(std::span<const T>(data)), 0, false);
@@ -646,21 +681,29 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   /// the buffers on it (checked once, here), the staging ready and started after the
   /// caller's stream; then `script(stage)`, then the end (the caller's stream waits for
   /// the result, and so does the host). Any failure aborts, so every rank hears of it.
+  /// Over a transport that moves device memory nothing is staged: the script runs on
+  /// the device buffers themselves, its reductions and copies queued on the transport's
+  /// stream (primitives::data_on_device), which is what is ordered after the caller's.
   template <class Script>
   void run_on_device(algorithms::primitives<channel_type>& step, const execution::device_entry& entry,
                      std::initializer_list<execution::named_buffer> buffers, std::size_t bytes, Script&& script) {
-    static_assert(algorithms::needs_staging<Transport>,
-                  "a transport that moves device memory would run the scripts on the device buffers themselves, "
-                  "without staging; no such transport exists yet");
     const device::runtime* runtime = execution::active_device();
     if (!runtime) step.fail(errc::invalid_argument, "{}", execution::device_refusal());
     int ordinal = entry.ordinal;
     if (ordinal < 0 && runtime->stream_device(entry.where.stream, &ordinal) != 0)
       step.fail(errc::invalid_argument, "the call's stream is not a stream of the {} device runtime", runtime->name);
+    device::stream_handle working = nullptr;
+    if constexpr (moves_device_memory<Transport>) {
+      if (ordinal != shared_->transport.device())
+        step.fail(errc::invalid_argument, "the call's stream is on device {}, but this rank's transport moves memory "
+                  "of device {}", ordinal, shared_->transport.device());
+      working = shared_->transport.stream();
+      step.data_on_device(working);
+    }
     execution::require_device(step, *runtime, ordinal, buffers);
     algorithms::device_staging& stage = workspace_.device_stage();
     try {
-      if (const int failed = stage.prepare({runtime, ordinal}, bytes))
+      if (const int failed = stage.prepare({runtime, ordinal}, bytes, working))
         fail_device(step, stage, failed, "making the device call's stream");
     } catch (const error& refused) {  // the mirror or the stream refused
       step.fail_with(refused.code(), refused.what());
@@ -726,7 +769,10 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
       fail_device(step, stage, failed, "copying the result to device memory");
   }
 
-  void validate() const {
+  /// Checks what every constructor was given, and places the scratch where the
+  /// transport moves memory.
+  void validate() {
+    if constexpr (moves_device_memory<Transport>) workspace_.scratch_on_device(shared_->transport.device());
     if (topology_.size() != channel_.size())
       detail::throw_error(errc::invalid_argument, "communicator: topology has {} ranks but the transport has {}",
                           topology_.size(), channel_.size());
@@ -800,6 +846,9 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   void run_plan(Plan& plan, const plan_call<typename Plan::value_type>& call) {
     auto step = begin(Plan::collective_kind, dtype_of<typename Plan::value_type>::value, call.op, call.count(),
                       plan.header_root());
+    if constexpr (moves_device_memory<Transport> && plan_memory<Plan> == execution::memory_space::host)
+      step.fail(errc::invalid_argument, "this communicator's transport moves device memory: make the plan on device "
+                "memory (with a device_stream) and call it with device buffers");
     run_plan_call(plan, step, group(), call);
   }
 

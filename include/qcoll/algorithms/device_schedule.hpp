@@ -12,6 +12,9 @@
 ///   receive        the device;
 ///   decode         the device checks and decodes the frame into the values (its
 ///                  verdict copied to pinned memory), average divides there.
+/// Over a transport that moves device memory (cuda_peer) the frames stay on the device:
+/// a send hands the transport the frame itself once its encode has run, and a receive
+/// lands in it (the transport completes a receive once its copies have run).
 /// Everything of the device is queued, in schedule order, on the plan's own stream:
 /// the host waits only where the transport needs bytes (a send), so encoding chunk
 /// k + 1 overlaps sending chunk k. A decode's verdict is read before the next send —
@@ -205,6 +208,12 @@ template <transport Transport, quantizer Q>
 void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::device_space>& state,
                   std::span<typename Transport::request> requests, reduce_op op) {
   using T = typename Q::value_type;
+  // Where the transport takes and leaves frames: their device copies, or the pinned ones.
+  constexpr bool frames_on_device = moves_device_memory<Transport>;
+  const auto wire_frame = [&](const frame_slice& f) {
+    if constexpr (frames_on_device) return state.frame(f);
+    else return state.staged_frame(f);
+  };
   const device::runtime& runtime = *state.runtime;
   const device::stream_handle stream = state.stream.get();
   const quantized_schedule& schedule = state.schedule;
@@ -227,7 +236,7 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::dev
   for (std::size_t i = 0; i < schedule.steps.size(); ++i) {
     const schedule_step& s = schedule.steps[i];
     switch (s.verb) {
-      case step_verb::post_receive: step.post_recv(requests[s.request], s.peer, s.tag, state.staged_frame(s.frame)); break;
+      case step_verb::post_receive: step.post_recv(requests[s.request], s.peer, s.tag, wire_frame(s.frame)); break;
       case step_verb::encode: {
         const block_range at{s.residual_offset, s.values.size};
         const std::span<const T> in = values.subspan(s.values.offset, s.values.size);
@@ -249,8 +258,10 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::dev
           code = state.quantizer.queue_encode(runtime, stream, in, residual_in, residual_out, frame, position);
         }
         queued(code, "encoding on the device");
-        const std::span<std::byte> host = state.staged_frame(s.frame);
-        queued(runtime.copy(host.data(), frame.data(), frame.size(), stream), "copying a frame to the host");
+        if constexpr (!frames_on_device) {
+          const std::span<std::byte> host = state.staged_frame(s.frame);
+          queued(runtime.copy(host.data(), frame.data(), frame.size(), stream), "copying a frame to the host");
+        }
         queued(runtime.event_record(state.downloads[encodes++].get(), stream), "recording a frame's copy");
         break;
       }
@@ -261,7 +272,7 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::dev
           counted.device_wait += clock::now() - waited;
           read_verdicts(state.decodes_before[last]);  // what this frame was computed from decoded well
         }
-        step.post_send(requests[s.request], s.peer, s.tag, std::span<const std::byte>(state.staged_frame(s.frame)));
+        step.post_send(requests[s.request], s.peer, s.tag, std::span<const std::byte>(wire_frame(s.frame)));
         counted.bytes_sent += s.frame.bytes;
         ++counted.messages_sent;
         step.poll(requests[s.request]);
@@ -273,9 +284,11 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::dev
         counted.transport_wait += clock::now() - waited;
         counted.bytes_received += s.frame.bytes;
         ++counted.messages_received;
-        const std::span<std::byte> frame = state.frame(s.frame);
-        queued(runtime.copy(frame.data(), state.staged_frame(s.frame).data(), frame.size(), stream),
-               "copying a frame to the device");
+        if constexpr (!frames_on_device) {
+          const std::span<std::byte> frame = state.frame(s.frame);
+          queued(runtime.copy(frame.data(), state.staged_frame(s.frame).data(), frame.size(), stream),
+                 "copying a frame to the device");
+        }
         break;
       }
       case step_verb::decode: {

@@ -57,15 +57,20 @@ class device_staging {
   };
 
   /// Ready for a call of `bytes` bytes on `on`: a stream and events on that device, a
-  /// pinned mirror of at least `bytes` (grown, never shrunk). Returns 0.
+  /// pinned mirror of at least `bytes` (grown, never shrunk). Returns 0. `working`: the
+  /// stream the call's work goes on instead of one of its own (a transport that moves
+  /// device memory: its own stream, where its copies run; such a call stages nothing, and
+  /// uses only the ordering with the caller's stream: start_after, finish).
   /// @throws qcoll::error (device_error) when the device refuses the stream or the memory.
-  int prepare(target on, std::size_t bytes) {
+  int prepare(target on, std::size_t bytes, device::stream_handle working = nullptr) {
     if (on.runtime != target_.runtime || on.ordinal != target_.ordinal) {
       *this = device_staging();  // another device: new stream, events and mirror
       target_ = on;
+    }
+    working_ = working;
+    if (!working_ && !stream_)
       execution::with_current_device(runtime(), target_.ordinal,
                                      [&] { stream_ = execution::device_stream_owner("qcoll device collective"); });
-    }
     if (mirror_.size() < bytes) {
       mirror_ = {};
       mirror_ = execution::pinned_memory<std::byte>(bytes);
@@ -88,11 +93,11 @@ class device_staging {
     ready_ = nullptr;
     if (const int failed = ensure(entry_)) return failed;
     if (const int failed = runtime().event_record(entry_.get(), caller)) return failed;
-    return runtime().stream_wait(stream_.get(), entry_.get());
+    return runtime().stream_wait(stream(), entry_.get());
   }
   int start_after_event(device::event_handle ready) {
     ready_ = ready;
-    return runtime().stream_wait(stream_.get(), ready);
+    return runtime().stream_wait(stream(), ready);
   }
 
   /// Queues copies of `from` (device memory) into the mirror at `offset`, piece by
@@ -109,12 +114,12 @@ class device_staging {
       for (std::size_t at = 0; at < piece.size; at += chunk) {
         const std::size_t bytes = std::min(chunk, piece.size - at);
         if (const int failed = runtime().copy(mirror_.data() + offset + piece.offset + at, from + piece.offset + at,
-                                              bytes, stream_.get()))
+                                              bytes, stream()))
           return failed;
         const std::size_t index = chunks_.size();
         if (index == events_.size()) events_.emplace_back();
         if (const int failed = ensure(events_[index])) return failed;
-        if (const int failed = runtime().event_record(events_[index].get(), stream_.get())) return failed;
+        if (const int failed = runtime().event_record(events_[index].get(), stream())) return failed;
         chunks_.push_back({offset + piece.offset + at, bytes, index, false});
       }
     std::sort(chunks_.begin(), chunks_.end(), [](const chunk_state& a, const chunk_state& b) { return a.offset < b.offset; });
@@ -160,14 +165,14 @@ class device_staging {
   /// Queues the copy of `from` (a range of the mirror) to `to` (device memory).
   int upload(std::span<const std::byte> from, std::byte* to) {
     if (from.empty()) return 0;
-    return runtime().copy(to, from.data(), from.size(), stream_.get());
+    return runtime().copy(to, from.data(), from.size(), stream());
   }
 
   /// Ends the call: an event after its last copy, which `caller` waits for (null: no
   /// stream is told, a started call), and the host too, so the result is in place.
   int finish(device::stream_handle caller, bool order_caller) {
     if (const int failed = ensure(exit_)) return failed;
-    if (const int failed = runtime().event_record(exit_.get(), stream_.get())) return failed;
+    if (const int failed = runtime().event_record(exit_.get(), stream())) return failed;
     if (order_caller)
       if (const int failed = runtime().stream_wait(caller, exit_.get())) return failed;
     return runtime().event_synchronize(exit_.get());
@@ -176,13 +181,13 @@ class device_staging {
   /// After a failure: waits until nothing of the call still runs on the device (its
   /// copies read the caller's input), ignoring what that reports.
   void abandon() noexcept {
-    if (target_.runtime && stream_) target_.runtime->synchronize(stream_.get());
+    if (target_.runtime && stream()) target_.runtime->synchronize(stream());
     chunks_.clear();
   }
 
   const device::runtime& runtime() const noexcept { return *target_.runtime; }
   int ordinal() const noexcept { return target_.ordinal; }
-  device::stream_handle stream() const noexcept { return stream_.get(); }
+  device::stream_handle stream() const noexcept { return working_ ? working_ : stream_.get(); }
 
  private:
   struct chunk_state {
@@ -204,6 +209,7 @@ class device_staging {
 
   target target_;
   execution::device_stream_owner stream_;
+  device::stream_handle working_ = nullptr;  // the call's stream when it is not stream_
   execution::pinned_memory<std::byte> mirror_;
   execution::device_event entry_, exit_;
   device::event_handle ready_ = nullptr;  // a started call's entry event (the caller's)

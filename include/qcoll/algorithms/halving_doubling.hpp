@@ -58,12 +58,12 @@ void halving_doubling_allreduce(primitives<Transport>& step, rank_t rank, std::s
     const std::span<T> own = data.subspan(kept.first, kept.count);
     const std::span<T> theirs = scratch.first(kept.count);
     step.send_recv(partner, std::span<const T>(data.subspan(given.first, given.count)), partner, theirs);
-    if (rank < partner) execution::reduce<T>(op, own, theirs, own);
-    else execution::reduce<T>(op, theirs, own, own);
+    if (rank < partner) step.template reduce<T>(op, own, theirs, own);
+    else step.template reduce<T>(op, theirs, own, own);
     held[level] = {mine, keep_lower};
     mine = kept;
   }
-  if (op == reduce_op::avg) execution::finish_avg(data.subspan(mine.first, mine.count), n);
+  if (op == reduce_op::avg) step.finish_avg(data.subspan(mine.first, mine.count), n);
   for (std::size_t distance = m >> 1; distance >= 1; distance >>= 1) {
     const rank_t partner = rank ^ distance;
     const auto [whole, kept_lower] = held[--level];

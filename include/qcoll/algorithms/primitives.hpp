@@ -141,12 +141,59 @@ class primitives : public step_completion<Transport> {
     reduce_into(op, std::span<const T>(incoming), own, result);
   }
 
-  /// result = incoming ⊕ own, own widened to float first when it holds 16-bit values.
+  /// result = incoming ⊕ own, own widened to float first when it holds 16-bit values
+  /// (host memory only: on the device, scripts widen their input first).
   template <arithmetic_element T, element Own>
   void reduce_into(reduce_op op, std::span<const T> incoming, std::span<const Own> own, std::span<T> result) {
     arrive(std::as_bytes(own));
-    if constexpr (std::same_as<T, Own>) execution::reduce<T>(op, incoming, own, result);
-    else execution::reduce_widened(op, incoming, own, result);
+    if constexpr (std::same_as<T, Own>) {
+      reduce<T>(op, incoming, own, result);
+    } else {
+      if (on_device_) fail(errc::invalid_argument, "internal error: a widening reduction on device memory");
+      execution::reduce_widened(op, incoming, own, result);
+    }
+  }
+
+  // ---- the data verbs between steps, in the call's memory space
+
+  /// The call's buffers are device memory, and everything the verbs below do to them is
+  /// queued on `stream` — a transport that moves device memory runs its copies there
+  /// too, so each step's reduction is ordered before the send of its result. Set before
+  /// the first step; host memory otherwise.
+  void data_on_device(void* stream) noexcept {
+    on_device_ = true;
+    device_ = execution::device_stream{stream};
+  }
+  bool on_device() const noexcept { return on_device_; }
+
+  /// out = a ⊕ b (avg as sum); `out` may be `a` or `b`.
+  template <arithmetic_element T>
+  void reduce(reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) {
+    if (on_device_) execution::queue_reduce<T>(device_, op, a, b, out);
+    else execution::reduce<T>(op, a, b, out);
+  }
+  /// values /= contributions (an average's last step).
+  template <arithmetic_element T>
+  void finish_avg(std::span<T> values, std::size_t contributions) {
+    if (on_device_) execution::queue_finish_avg<T>(device_, values, contributions);
+    else execution::finish_avg<T>(values, contributions);
+  }
+  /// into = from (the same size).
+  template <element T>
+  void copy(std::span<const T> from, std::span<T> into) {
+    if (on_device_) execution::queue_copy(device_, std::as_writable_bytes(into), std::as_bytes(from));
+    else execution::copy(std::as_writable_bytes(into), std::as_bytes(from));
+  }
+  /// 16-bit values to float (exact) and back (nearest even).
+  template <half_element Half>
+  void widen(std::span<const Half> in, std::span<float> out) {
+    if (on_device_) execution::queue_widen<Half>(device_, in, out);
+    else execution::widen<Half>(in, out);
+  }
+  template <half_element Half>
+  void narrow(std::span<const float> in, std::span<Half> out) {
+    if (on_device_) execution::queue_narrow<Half>(device_, in, out);
+    else execution::narrow<Half>(in, out);
   }
 
   /// True when ring phases go as pipelines of slices (slice_reductions() asked for it
@@ -391,6 +438,8 @@ class primitives : public step_completion<Transport> {
   std::size_t redirected_half_ = 0;
   std::size_t slices_in_flight_ = 1;
   arrival_gate arrivals_;
+  bool on_device_ = false;
+  execution::device_stream device_;
 };
 
 }  // namespace qcoll::algorithms

@@ -40,12 +40,12 @@ bool fold_in_extra_ranks(primitives<Transport>& step, rank_t rank, std::size_t n
     // peer that called something else then meets a receive, and the headers disagree
     // (operation_mismatch), instead of two blocked sends timing out.
     step.send_recv(rank - m, std::span<const T>(data), rank - m, landing);
-    std::copy(landing.begin(), landing.end(), data.begin());
+    step.copy(std::span<const T>(landing), data);
     return false;
   }
   if (rank < n - m) {
     step.recv(rank + m, landing);
-    execution::reduce<T>(op, data, landing, data);
+    step.template reduce<T>(op, data, landing, data);
   }
   return true;
 }
@@ -66,10 +66,10 @@ void recursive_doubling_allreduce(primitives<Transport>& step, rank_t rank, std:
   for (std::size_t distance = 1; distance < m; distance <<= 1) {
     const rank_t partner = rank ^ distance;
     step.send_recv(partner, std::span<const T>(data), partner, scratch);
-    if (rank < partner) execution::reduce<T>(op, data, scratch, data);
-    else execution::reduce<T>(op, scratch, data, data);
+    if (rank < partner) step.template reduce<T>(op, data, scratch, data);
+    else step.template reduce<T>(op, scratch, data, data);
   }
-  if (op == reduce_op::avg) execution::finish_avg(data, n);
+  if (op == reduce_op::avg) step.finish_avg(data, n);
   return_to_folded_ranks(step, rank, n, data);
 }
 

@@ -97,7 +97,7 @@ void ring_reduce_scatter(primitives<Transport>& step, const ring_view& ring, std
                             ring_detail::contribution(buffers, received(s)), buffers.partial(s, received(s)), op);
     }
   }
-  if (op == reduce_op::avg && n > 1) execution::finish_avg(buffers.partial(n - 2, ring.block_at(count, 0)), n);
+  if (op == reduce_op::avg && n > 1) step.finish_avg(buffers.partial(n - 2, ring.block_at(count, 0)), n);
 }
 
 /// All-gather in place in n − 1 steps: `data` holds this rank's block and receives

@@ -67,14 +67,14 @@ class workspace {
       // The input is read only before this rank's block of `out` is written. One rank
       // copies the bits, as reduce_scatter does (no rounding: nothing was added).
       if (ring.size() == 1) {
-        if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+        if (!detail::same_range(in, out)) step.copy(in, out);
         return;
       }
       const block_range mine = ring.block_at(in.size(), 0);
-      execution::narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
+      step.narrow(reduce_scatter_in_float(step, ring, in, op), mine.of(out));
       ring_all_gather<Channel, T>(step, ring, out);
     } else {
-      if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+      if (!detail::same_range(in, out)) step.copy(in, out);
       struct in_place {
         std::span<T> data;
         std::span<T> incoming_block;
@@ -93,27 +93,14 @@ class workspace {
   void reduce_scatter_by_ring(primitives<Channel>& step, const ring_view& ring, std::span<const T> in,
                               std::span<T> out, reduce_op op) {
     if (ring.size() == 1) {  // the whole input is this rank's block, already checked to fit `out`
-      if (!detail::same_range(in, out)) std::copy_n(in.begin(), out.size(), out.begin());
+      if (!detail::same_range(in, out)) step.copy(in.first(out.size()), out);
       return;
     }
     if constexpr (half_element<T>) {
-      execution::narrow(reduce_scatter_in_float(step, ring, in, op), out);
+      step.narrow(reduce_scatter_in_float(step, ring, in, op), out);
     } else {
-      // Partials alternate between two scratch blocks: step s sends one while receiving
-      // into the other. The last step writes the result straight into `out`.
-      const std::size_t last_step = ring.size() - 2;
       const std::size_t block = largest_block(in.size(), ring.size());
-      struct out_of_place {
-        std::span<const T> input;
-        std::span<T> out;
-        std::span<T> scratch[2];
-        std::size_t last_step;
-        std::span<const T> own(block_range b) const { return b.of(input); }
-        std::span<T> incoming(std::size_t s, block_range b) const { return scratch[s % 2].first(b.size); }
-        std::span<T> partial(std::size_t s, block_range b) const {
-          return s == last_step ? out : scratch[s % 2].first(b.size);
-        }
-      } buffers{in, out, {scratch<T>(0, block), scratch<T>(1, block)}, last_step};
+      out_of_place<T> buffers{in, out, {scratch<T>(0, block), scratch<T>(1, block)}, ring.size() - 2};
       ring_reduce_scatter<Channel, T>(step, ring, in.size(), op, buffers);
     }
   }
@@ -126,11 +113,11 @@ class workspace {
                               std::span<T> out, reduce_op op, Algorithm run) {
     if constexpr (half_element<T>) {
       const std::span<float> values = scratch<float>(0, in.size());
-      execution::widen(in, values);
+      step.widen(in, values);
       run(step, rank, n, values, scratch<float>(1, in.size()), op);
-      execution::narrow(std::span<const float>(values), out);
+      step.narrow(std::span<const float>(values), out);
     } else {
-      if (!detail::same_range(in, out)) std::copy(in.begin(), in.end(), out.begin());
+      if (!detail::same_range(in, out)) step.copy(in, out);
       run(step, rank, n, out, scratch<T>(0, in.size()), op);
     }
   }
@@ -141,19 +128,49 @@ class workspace {
     return *device_stage_;
   }
 
+  /// Scratch in device memory of `ordinal` from now on (a communicator over a transport
+  /// that moves device memory: its scripts run on the device buffers themselves).
+  void scratch_on_device(int ordinal) noexcept { device_ordinal_ = ordinal; }
+
  private:
   /// Scratch space for `elements` values of T in `slot` (0 and 1: blocks; 2: the
-  /// single-copy bounce buffer), grown once and reused by later calls.
+  /// single-copy bounce buffer; 3: a device call's widened input), grown once and
+  /// reused by later calls; in device memory after scratch_on_device().
   template <class T>
   std::span<T> scratch(std::size_t slot, std::size_t elements) {
-    std::vector<std::byte>& bytes = scratch_[slot];
     const std::size_t needed = elements * sizeof(T) + alignof(T);
-    if (bytes.size() < needed) bytes.resize(needed);
+    std::span<std::byte> bytes;
+    if (device_ordinal_ >= 0) {
+      execution::device_memory<std::byte>& memory = device_scratch_[slot];
+      if (memory.size() < needed)
+        execution::with_current_device(execution::device_runtime("workspace"), device_ordinal_, [&] {
+          memory = {};
+          memory = execution::device_memory<std::byte>(needed);
+        });
+      bytes = memory.span();
+    } else {
+      if (scratch_[slot].size() < needed) scratch_[slot].resize(needed);
+      bytes = scratch_[slot];
+    }
     void* start = bytes.data();
     std::size_t space = bytes.size();
     start = std::align(alignof(T), elements * sizeof(T), start, space);
     return {static_cast<T*>(start), elements};
   }
+
+  /// The ring reduce-scatter's buffers with the input kept: partials alternate between
+  /// two scratch blocks (step s sends one while receiving into the other), and the last
+  /// step writes the result straight into `out`.
+  template <class T>
+  struct out_of_place {
+    std::span<const T> input;
+    std::span<T> out;
+    std::span<T> scratch[2];
+    std::size_t last_step;
+    std::span<const T> own(block_range b) const { return b.of(input); }
+    std::span<T> incoming(std::size_t s, block_range b) const { return scratch[s % 2].first(b.size); }
+    std::span<T> partial(std::size_t s, block_range b) const { return s == last_step ? out : scratch[s % 2].first(b.size); }
+  };
 
   /// Block 0 is never smaller than any other block.
   static std::size_t largest_block(std::size_t count, std::size_t n) noexcept { return block_of(count, n, 0).size; }
@@ -168,6 +185,18 @@ class workspace {
   std::span<const float> reduce_scatter_in_float(primitives<Channel>& step, const ring_view& ring,
                                                  std::span<const T> in, reduce_op op) {
     const std::size_t block = largest_block(in.size(), ring.size());
+    if (step.on_device()) {
+      // Kernels widen whole buffers: the input is widened first (exactly), then reduced
+      // as float by the same ring in the same order — the same float sums as below.
+      const std::span<float> values = scratch<float>(3, in.size());
+      step.widen(in, values);
+      const block_range mine = ring.block_at(in.size(), 0);
+      // The last step reduces block `mine` in place: no other step reads it.
+      out_of_place<float> buffers{values, mine.of(values), {scratch<float>(0, block), scratch<float>(1, block)},
+                                  ring.size() - 2};
+      ring_reduce_scatter<Channel, float>(step, ring, in.size(), op, buffers);
+      return mine.of(values);
+    }
     struct widening {
       std::span<const T> input;
       std::span<float> partials[2];  // step s receives and reduces into partials[s % 2]
@@ -208,7 +237,9 @@ class workspace {
     return staging_;
   }
 
-  std::vector<std::byte> scratch_[3];  // two blocks, and single-copy's bounce buffer
+  std::vector<std::byte> scratch_[4];  // two blocks, single-copy's bounce buffer, widened input
+  execution::device_memory<std::byte> device_scratch_[4];  // the same on the device
+  int device_ordinal_ = -1;
   std::shared_ptr<void> staging_owner_;  // the transport's shared memory behind staging_
   std::span<std::byte> staging_;
   bool staging_refused_ = false;

@@ -12,10 +12,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace qcoll::device::cuda_entries {
 
@@ -192,7 +196,26 @@ inline int locate(const void* pointer, pointer_facts* facts) {
 inline int current_device(int* ordinal) { return cudaGetDevice(ordinal); }
 inline int set_device(int ordinal) { return cudaSetDevice(ordinal); }
 inline int allocate(std::size_t bytes, void** pointer) { return cudaMalloc(pointer, bytes); }
-inline int release(void* pointer) { return cudaFree(pointer); }
+/// CUDA refuses a process a handle it exported itself, so ranks that are threads of one
+/// process (the cuda_peer transport's) could not open each other's memory: this process's
+/// exports are remembered, and opening one gives its base address (closing it: nothing).
+struct own_exports {
+  std::mutex mutex;
+  std::vector<std::pair<ipc_handle, void*>> exported;
+  std::vector<void*> opened;  ///< own bases handed out by open_memory, once per open
+  static own_exports& of_process() {
+    static own_exports registry;
+    return registry;
+  }
+};
+inline int release(void* pointer) {
+  {
+    own_exports& own = own_exports::of_process();
+    std::lock_guard lock(own.mutex);
+    std::erase_if(own.exported, [&](const auto& e) { return e.second == pointer; });
+  }
+  return cudaFree(pointer);
+}
 inline int allocate_host(std::size_t bytes, void** pointer) { return cudaMallocHost(pointer, bytes); }
 inline int release_host(void* pointer) { return cudaFreeHost(pointer); }
 inline int copy(void* to, const void* from, std::size_t bytes, stream_handle stream) {
@@ -234,14 +257,39 @@ inline int export_memory(void* base, ipc_handle* handle) {
   const cudaError_t result = cudaIpcGetMemHandle(&exported, base);
   *handle = {};
   std::memcpy(handle->bytes, &exported, sizeof exported);
+  if (result == cudaSuccess) {
+    own_exports& own = own_exports::of_process();
+    std::lock_guard lock(own.mutex);
+    own.exported.emplace_back(*handle, base);
+  }
   return result;
 }
 inline int open_memory(const ipc_handle* handle, void** pointer) {
+  {
+    own_exports& own = own_exports::of_process();
+    std::lock_guard lock(own.mutex);
+    for (const auto& [exported, base] : own.exported)
+      if (std::memcmp(exported.bytes, handle->bytes, sizeof handle->bytes) == 0) {
+        own.opened.push_back(base);
+        *pointer = base;
+        return cudaSuccess;
+      }
+  }
   cudaIpcMemHandle_t opened{};
   std::memcpy(&opened, handle->bytes, sizeof opened);
   return cudaIpcOpenMemHandle(pointer, opened, cudaIpcMemLazyEnablePeerAccess);
 }
-inline int close_memory(void* pointer) { return cudaIpcCloseMemHandle(pointer); }
+inline int close_memory(void* pointer) {
+  {
+    own_exports& own = own_exports::of_process();
+    std::lock_guard lock(own.mutex);
+    if (const auto found = std::find(own.opened.begin(), own.opened.end(), pointer); found != own.opened.end()) {
+      own.opened.erase(found);
+      return cudaSuccess;
+    }
+  }
+  return cudaIpcCloseMemHandle(pointer);
+}
 inline int export_event(event_handle event, ipc_handle* handle) {
   cudaIpcEventHandle_t exported{};
   const cudaError_t result = cudaIpcGetEventHandle(&exported, event_of(event));

@@ -52,34 +52,60 @@ inline void copy(std::span<std::byte> into, std::span<const std::byte> from) noe
   if (!into.empty()) std::memcpy(into.data(), from.data(), into.size());
 }
 
-/// The same on device memory, queued on `where`'s stream.
-/// @throws qcoll::error: invalid_argument without a device runtime, or for a buffer
-/// in host memory; device_error when the runtime refuses the launch.
+/// The same on device memory, queued on `where`'s stream, for buffers a call already
+/// checked at its door (a collective over a transport that moves device memory runs
+/// them per step, where a check per buffer would cost a runtime query each time).
+/// @throws qcoll::error: invalid_argument without a device runtime; device_error when
+/// the runtime refuses the launch.
 template <arithmetic_element T>
-void reduce(device_stream where, reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) {
+void queue_reduce(device_stream where, reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) {
   const auto& device = device_runtime("reduce");
-  require_space("reduce", memory_space::device, {{"a", a}, {"b", b}, {"out", out}});
   check_device(device, device.reduce(op, dtype_of<T>::value, a.data(), b.data(), out.data(), out.size(), where.stream),
                "reduce");
 }
 template <arithmetic_element T>
-void finish_avg(device_stream where, std::span<T> values, std::size_t contributions) {
+void queue_finish_avg(device_stream where, std::span<T> values, std::size_t contributions) {
   const auto& device = device_runtime("finish_avg");
-  require_space("finish_avg", memory_space::device, {{"values", values}});
   check_device(device, device.divide(dtype_of<T>::value, values.data(), values.size(), contributions, where.stream),
                "finish_avg");
 }
 template <half_element Half>
-void widen(device_stream where, std::span<const Half> in, std::span<float> out) {
+void queue_widen(device_stream where, std::span<const Half> in, std::span<float> out) {
   const auto& device = device_runtime("widen");
-  require_space("widen", memory_space::device, {{"in", in}, {"out", out}});
   check_device(device, device.widen(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "widen");
 }
 template <half_element Half>
-void narrow(device_stream where, std::span<const float> in, std::span<Half> out) {
+void queue_narrow(device_stream where, std::span<const float> in, std::span<Half> out) {
   const auto& device = device_runtime("narrow");
-  require_space("narrow", memory_space::device, {{"in", in}, {"out", out}});
   check_device(device, device.narrow(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "narrow");
+}
+inline void queue_copy(device_stream where, std::span<std::byte> into, std::span<const std::byte> from) {
+  if (into.empty()) return;
+  const auto& device = device_runtime("copy");
+  check_device(device, device.copy(into.data(), from.data(), into.size(), where.stream), "copy");
+}
+
+/// The same, checking first that every buffer is device memory.
+/// @throws qcoll::error: also invalid_argument for a buffer in host memory.
+template <arithmetic_element T>
+void reduce(device_stream where, reduce_op op, std::span<const T> a, std::span<const T> b, std::span<T> out) {
+  require_space("reduce", memory_space::device, {{"a", a}, {"b", b}, {"out", out}});
+  queue_reduce(where, op, a, b, out);
+}
+template <arithmetic_element T>
+void finish_avg(device_stream where, std::span<T> values, std::size_t contributions) {
+  require_space("finish_avg", memory_space::device, {{"values", values}});
+  queue_finish_avg(where, values, contributions);
+}
+template <half_element Half>
+void widen(device_stream where, std::span<const Half> in, std::span<float> out) {
+  require_space("widen", memory_space::device, {{"in", in}, {"out", out}});
+  queue_widen(where, in, out);
+}
+template <half_element Half>
+void narrow(device_stream where, std::span<const float> in, std::span<Half> out) {
+  require_space("narrow", memory_space::device, {{"in", in}, {"out", out}});
+  queue_narrow(where, in, out);
 }
 
 }  // namespace qcoll::execution

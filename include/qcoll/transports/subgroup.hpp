@@ -41,6 +41,8 @@ template <transport Base>
 class subgroup {
  public:
   using request = typename Base::request;
+  /// Device memory where the base moves it (core/concepts.hpp).
+  static constexpr bool moves_device_memory = qcoll::moves_device_memory<Base>;
 
   /// The whole of `base`: rank r is base rank r, tags unchanged (context 0).
   explicit subgroup(Base& base) : base_(&base), rank_(base.rank()), size_(base.size()) {}
