@@ -108,6 +108,9 @@ struct collective_options {
 
   // --device cuda|emulated: the collectives and plans on device buffers (empty: host buffers).
   std::string device;
+  // --cuda-peer 1 (job mode, with --device and --compressed): rows of the exact allreduce
+  // over the CUDA peer transport between the job's ranks, and of a device-to-device copy.
+  bool cuda_peer = false;
 };
 
 inline constexpr std::string_view collective_usage =
@@ -146,6 +149,9 @@ inline constexpr std::string_view collective_usage =
     "  --device cuda|emulated   the collectives' device_stream forms and plans on device memory (exact table, and\n"
     "                           --compressed variants); with --compressed, rows 'host+copies' (the host call and\n"
     "                           its two copies) and, per variant, where a call waited (# split lines)\n"
+    "  --cuda-peer 0|1          job mode, with --device and --compressed: rows 'cuda_peer' (the exact allreduce\n"
+    "                           GPU to GPU over the CUDA peer transport, the job's transport its control) and\n"
+    "                           'd2d copy' (a device-to-device copy of the size on rank 0: the ceiling)\n"
     "job-mode transport knobs, for experiments:\n"
     "  --spin-us US             how long a wait polls before it sleeps (library default 50)\n"
     "  --shm-pipe BYTES         shm ring bytes per pair (power of two >= 64K; default 2M)\n"
@@ -203,6 +209,7 @@ inline collective_options parse_collective_options(int argc, char** argv) {
         if (item != "whole" && values == 0) throw std::invalid_argument("--chunk: '" + item + "' values per chunk");
         o.chunk_values.push_back(values);
       }
+    else if (flag == "--cuda-peer") o.cuda_peer = integer() != 0;
     else if (flag == "--device") {
       if (value != "cuda" && value != "emulated") throw std::invalid_argument("--device is cuda or emulated, not '" + value + "'");
       o.device = value;
@@ -232,6 +239,8 @@ inline collective_options parse_collective_options(int argc, char** argv) {
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");
   if (o.layers != 0 && o.compressed.empty()) throw std::invalid_argument("--layers needs --compressed");
+  if (o.cuda_peer && (!o.job || o.device.empty() || o.compressed.empty()))
+    throw std::invalid_argument("--cuda-peer 1 needs --job, --device and --compressed");
   if (!o.device.empty() && (o.allocated || !o.grid_extents.empty() || o.layers != 0))
     throw std::invalid_argument("--device runs the exact table and --compressed variants (no -R 1, --grid or --layers)");
   if (!o.grid_extents.empty() && !o.job &&

@@ -58,6 +58,8 @@
 #include <qcoll/execution/device_memory.hpp>
 #ifndef QCOLL_BENCH_MPI
 #include <qcoll/device/emulated/runtime.hpp>  // --device emulated (not in the MPI builds, which have no --device)
+#include <qcoll/transports/cuda_peer.hpp>
+#include <qcoll/transports/reference.hpp>
 #endif
 #include <qcoll/grid_allreduce.hpp>
 #include <qcoll/topologies/router.hpp>
@@ -80,6 +82,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -168,6 +171,8 @@ struct run_context {
   std::string knobs;      // non-default transport settings, for the header
   link_info link;
   std::vector<variant_spec> variants;  // --compressed
+  // --cuda-peer: the exact allreduce, in place on device memory, over the CUDA peer transport.
+  std::function<void(qcoll::execution::device_stream, std::span<float>)> peer_allreduce;
 };
 
 void print_preamble(const collective_options& o, qcoll::rank_t n, const run_context& ctx, bool link_column) {
@@ -446,6 +451,28 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
       host.chunk = "-";
       host.wire_bytes = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) * static_cast<double>(bytes);
       if (table) table->compressed_row(bytes, host);
+      if (ctx.peer_allreduce) {
+        // The same allreduce GPU to GPU over cuda_peer, then the ceiling it is held to: a
+        // device-to-device copy of the size (rank 0's, as many times as the rows iterate).
+        bench::compressed_table::row_data peer =
+            measure([&] { ctx.peer_allreduce(device.where(), device.span()); }, false, nothing);
+        peer.variant = "cuda_peer";
+        peer.chunk = "-";
+        peer.wire_bytes = host.wire_bytes;
+        if (table) table->compressed_row(bytes, peer);
+        const qcoll::execution::device_memory<float> target(count);
+        bench::compressed_table::row_data copy;
+        for (std::size_t k = 0; k < std::max<std::size_t>(peer.times_us.size(), 1); ++k) {
+          const double start = now_us();
+          qcoll::execution::check_device(runtime, runtime.copy(target.data(), device.span().data(), count * sizeof(float),
+                                                               device.stream.get()), "copy");
+          qcoll::execution::check_device(runtime, runtime.synchronize(device.stream.get()), "copy");
+          copy.times_us.push_back(now_us() - start);
+        }
+        copy.variant = "d2d copy";
+        copy.chunk = "-";
+        if (table) table->compressed_row(bytes, copy);
+      }
     }
 
     for (const variant_spec& v : ctx.variants)
@@ -696,7 +723,7 @@ int run_job(const collective_options& o) {
   }
   const char* timeout_text = std::getenv("QCOLL_TIMEOUT_MS");
   const std::chrono::milliseconds timeout(timeout_text ? std::stoll(timeout_text) : 60000);
-  const run_context ctx{"mpi", knobs, link_from_environment(), make_variants(o)};
+  const run_context ctx{"mpi", knobs, link_from_environment(), make_variants(o), {}};
   qcoll::communicator comm(qcoll::transports::mpi::transport(MPI_COMM_WORLD, mpi_options),
                            qcoll::communicator_options{timeout});
   return run_rank_or_abort(comm, o, ctx) ? 0 : 1;
@@ -719,14 +746,30 @@ int run_job(const collective_options& o) {
     knobs += fmt::format(" tcp socket buffers {} B", o.tcp_buffer_bytes);
   }
   const run_context ctx{std::string(qcoll::rendezvous::to_string(qcoll::launch::resolve_transport(job))),
-                        knobs.empty() ? knobs : knobs.substr(1), link_from_environment(), make_variants(o)};
+                        knobs.empty() ? knobs : knobs.substr(1), link_from_environment(), make_variants(o), {}};
   if (o.link_column == 1 && ctx.link.bits_per_s <= 0)
     throw std::invalid_argument("-L 1 needs QCOLL_NETLAB_RATE (the link rate in bit/s)");
   const bool right = qcoll::launch::join(
       job,
       [&](auto transport) {
         qcoll::communicator comm(std::move(transport), qcoll::communicator_options{job.timeout});
-        return run_rank_or_abort(comm, o, ctx);
+        if (!o.cuda_peer) return run_rank_or_abort(comm, o, ctx);
+        // --cuda-peer: a second communicator, over the CUDA peer transport with this one's
+        // transport as its control; each rank on local rank % the devices.
+        using control = qcoll::transports::reference<std::remove_reference_t<decltype(comm.transport())>>;
+        const auto& runtime = qcoll::execution::device_runtime("collective_bench");
+        int devices = 1;
+        qcoll::execution::check_device(runtime, runtime.device_count(&devices), "counting devices");
+        qcoll::transports::cuda_peer::options settings;
+        settings.device = static_cast<int>(job.local_rank % static_cast<qcoll::rank_t>(std::max(devices, 1)));
+        qcoll::execution::check_device(runtime, runtime.set_device(settings.device), "choosing a device");
+        qcoll::communicator peers(qcoll::transports::cuda_peer::transport<control>(control(comm.transport()), settings),
+                                  qcoll::communicator_options{job.timeout});
+        run_context with_peers = ctx;
+        with_peers.peer_allreduce = [&](qcoll::execution::device_stream where, std::span<float> data) {
+          peers.allreduce(where, data, qcoll::reduce_op::sum);
+        };
+        return run_rank_or_abort(comm, o, with_peers);
       },
       join);
   return right ? 0 : 1;

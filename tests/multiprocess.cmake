@@ -151,6 +151,16 @@ foreach(ranks 2 4)
   qcoll_job_test(device_collectives_${ranks}_ranks RANKS ${ranks} TRANSPORT shm ARGS device 1048576
     ENVIRONMENT QCOLL_DEVICE=emulated LINES "${ranks}:device collectives equal the host's")
 endforeach()
+# The CUDA peer transport between processes (its windows opened through the runtime's
+# handles, shm its control channel), 2 emulated devices shared by 3 ranks: every exact
+# collective and a compressed plan equal the host calls; a rank killed mid-allreduce is
+# named by every survivor, well before the timeout.
+qcoll_job_test(cuda_peer_collectives_3_ranks RANKS 3 TRANSPORT shm ARGS cuda_peer 1048576
+  ENVIRONMENT QCOLL_DEVICE=emulated QCOLL_EMULATED_DEVICES=2
+  LINES "3:device collectives equal the host's .* over cuda_peer on device")
+qcoll_job_test(kill_a_rank_mid_cuda_peer_allreduce RANKS 4 TRANSPORT shm ARGS kill_cuda_peer 16777216 EXIT 137
+  LAUNCHER_OPTIONS --keep-going ENVIRONMENT QCOLL_DEVICE=emulated QCOLL_EMULATED_DEVICES=2
+  LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
 # A rank killed while the survivors reduce straight out of its shared buffer: they fail
 # naming it, and read nothing freed (their mapping keeps the pages).
 qcoll_job_test(kill_a_rank_mid_allreduce_on_shared_buffers RANKS 4 TRANSPORT shm ARGS kill_allocated 67108864 EXIT 137

@@ -16,6 +16,8 @@
 #include <qcoll/topologies/grid.hpp>
 #include <qcoll/topologies/router.hpp>
 #include <qcoll/topologies/ring.hpp>
+#include <qcoll/transports/cuda_peer.hpp>
+#include <qcoll/transports/reference.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
 #include "../support/sanitizers.hpp"
@@ -452,32 +454,11 @@ using job_transport = transports::mpi::transport;  // this build runs under mpir
 using job_transport = transports::stream::endpoint;  // shm and tcp are both stream endpoints
 #endif
 
-/// The job's transport by reference, as one type. The compressed scenarios run their
-/// communicators over it, so that the algorithms are compiled once per quantizer for
-/// both transports and both routes (the compile time of this file matters under
-/// sanitizers). Each communicator numbers its own calls; every rank makes each call
-/// through the same one, and never uses two at once.
-class endpoint_ref {
- public:
-  using request = job_transport::request;
-  explicit endpoint_ref(job_transport& inner) : inner_(&inner) {}
-  rank_t rank() const noexcept { return inner_->rank(); }
-  rank_t size() const noexcept { return inner_->size(); }
-  void post_send(request& r, rank_t peer, transports::tag_t tag, const transports::message_header& header,
-                 std::span<const std::byte> data) {
-    inner_->post_send(r, peer, tag, header, data);
-  }
-  void post_recv(request& r, rank_t peer, transports::tag_t tag, std::span<std::byte> buffer) {
-    inner_->post_recv(r, peer, tag, buffer);
-  }
-  bool test(request& r) { return inner_->test(r); }
-  std::error_code wait(request& r, deadline until) { return inner_->wait(r, until); }
-  void abort(std::error_code code, std::string_view reason) { inner_->abort(code, reason); }
-  transports::failure failure() const { return inner_->failure(); }
-
- private:
-  job_transport* inner_;
-};
+/// The job's transport by reference, as one type (transports/reference.hpp). The
+/// compressed scenarios run their communicators over it, so that the algorithms are
+/// compiled once per quantizer for both transports and both routes (the compile time of
+/// this file matters under sanitizers); the cuda_peer scenarios use it as their control.
+using endpoint_ref = transports::reference<job_transport>;
 static_assert(transport<endpoint_ref>);
 
 /// A topologies::ring in rank order, or (one_way) only its links from each rank to
@@ -1283,8 +1264,8 @@ void expect_same(const execution::device_memory<T>& device_result, const std::ve
 /// Every exact collective, blocking and started, and a compressed plan on device
 /// buffers (QCOLL_DEVICE's runtime: the emulated device in CI), each against the host
 /// call on the same inputs, bit for bit.
-template <class T, class Comm>
-std::size_t device_collectives_of(Comm& comm, std::size_t count) {
+template <class T, class Comm, class DeviceComm>
+std::size_t device_collectives_of(Comm& comm, DeviceComm& device_comm, std::size_t count) {
   const rank_t rank = comm.rank(), n = comm.size();
   const std::string type = to_string(dtype_of<T>::value);
   std::vector<T> in(count);
@@ -1295,7 +1276,7 @@ std::size_t device_collectives_of(Comm& comm, std::size_t count) {
   for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max}) {
     std::vector<T> out(count);
     comm.allreduce(std::span<const T>(in), std::span<T>(out), op);
-    comm.allreduce(execution::device_stream{}, std::span<const T>(d_in.span()), d_out.span(), op);
+    device_comm.allreduce(execution::device_stream{}, std::span<const T>(d_in.span()), d_out.span(), op);
     expect_same(d_out, out, fmt::format("allreduce {} of {} {}", to_string(op), count, type));
     ++checks;
   }
@@ -1303,46 +1284,69 @@ std::size_t device_collectives_of(Comm& comm, std::size_t count) {
   std::vector<T> scattered(mine.size);
   comm.reduce_scatter(std::span<const T>(in), std::span<T>(scattered), reduce_op::sum);
   execution::device_memory<T> d_scattered(mine.size);
-  comm.reduce_scatter(execution::device_stream{}, std::span<const T>(d_in.span()), d_scattered.span(), reduce_op::sum);
+  device_comm.reduce_scatter(execution::device_stream{}, std::span<const T>(d_in.span()), d_scattered.span(), reduce_op::sum);
   expect_same(d_scattered, scattered, fmt::format("reduce_scatter of {} {}", count, type));
   std::vector<T> gathered(count);
   comm.all_gather(mine.of(std::span<const T>(in)), std::span<T>(gathered));
   collective_handle handle;
-  comm.start_all_gather(execution::device_stream{}, mine.of(std::span<const T>(d_in.span())), d_out.span(), handle);
+  device_comm.start_all_gather(execution::device_stream{}, mine.of(std::span<const T>(d_in.span())), d_out.span(), handle);
   handle.wait();
   expect_same(d_out, gathered, fmt::format("started all_gather of {} {}", count, type));
   std::vector<T> broadcast = in;
   comm.broadcast(std::span<T>(broadcast), n - 1);
   d_out.upload(in);
-  comm.broadcast(execution::device_stream{}, d_out.span(), n - 1);
+  device_comm.broadcast(execution::device_stream{}, d_out.span(), n - 1);
   expect_same(d_out, broadcast, fmt::format("broadcast of {} {}", count, type));
   return checks + 3;
 }
 
-template <class Comm>
-void check_device_collectives(Comm& comm, std::size_t max_bytes) {
+/// `device_comm`: where the device calls go (the same communicator, staged through the
+/// host; or one over cuda_peer, moving device memory itself).
+template <class Comm, class DeviceComm>
+void check_device_collectives(Comm& comm, DeviceComm& device_comm, std::size_t max_bytes,
+                              std::string_view over = "the job's transport") {
   std::size_t checks = 0;
   for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{262147}, max_bytes / 4}) {
-    checks += device_collectives_of<float>(comm, count);
-    if (count <= 262147) checks += device_collectives_of<bfloat16>(comm, count);
+    checks += device_collectives_of<float>(comm, device_comm, count);
+    if (count <= 262147) checks += device_collectives_of<bfloat16>(comm, device_comm, count);
   }
   // A compressed plan on device memory against the host plan, over three calls.
   const std::size_t values = max_bytes / 4 + 3;
   compressed_allreduce_plan host_plan(comm, values, quantizers::one_bit{});
-  compressed_allreduce_plan device_plan(execution::device_stream{}, comm, values, quantizers::one_bit{});
+  compressed_allreduce_plan device_plan(execution::device_stream{}, device_comm, values, quantizers::one_bit{});
   execution::device_memory<float> d(values);
   for (unsigned call = 0; call < 3; ++call) {
     std::vector<float> g(values);
     for (std::size_t i = 0; i < values; ++i) g[i] = std::cos(0.11f * static_cast<float>(i) + float(call + comm.rank()));
     d.upload(g);
     comm.allreduce(host_plan, std::span<float>(g), reduce_op::avg);
-    comm.allreduce(execution::device_stream{}, device_plan, d.span(), reduce_op::avg);
+    device_comm.allreduce(execution::device_stream{}, device_plan, d.span(), reduce_op::avg);
     expect_same(d, g, fmt::format("one_bit plan of {} values, call {}", values, call));
     ++checks;
   }
-  fmt::print("rank {}: device collectives equal the host's ({} checks, up to {} bytes, on the {} device)\n", comm.rank(),
-             checks, max_bytes, execution::device_runtime("worker").name);
+  fmt::print("rank {}: device collectives equal the host's ({} checks, up to {} bytes, on the {} device, over {})\n",
+             comm.rank(), checks, max_bytes, execution::device_runtime("worker").name, over);
 }
+
+#ifndef QCOLL_TEST_MPI
+/// The CUDA peer transport between this job's processes, the job's transport its
+/// control channel: every exact collective and a compressed plan against the host calls
+/// (kill: the last rank killed in the middle of an allreduce, which every survivor names).
+/// Each rank on device local rank % the devices (several ranks per device).
+template <class Comm>
+void over_cuda_peer(Comm& comm, std::size_t amount, bool kill) {
+  const device::runtime& runtime = execution::device_runtime("worker");
+  int devices = 0;
+  execution::check_device(runtime, runtime.device_count(&devices), "counting devices");
+  transports::cuda_peer::options settings{.slot_bytes = 256 << 10, .slots = 4};
+  settings.device = static_cast<int>(comm.rank() % static_cast<rank_t>(devices));
+  execution::check_device(runtime, runtime.set_device(settings.device), "choosing a device");
+  communicator peers(transports::cuda_peer::transport<endpoint_ref>(endpoint_ref(comm.transport()), settings),
+                     comm.options());
+  if (kill) return kill_a_rank(peers, false, amount / sizeof(float), true);
+  check_device_collectives(comm, peers, amount, fmt::format("cuda_peer on device {} of {}", settings.device, devices));
+}
+#endif
 
 template <class Transport>
 int run(std::string_view scenario, Transport transport, std::chrono::milliseconds timeout, std::size_t amount) {
@@ -1359,7 +1363,10 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "mismatch_algorithms") mismatched_sizes(comm, amount);
   else if (scenario == "kill" || scenario == "kill_allocated") kill_a_rank(comm, scenario == "kill_allocated", amount / sizeof(float));
   else if (scenario == "kill_device") kill_a_rank(comm, false, amount / sizeof(float), true);
-  else if (scenario == "device") check_device_collectives(comm, amount);
+  else if (scenario == "device") check_device_collectives(comm, comm, amount);
+#ifndef QCOLL_TEST_MPI
+  else if (scenario == "cuda_peer" || scenario == "kill_cuda_peer") over_cuda_peer(comm, amount, scenario == "kill_cuda_peer");
+#endif
   else if (scenario == "kill_survivors_give_up") kill_a_rank_survivors_give_up(comm);
   else if (scenario == "freeze") freeze_a_rank(comm);
   else if (scenario == "compressed") compressed(endpoint_ref(comm.transport()), comm.options(), amount);
