@@ -8,7 +8,10 @@
 // layer_done(layer) (called as backprop finishes each layer), finish() (the averaged
 // gradient is in model.gradients() when it returns) and bytes_sent_per_step().
 
+#include <qcoll/core/concepts.hpp>
 #include <qcoll/core/partition.hpp>
+#include <qcoll/execution/device_memory.hpp>
+#include <qcoll/execution/memory.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 
 #include <fmt/format.h>
@@ -91,6 +94,21 @@ struct epoch_result {
 
 /// One data-parallel training run: a replica per rank, all starting from the same
 /// parameters and seeing the same batches in the same order, each rank its shard.
+/// comm.allreduce of values in host memory — through device memory where the
+/// communicator's transport moves only device memory (cuda_peer), as a user of NCCL moves
+/// a loss to the GPU before reducing it.
+template <class Communicator, class T>
+void allreduce_host_values(Communicator& comm, std::span<T> values, qcoll::reduce_op op) {
+  if constexpr (qcoll::moves_device_memory<typename Communicator::transport_type>) {
+    const qcoll::execution::device_memory<T> on_device(values.size());
+    on_device.upload(values);
+    comm.allreduce(qcoll::execution::device_stream{}, on_device.span(), op);
+    on_device.download(values);
+  } else {
+    comm.allreduce(values, op);
+  }
+}
+
 template <class Communicator, template <class> class Exchange>
 class training_run {
  public:
@@ -119,7 +137,7 @@ class training_run {
     const qcoll::block_range tested = qcoll::block_of(problem_.test.size(), n, comm_.rank());
     const std::size_t correct = model_.count_correct(problem_.test, tested.offset, tested.offset + tested.size);
     std::array<double, 2> totals{loss, double(correct)};
-    comm_.allreduce(std::span<double>(totals), qcoll::reduce_op::sum);
+    allreduce_host_values(comm_, std::span<double>(totals), qcoll::reduce_op::sum);
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     return {totals[0] / double(steps * shard * n), 100.0 * totals[1] / double(problem_.test.size()), took.count()};
   }
@@ -129,8 +147,8 @@ class training_run {
   bool replicas_identical() {
     const std::span<float> mine = model_.parameters();
     std::vector<float> smallest(mine.begin(), mine.end()), largest(mine.begin(), mine.end());
-    comm_.allreduce(std::span(smallest), qcoll::reduce_op::min);
-    comm_.allreduce(std::span(largest), qcoll::reduce_op::max);
+    allreduce_host_values(comm_, std::span(smallest), qcoll::reduce_op::min);
+    allreduce_host_values(comm_, std::span(largest), qcoll::reduce_op::max);
     return std::equal(smallest.begin(), smallest.end(), largest.begin());
   }
 

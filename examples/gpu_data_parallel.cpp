@@ -132,7 +132,9 @@ class one_bit_on_device {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return qcoll_examples::launched_main(
+  // <true>: it also runs over the CUDA peer transport (qcoll-run --transport cuda_peer),
+  // GPU to GPU; over shm or tcp its device calls are staged through host memory.
+  return qcoll_examples::launched_main<true>(
       "gpu_data_parallel", argc, argv, qcoll_examples::parse, [](auto& comm, const settings& s, std::string_view transport) {
         if (comm.rank() == 0)
           fmt::print("gradients in bfloat16 on the {} device (QCOLL_DEVICE: cuda, or emulated without a GPU)\n",

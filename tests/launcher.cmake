@@ -115,7 +115,7 @@ qcoll_launcher_test(usage.unknown_option CHECK EXIT=2 "STDERR_HAS=unknown option
   COMMAND -n 2 --frobnicate true)
 qcoll_launcher_test(usage.missing_program CHECK EXIT=2 "STDERR_HAS=the program to run is missing"
   COMMAND -n 2 --)
-qcoll_launcher_test(usage.bad_transport CHECK EXIT=2 "STDERR_HAS=--transport is shm or tcp, not 'udp'"
+qcoll_launcher_test(usage.bad_transport CHECK EXIT=2 "STDERR_HAS=--transport is shm, tcp or cuda_peer, not 'udp'"
   COMMAND -n 2 --transport=udp true)
 qcoll_launcher_test(usage.bad_timeout CHECK EXIT=2 "STDERR_HAS=--timeout needs a positive number of seconds, not '0'"
   COMMAND -n 2 --timeout 0 true)

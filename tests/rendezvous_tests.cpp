@@ -555,7 +555,7 @@ BOOST_AUTO_TEST_CASE(store_errors_name_the_variable_and_value) {
 BOOST_AUTO_TEST_CASE(other_settings_errors) {
   auto vars = qcoll_rank("0", "2");
   vars["QCOLL_TRANSPORT"] = "rdma";
-  check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TRANSPORT=rdma is not one of shm, tcp, auto"});
+  check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TRANSPORT=rdma is not one of shm, tcp, cuda_peer, auto"});
   vars = qcoll_rank("0", "2");
   vars["QCOLL_TIMEOUT_MS"] = "0";
   check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TIMEOUT_MS=0"});

@@ -31,6 +31,18 @@ add_test(NAME examples.gpu_data_parallel.emulated_device
           -- $<TARGET_FILE:qcoll-run> -n 2 --transport shm
              -- $<TARGET_FILE:gpu_data_parallel> --epochs 5 --hidden 128 --samples 16384 --test-samples 4096)
 set_tests_properties(examples.gpu_data_parallel.emulated_device PROPERTIES TIMEOUT 180 ENVIRONMENT QCOLL_DEVICE=emulated)
+# The same over the CUDA peer transport, launched by name (qcoll-run --transport
+# cuda_peer, launch::join_devices): 4 ranks on 2 emulated devices, each on LOCAL_RANK
+# mod 2, the gradients GPU to GPU.
+add_test(NAME examples.gpu_data_parallel.cuda_peer
+  COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=170
+          "-DSTDOUT_HAS=on the emulated device|on 4 ranks (cuda_peer)|exact allreduce (device)|1-bit compressed (device)|model replicas identical on all ranks"
+          "-DCOUNT_LINES=1:^\\[0\\] accuracy gap: -?[0-9]+\\.[0-9]+ pp \\(limit 0\\.50\\): ok$"
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
+          -- $<TARGET_FILE:qcoll-run> -n 4 --transport cuda_peer
+             -- $<TARGET_FILE:gpu_data_parallel> --epochs 3 --hidden 128 --samples 16384 --test-samples 4096)
+set_tests_properties(examples.gpu_data_parallel.cuda_peer PROPERTIES TIMEOUT 180
+  ENVIRONMENT "QCOLL_DEVICE=emulated;QCOLL_EMULATED_DEVICES=2")
 
 # The elastic example loses ranks 0 and 3 of 6 in the middle of epoch 3 and must end
 # within 1 pp of an unbroken run's test accuracy (seeds 1–5 over shm and tcp ended

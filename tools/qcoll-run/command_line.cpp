@@ -11,6 +11,7 @@
 #include <cmath>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace qcoll_run {
 namespace {
@@ -26,12 +27,15 @@ int parse_rank_count(std::string_view text) {
   return count;
 }
 
-/// "shm or tcp": the launcher starts one transport, so every named one but auto.
+/// "shm, tcp or cuda_peer": the launcher starts one transport, so every named one but auto.
 std::string launched_transport_names() {
-  std::string names;
+  std::vector<std::string> names;
   for (const transport_kind named : qcoll::rendezvous::named_transports)
-    if (named != transport_kind::automatic) names += (names.empty() ? "" : " or ") + std::string(to_string(named));
-  return names;
+    if (named != transport_kind::automatic) names.emplace_back(to_string(named));
+  std::string text;
+  for (std::size_t k = 0; k < names.size(); ++k)
+    text += (k == 0 ? "" : k + 1 == names.size() ? " or " : ", ") + names[k];
+  return text;
 }
 
 double parse_seconds(std::string_view option, std::string_view text, bool zero_allowed) {

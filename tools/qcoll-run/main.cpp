@@ -1,6 +1,6 @@
 // qcoll-run: starts the N ranks of a qcoll job on this machine and supervises them.
 //
-//   qcoll-run -n N [--transport shm|tcp] [--bind core|none] [--keep-going] [--timeout S] [--grace S] [--] program args...
+//   qcoll-run -n N [--transport shm|tcp|cuda_peer] [--bind core|none] [--keep-going] [--timeout S] [--grace S] [--] program args...
 //
 // Design choices:
 // - Each rank runs in a process group of its own, and qcoll-run signals the whole group, so a

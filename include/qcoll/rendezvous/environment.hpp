@@ -77,13 +77,16 @@ namespace qcoll::rendezvous {
 
 
 /// Which transport carries the data between ranks.
-enum class transport_kind { automatic, shm, tcp };
+/// cuda_peer: device memory between the GPUs of one node (transports/cuda_peer.hpp), over
+/// shm; only programs that join with launch::join_devices take it.
+enum class transport_kind { automatic, shm, tcp, cuda_peer };
 
 constexpr std::string_view to_string(transport_kind kind) noexcept {
   switch (kind) {
     case transport_kind::automatic: return "auto";
     case transport_kind::shm: return "shm";
     case transport_kind::tcp: return "tcp";
+    case transport_kind::cuda_peer: return "cuda_peer";
   }
   return "transport?";
 }
@@ -92,7 +95,7 @@ constexpr std::string_view to_string(transport_kind kind) noexcept {
 /// the PyTorch bridge read names through parse_transport, and launch/join.hpp joins
 /// each kind. A new transport adds its kind here and its join there.
 inline constexpr transport_kind named_transports[] = {transport_kind::automatic, transport_kind::shm,
-                                                      transport_kind::tcp};
+                                                      transport_kind::tcp, transport_kind::cuda_peer};
 
 /// The kind `name` names ("auto", "shm", "tcp"), or nothing.
 constexpr std::optional<transport_kind> parse_transport(std::string_view name) noexcept {
@@ -101,7 +104,7 @@ constexpr std::optional<transport_kind> parse_transport(std::string_view name) n
   return std::nullopt;
 }
 
-/// "shm, tcp, auto": for messages.
+/// "shm, tcp, cuda_peer, auto": for messages.
 inline std::string transport_names() {
   std::string names;
   for (const transport_kind kind : named_transports)

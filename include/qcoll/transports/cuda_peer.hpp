@@ -58,6 +58,7 @@
 #include <qcoll/core/message.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/device/runtime.hpp>
+#include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/transports/cuda_peer/engine.hpp>
 #include <qcoll/transports/cuda_peer/protocol.hpp>
 
@@ -88,6 +89,8 @@ class transport {
 
   rank_t rank() const noexcept { return engine_->rank(); }
   rank_t size() const noexcept { return engine_->size(); }
+  /// QCOLL_TRANSPORT's name for it.
+  rendezvous::transport_kind kind() const noexcept { return rendezvous::transport_kind::cuda_peer; }
   /// The device whose memory it moves.
   int device() const noexcept { return engine_->device(); }
   const options& settings() const noexcept { return engine_->settings(); }
