@@ -27,6 +27,7 @@
 #include <qcoll/device/emulated/runtime.hpp>
 #include <qcoll/execution/device_memory.hpp>
 #include <qcoll/execution/kernels.hpp>
+#include <qcoll/launch/join_devices.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 
 #include <fmt/format.h>
@@ -129,12 +130,20 @@ class one_bit_on_device {
   plan plan_;
 };
 
+/// How this program joins: launch::join_devices, so it also takes the CUDA peer transport.
+struct joining_with_devices {
+  template <class Fn>
+  decltype(auto) operator()(Fn&& fn) const {
+    return qcoll::launch::join_devices_from_environment(std::forward<Fn>(fn));
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // <true>: it also runs over the CUDA peer transport (qcoll-run --transport cuda_peer),
-  // GPU to GPU; over shm or tcp its device calls are staged through host memory.
-  return qcoll_examples::launched_main<true>(
+  // It also runs over the CUDA peer transport (qcoll-run --transport cuda_peer), GPU to
+  // GPU; over shm or tcp its device calls are staged through host memory.
+  return qcoll_examples::launched_main<joining_with_devices>(
       "gpu_data_parallel", argc, argv, qcoll_examples::parse, [](auto& comm, const settings& s, std::string_view transport) {
         if (comm.rank() == 0)
           fmt::print("gradients in bfloat16 on the {} device (QCOLL_DEVICE: cuda, or emulated without a GPU)\n",

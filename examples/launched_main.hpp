@@ -16,20 +16,26 @@
 
 namespace qcoll_examples {
 
-/// run(comm, options, transport name) gives the exit status. `Devices`: a program on
-/// GPUs, which also takes the CUDA peer transport (qcoll-run --transport cuda_peer:
-/// launch::join_devices); its run is compiled once more, for that transport.
-template <bool Devices = false, class Parse, class Run>
+/// How a program joins: the host transports (launch::join).
+struct join_host_transports {
+  template <class Fn>
+  decltype(auto) operator()(Fn&& fn) const {
+    return qcoll::launch::join_from_environment(std::forward<Fn>(fn));
+  }
+};
+
+/// run(comm, options, transport name) gives the exit status. `Join`: how it joins (a
+/// program on GPUs passes one that calls launch::join_devices_from_environment, and its
+/// run is compiled once more, for the CUDA peer transport).
+template <class Join = join_host_transports, class Parse, class Run>
 int launched_main(std::string_view program, int argc, char** argv, Parse&& parse, Run&& run) {
   try {
     const auto options = parse(argc, argv);
-    const auto body = [&](auto transport) {
+    return Join{}([&](auto transport) {
       const std::string_view name = qcoll::rendezvous::to_string(transport.kind());
       qcoll::communicator comm(std::move(transport));
       return run(comm, options, name);
-    };
-    if constexpr (Devices) return qcoll::launch::join_devices_from_environment(body);
-    else return qcoll::launch::join_from_environment(body);
+    });
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}: {}\n", program, e.what());
     return 2;

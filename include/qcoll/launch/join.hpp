@@ -18,12 +18,9 @@
 /// (transports/process.hpp), so `fn` and the collectives it calls are compiled once;
 /// transport.kind() says which joined.
 ///
-/// A program on GPUs joins with join_devices (join_devices_from_environment) instead: `fn`
-/// then takes either that or — QCOLL_TRANSPORT=cuda_peer, `qcoll-run --transport
-/// cuda_peer` — a transports::cuda_peer::transport over shm, each rank on device
-/// LOCAL_RANK mod the devices it sees (as torchrun's and Open MPI's users expect; narrow
-/// what a rank sees with CUDA_VISIBLE_DEVICES, or set join_options::cuda_peer.device).
-/// Only those programs compile `fn` for it; join refuses cuda_peer, saying so.
+/// A program on GPUs joins with join_devices (launch/join_devices.hpp) instead: `fn` then
+/// also takes the CUDA peer transport (QCOLL_TRANSPORT=cuda_peer). Only those programs
+/// compile `fn` for it, and only they include its headers; join refuses cuda_peer, saying so.
 ///
 /// This folder sits above rendezvous/ and transports/: it is the one place that picks
 /// the concrete store (rendezvous/tcp_store.hpp) and the transports, so rendezvous/
@@ -34,13 +31,12 @@
 #include <qcoll/detail/format.hpp>
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/tcp_store.hpp>
-#include <qcoll/execution/device_memory.hpp>
-#include <qcoll/execution/dispatch.hpp>
-#include <qcoll/transports/cuda_peer.hpp>
+#include <qcoll/transports/cuda_peer/protocol.hpp>
 #include <qcoll/transports/shm.hpp>
 #include <qcoll/transports/tcp.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -179,30 +175,16 @@ rendezvous::transport_kind agree_on_transport(const rendezvous::job& j, Store& s
 
 namespace detail {
 
-/// The CUDA peer transport over `control`, on LOCAL_RANK mod the devices unless the
-/// options name one (join_devices). A template, so only the programs that join with
-/// devices compile it.
-template <class Control>
-transports::cuda_peer::transport<Control> join_cuda_peer(const rendezvous::job& j, Control control,
-                                                         transports::cuda_peer::options settings) {
-  const device::runtime& runtime = execution::device_runtime("QCOLL_TRANSPORT=cuda_peer");
-  if (settings.device < 0) {
-    int devices = 0;
-    execution::check_device(runtime, runtime.device_count(&devices), "counting the devices");
-    if (devices < 1) qcoll::detail::throw_error(errc::invalid_argument, "qcoll rank {}: cuda_peer: no device", j.rank);
-    settings.device = static_cast<int>(j.local_rank % static_cast<rank_t>(devices));
-  }
-  execution::check_device(runtime, runtime.set_device(settings.device), "choosing the rank's device");
-  return transports::cuda_peer::transport<Control>(std::move(control), settings);
-}
+/// What join (and join_through) hand `fn`: the host transports only.
+struct host_transports {};
 
 /// The transport of `kind` joined through `store`, then `joined()` (the end of the
 /// rendezvous), then fn(transport): the one place that maps a transport's kind to its
 /// join (rendezvous::named_transports lists the kinds). Every case hands fn the same
 /// type — a transport of another type here would compile every program's collectives
-/// once more — except cuda_peer's, which only a program that joins with `Devices`
-/// (join_devices) compiles.
-template <bool Devices, rendezvous::store Store, class Joined, class Fn>
+/// once more — except cuda_peer's, which only a program that joins with `Devices` other
+/// than host_transports (join_devices.hpp's) compiles: Devices::join makes it.
+template <class Devices, rendezvous::store Store, class Joined, class Fn>
 decltype(auto) join_kind(rendezvous::transport_kind kind, const rendezvous::job& j, Store& store, Joined&& joined,
                          Fn&& fn, const join_options& opts) {
   switch (kind) {  // no default: a kind added to the list without its case here fails -Wswitch
@@ -217,10 +199,10 @@ decltype(auto) join_kind(rendezvous::transport_kind kind, const rendezvous::job&
       return std::forward<Fn>(fn)(std::move(transport));
     }
     case rendezvous::transport_kind::cuda_peer: {
-      if constexpr (Devices) {
+      if constexpr (!std::same_as<Devices, host_transports>) {
         auto control = transports::shm::join(j, store, opts.shm);
         joined();
-        return std::forward<Fn>(fn)(join_cuda_peer(j, std::move(control), opts.cuda_peer));
+        return std::forward<Fn>(fn)(Devices::join(j, std::move(control), opts.cuda_peer));
       } else {
         qcoll::detail::throw_error(errc::invalid_argument,
                                    "qcoll rank {}: QCOLL_TRANSPORT=cuda_peer moves device memory, and this program "
@@ -238,7 +220,7 @@ decltype(auto) join_kind(rendezvous::transport_kind kind, const rendezvous::job&
 /// join, with the store server given (or made here on rank 0) and `publish(store, until)`
 /// run by every rank once the transports agree and before either starts: the elastic
 /// job publishes its recovery roster there.
-template <bool Devices = false, class Publish, class Fn>
+template <class Devices = host_transports, class Publish, class Fn>
 decltype(auto) join_with(const rendezvous::job& j, std::unique_ptr<rendezvous::store_server> server,
                          Publish&& publish, Fn&& fn, const join_options& opts) {
   const deadline until = clock::now() + j.timeout;
@@ -275,7 +257,7 @@ decltype(auto) join_through(const rendezvous::job& j, Store& store, Fn&& fn, con
     store.set(qcoll::detail::format("qcoll/joined/{}", j.rank), "1");
     store.wait_all("qcoll/joined/", j.size, until);
   };
-  return detail::join_kind<false>(kind, j, store, everyone_joined, std::forward<Fn>(fn), opts);
+  return detail::join_kind<detail::host_transports>(kind, j, store, everyone_joined, std::forward<Fn>(fn), opts);
 }
 
 /// Joins the job `j` describes and calls fn(transport) with the connected transport.
@@ -293,21 +275,6 @@ decltype(auto) join(const rendezvous::job& j, Fn&& fn, const join_options& opts 
 template <class Fn>
 decltype(auto) join_from_environment(Fn&& fn, const join_options& opts = {}) {
   return join(rendezvous::job_from_environment(), std::forward<Fn>(fn), opts);
-}
-
-/// join, for a program on GPUs: fn(transport) also takes the CUDA peer transport
-/// (transports::cuda_peer::transport<transports::process_transport>) when the job says
-/// QCOLL_TRANSPORT=cuda_peer. Its device calls then move GPU memory GPU to GPU; its host
-/// calls are refused (docs/transports.md). Errors as join's, and the device's.
-template <class Fn>
-decltype(auto) join_devices(const rendezvous::job& j, Fn&& fn, const join_options& opts = {}) {
-  return detail::join_with<true>(j, nullptr, [](auto&, deadline) {}, std::forward<Fn>(fn), opts);
-}
-
-/// join_devices(job_from_environment(), fn, opts).
-template <class Fn>
-decltype(auto) join_devices_from_environment(Fn&& fn, const join_options& opts = {}) {
-  return join_devices(rendezvous::job_from_environment(), std::forward<Fn>(fn), opts);
 }
 
 }  // namespace qcoll::launch
