@@ -463,41 +463,47 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   template <element T>
   void send(execution::device_stream where, std::span<const T> data, rank_t to) {
     auto step = begin_point_to_point<T>(sent_to_, to, data.size());
-    if constexpr (!algorithms::needs_staging<Transport>)
-      return run_on_device(step, {where}, {{"the data", data}}, 0, [&](algorithms::device_staging&) { step.send(to, data); });
-    run_on_device(step, {where}, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
-      const std::span<T> mirror = stage.template mirror_of<T>(data.size());
-      download(step, stage, std::as_bytes(data), 0, true);
-      step.send(to, std::span<const T>(mirror));
-    });
+    if constexpr (!algorithms::needs_staging<Transport>) {
+      run_on_device(step, {where}, {{"the data", data}}, 0, [&](algorithms::device_staging&) { step.send(to, data); });
+    } else {
+      run_on_device(step, {where}, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
+        const std::span<T> mirror = stage.template mirror_of<T>(data.size());
+        download(step, stage, std::as_bytes(data), 0, true);
+        step.send(to, std::span<const T>(mirror));
+      });
+    }
   }
   template <element T>
   void recv(execution::device_stream where, std::span<T> data, rank_t from) {
     auto step = begin_point_to_point<T>(received_from_, from, data.size());
-    if constexpr (!algorithms::needs_staging<Transport>)
-      return run_on_device(step, {where}, {{"the data", data}}, 0, [&](algorithms::device_staging&) { step.recv(from, data); });
-    run_on_device(step, {where}, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
-      const std::span<T> mirror = stage.template mirror_of<T>(data.size());
-      step.recv(from, mirror);
-      upload(step, stage, std::span<const T>(mirror), data);
-    });
+    if constexpr (!algorithms::needs_staging<Transport>) {
+      run_on_device(step, {where}, {{"the data", data}}, 0, [&](algorithms::device_staging&) { step.recv(from, data); });
+    } else {
+      run_on_device(step, {where}, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
+        const std::span<T> mirror = stage.template mirror_of<T>(data.size());
+        step.recv(from, mirror);
+        upload(step, stage, std::span<const T>(mirror), data);
+      });
+    }
   }
   template <element T>
   void send_recv(execution::device_stream where, std::span<const T> outgoing, rank_t to, std::span<T> incoming,
                  rank_t from) {
     auto receiving = begin_point_to_point<T>(received_from_, from, incoming.size());
     auto sending = begin_point_to_point<T>(sent_to_, to, outgoing.size());
-    if constexpr (!algorithms::needs_staging<Transport>)
-      return run_on_device(receiving, {where}, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}}, 0,
-                           [&](algorithms::device_staging&) { exchange(receiving, sending, outgoing, to, incoming, from); });
-    run_on_device(receiving, {where}, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}},
-                  outgoing.size_bytes() + incoming.size_bytes(), [&](algorithms::device_staging& stage) {
-      const std::span<T> both = stage.template mirror_of<T>(outgoing.size() + incoming.size());
-      const std::span<T> leaving = both.first(outgoing.size()), arriving = both.subspan(outgoing.size());
-      download(sending, stage, std::as_bytes(outgoing), 0, true);
-      exchange(receiving, sending, std::span<const T>(leaving), to, arriving, from);
-      upload(receiving, stage, std::span<const T>(arriving), incoming);
-    });
+    if constexpr (!algorithms::needs_staging<Transport>) {
+      run_on_device(receiving, {where}, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}}, 0,
+                    [&](algorithms::device_staging&) { exchange(receiving, sending, outgoing, to, incoming, from); });
+    } else {
+      run_on_device(receiving, {where}, {{"the outgoing data", outgoing}, {"the incoming buffer", incoming}},
+                    outgoing.size_bytes() + incoming.size_bytes(), [&](algorithms::device_staging& stage) {
+        const std::span<T> both = stage.template mirror_of<T>(outgoing.size() + incoming.size());
+        const std::span<T> leaving = both.first(outgoing.size()), arriving = both.subspan(outgoing.size());
+        download(sending, stage, std::as_bytes(outgoing), 0, true);
+        exchange(receiving, sending, std::span<const T>(leaving), to, arriving, from);
+        upload(receiving, stage, std::span<const T>(arriving), incoming);
+      });
+    }
   }
 
   // Calls started without waiting (started_calls.hpp: start_allreduce, …, wait_all), and
@@ -610,55 +616,61 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     const choose::choice way = allreduce_choice<T>(in.size());
     auto step = begin(collective::allreduce, dtype_of<T>::value, op, in.size(), 0, way);
     detail::check_same_or_disjoint(step, in, out);
-    if constexpr (!algorithms::needs_staging<Transport>)
-      return run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0,
-                           [&](algorithms::device_staging&) { run_allreduce(step, way, in, out, op); });
-    run_on_device(step, entry, {{"the input", in}, {"the output", out}}, in.size_bytes(),
-                  [&](algorithms::device_staging& stage) {
-      const std::span<T> mirror = stage.template mirror_of<T>(in.size());
-      download_for(step, stage, way, std::as_bytes(in), sizeof(T));
-      run_allreduce(step, way, std::span<const T>(mirror), mirror, op);
-      upload(step, stage, std::span<const T>(mirror), out);
-    });
+    if constexpr (!algorithms::needs_staging<Transport>) {
+      run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0,
+                    [&](algorithms::device_staging&) { run_allreduce(step, way, in, out, op); });
+    } else {
+      run_on_device(step, entry, {{"the input", in}, {"the output", out}}, in.size_bytes(),
+                    [&](algorithms::device_staging& stage) {
+        const std::span<T> mirror = stage.template mirror_of<T>(in.size());
+        download_for(step, stage, way, std::as_bytes(in), sizeof(T));
+        run_allreduce(step, way, std::span<const T>(mirror), mirror, op);
+        upload(step, stage, std::span<const T>(mirror), out);
+      });
+    }
   }
 
   template <element T>
   void reduce_scatter_on_device(const execution::device_entry& entry, std::span<const T> in, std::span<T> out,
                                 reduce_op op) {
     auto step = begin_reduce_scatter(in, out, op);
-    if constexpr (!algorithms::needs_staging<Transport>)
-      return run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0, [&](algorithms::device_staging&) {
+    if constexpr (!algorithms::needs_staging<Transport>) {
+      run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0, [&](algorithms::device_staging&) {
         workspace_.reduce_scatter_by_ring(step, ring(), in, out, op);
       });
-    const choose::choice way{choose::ring(tuning_, largest_block(in.size()) * sizeof(T), reads_peers_memory())};
-    run_on_device(step, entry, {{"the input", in}, {"the output", out}}, in.size_bytes(),
-                  [&](algorithms::device_staging& stage) {
-      const std::span<T> mirror = stage.template mirror_of<T>(in.size());
-      download_for(step, stage, way, std::as_bytes(in), sizeof(T));
-      const std::span<T> mine = block_of(in.size(), size(), rank()).of(mirror);
-      workspace_.reduce_scatter_by_ring(step, ring(), std::span<const T>(mirror), mine, op);
-      upload(step, stage, std::span<const T>(mine), out);
-    });
+    } else {
+      const choose::choice way{choose::ring(tuning_, largest_block(in.size()) * sizeof(T), reads_peers_memory())};
+      run_on_device(step, entry, {{"the input", in}, {"the output", out}}, in.size_bytes(),
+                    [&](algorithms::device_staging& stage) {
+        const std::span<T> mirror = stage.template mirror_of<T>(in.size());
+        download_for(step, stage, way, std::as_bytes(in), sizeof(T));
+        const std::span<T> mine = block_of(in.size(), size(), rank()).of(mirror);
+        workspace_.reduce_scatter_by_ring(step, ring(), std::span<const T>(mirror), mine, op);
+        upload(step, stage, std::span<const T>(mine), out);
+      });
+    }
   }
 
   template <element T>
   void all_gather_on_device(const execution::device_entry& entry, std::span<const T> in, std::span<T> out) {
     auto step = begin_all_gather(in, out);
-    if constexpr (!algorithms::needs_staging<Transport>)
-      return run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0, [&](algorithms::device_staging&) {
+    if constexpr (!algorithms::needs_staging<Transport>) {
+      run_on_device(step, entry, {{"the input", in}, {"the output", out}}, 0, [&](algorithms::device_staging&) {
         const block_range mine = block_of(out.size(), size(), rank());
         if (!detail::same_range(in, mine.of(out))) step.copy(in, mine.of(out));
         algorithms::ring_all_gather<channel_type, T>(step, ring(), out);
       });
-    run_on_device(step, entry, {{"the input", in}, {"the output", out}}, out.size_bytes(),
-                  [&](algorithms::device_staging& stage) {
-      const std::span<T> mirror = stage.template mirror_of<T>(out.size());
-      const block_range mine = block_of(out.size(), size(), rank());
-      // Only this rank's block comes from the device; the ring sends it first.
-      download(step, stage, std::as_bytes(in), mine.offset * sizeof(T), true);
-      algorithms::ring_all_gather<channel_type, T>(step, ring(), mirror);
-      upload(step, stage, std::span<const T>(mirror), out);
-    });
+    } else {
+      run_on_device(step, entry, {{"the input", in}, {"the output", out}}, out.size_bytes(),
+                    [&](algorithms::device_staging& stage) {
+        const std::span<T> mirror = stage.template mirror_of<T>(out.size());
+        const block_range mine = block_of(out.size(), size(), rank());
+        // Only this rank's block comes from the device; the ring sends it first.
+        download(step, stage, std::as_bytes(in), mine.offset * sizeof(T), true);
+        algorithms::ring_all_gather<channel_type, T>(step, ring(), mirror);
+        upload(step, stage, std::span<const T>(mirror), out);
+      });
+    }
   }
 
   template <element T>
@@ -666,15 +678,17 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     const choose::choice way = choose::broadcast(tuning_, world(), data.size_bytes());
     auto step = begin(collective::broadcast, dtype_of<T>::value, reduce_op::sum, data.size(), root, way);
     if (root >= size()) step.fail(errc::invalid_argument, "root {} is out of range", root);
-    if constexpr (!algorithms::needs_staging<Transport>)
-      return run_on_device(step, entry, {{"the data", data}}, 0,
-                           [&](algorithms::device_staging&) { run_broadcast(step, way, data, root); });
-    run_on_device(step, entry, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
-      const std::span<T> mirror = stage.template mirror_of<T>(data.size());
-      if (rank() == root) download(step, stage, std::as_bytes(std::span<const T>(data)), 0, false);
-      run_broadcast(step, way, mirror, root);
-      upload(step, stage, std::span<const T>(mirror), data);
-    });
+    if constexpr (!algorithms::needs_staging<Transport>) {
+      run_on_device(step, entry, {{"the data", data}}, 0,
+                    [&](algorithms::device_staging&) { run_broadcast(step, way, data, root); });
+    } else {
+      run_on_device(step, entry, {{"the data", data}}, data.size_bytes(), [&](algorithms::device_staging& stage) {
+        const std::span<T> mirror = stage.template mirror_of<T>(data.size());
+        if (rank() == root) download(step, stage, std::as_bytes(std::span<const T>(data)), 0, false);
+        run_broadcast(step, way, mirror, root);
+        upload(step, stage, std::span<const T>(mirror), data);
+      });
+    }
   }
 
   /// The door of every call on device buffers: the device runtime, the stream's device,
