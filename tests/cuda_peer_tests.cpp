@@ -14,6 +14,7 @@
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/cuda_peer.hpp>
 #include <qcoll/transports/inproc.hpp>
+#include <qcoll/two_level_allreduce.hpp>
 
 #include "support/device_values.hpp"
 #include "support/ranks.hpp"
@@ -488,6 +489,79 @@ BOOST_AUTO_TEST_CASE(both_plans_equal_the_host_plans) {
         return grid_allreduce_plan(c, routing, count, one_bit{});
     });
   });
+}
+
+// The two-level allreduce with a CUDA peer node inside a host-transport world, on
+// device buffers, gives the bits of the host one (nodes split from an inproc world) —
+// both exchanges, error feedback across calls — and a bad call on one rank fails every
+// rank at once: the node's abort crosses into the world.
+BOOST_AUTO_TEST_CASE(two_level_allreduce_equals_the_host_one) {
+  using quantizers::one_bit;
+  const transports::cuda_peer::options settings{.slot_bytes = 16384, .slots = 3};
+  constexpr std::size_t count = 30001;
+  constexpr rank_t n = 4, per_node = 2;
+  const communicator_options patient{.timeout = std::chrono::seconds(30)};
+  for (const two_level_exchange exchange : {two_level_exchange::shards, two_level_exchange::leaders})
+    for (const reduce_op op : {reduce_op::sum, reduce_op::avg})
+      BOOST_TEST_CONTEXT((exchange == two_level_exchange::shards ? "shards, " : "leaders, ") << to_string(op)) {
+        std::vector<results> host(n), device(n);
+        const two_level_options options{.exchange = exchange, .compressed = {.chunk_values = 4096}};
+        const auto host_run = test::run_ranks<topologies::fully_connected>(n, [&](test::inproc_communicator& world) {
+          auto node = world.split(static_cast<std::int64_t>(world.rank() / per_node), world.rank());
+          two_level_allreduce bucket(*node, world, count, one_bit{}, options);
+          for (unsigned call = 0; call < 3; ++call) {
+            const std::vector<float> in = values_of<float>(count, world.rank(), call);
+            std::vector<float> out(count);
+            bucket.allreduce(std::span<const float>(in), std::span(out), op);
+            keep(host[world.rank()], out);
+          }
+        });
+        BOOST_TEST_REQUIRE(host_run.all_succeeded());
+        transports::inproc::world first(per_node), second(per_node);
+        const auto device_run = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+          const rank_t r = endpoint.rank();
+          test::inproc_communicator world(std::move(endpoint), topologies::fully_connected(n), patient);
+          peer_communicator node(peer_transport((r < per_node ? first : second).endpoint(r % per_node), settings),
+                                 topologies::fully_connected(per_node), patient);
+          two_level_allreduce bucket(execution::device_stream{}, node, world, count, one_bit{}, options);
+          for (unsigned call = 0; call < 3; ++call) {
+            const device_memory<float> in = test::on_device(values_of<float>(count, r, call));
+            device_memory<float> out(count);
+            bucket.allreduce(execution::device_stream{}, std::span<const float>(in.span()), out.span(), op);
+            keep(device[r], test::to_host(out));
+          }
+        });
+        for (const auto& e : device_run)
+          if (e) std::rethrow_exception(e);
+        for (rank_t r = 0; r < n; ++r) {
+          BOOST_TEST_REQUIRE(host[r].size() == device[r].size());
+          for (std::size_t k = 0; k < host[r].size(); ++k)
+            BOOST_TEST((host[r][k] == device[r][k]), "rank " << r << ", call " << k << " differs");
+        }
+      }
+
+  transports::inproc::world first(per_node), second(per_node);
+  std::vector<std::error_code> codes(n);
+  const auto started = std::chrono::steady_clock::now();
+  const auto bad_call = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    const rank_t r = endpoint.rank();
+    test::inproc_communicator world(std::move(endpoint), topologies::fully_connected(n), patient);
+    peer_communicator node(peer_transport((r < per_node ? first : second).endpoint(r % per_node), settings),
+                           topologies::fully_connected(per_node), patient);
+    device_memory<float> data(r == 3 ? count - 1 : count);
+    try {
+      two_level_allreduce bucket(execution::device_stream{}, node, world, count, one_bit{});
+      bucket.allreduce(execution::device_stream{}, data.span(), reduce_op::sum);
+    } catch (const std::system_error& e) {
+      codes[r] = e.code();
+    }
+  });
+  for (const auto& e : bad_call)
+    if (e) std::rethrow_exception(e);
+  BOOST_TEST(codes[3] == errc::invalid_argument);
+  for (rank_t r = 0; r < 3; ++r) BOOST_TEST(static_cast<bool>(codes[r]), "rank " << r << " did not fail");
+  const bool at_once = std::chrono::steady_clock::now() - started < std::chrono::seconds(15);
+  BOOST_TEST(at_once, "the others waited for their timeout");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
