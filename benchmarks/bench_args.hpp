@@ -105,6 +105,7 @@ struct collective_options {
   static constexpr std::size_t whole_stripe = 0;
   std::vector<std::size_t> grid_extents;       // --grid: also run each variant as a grid allreduce on this torus
   std::size_t layers = 0;                      // --layers: also run each variant over this many layers, fused and not
+  std::size_t two_level = 0;                   // --two-level: also run each variant as a two_level_allreduce, nodes of this many ranks
 
   // --device cuda|emulated: the collectives and plans on device buffers (empty: host buffers).
   std::string device;
@@ -142,6 +143,10 @@ inline constexpr std::string_view collective_usage =
     "  --layers N               also run each variant over the size cut into N layers of unequal sizes: one fused\n"
     "                           plan over all of them in one call (rows fused:V) against one plan and one\n"
     "                           blocking call per layer (rows layers:V)\n"
+    "  --two-level K            also run each variant (and identity: the exact two-level allreduce) as a\n"
+    "                           two_level_allreduce, nodes of K consecutive ranks split from the job (rows\n"
+    "                           2lvl:V, shards, and 2lead:V, leaders; netlab --ranks-per-node K puts each\n"
+    "                           node behind one shaped link)\n"
     "  --post-barrier 0|1       diagnostic, as the peers' GLOO_BENCH_POST_BARRIER: a barrier after each timed call,\n"
     "                           so no rank resets or checks its buffer while a slower one is still in the call\n"
     "                           (with more ranks than cores that work takes the slower rank's core; default 0)\n"
@@ -216,6 +221,9 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     } else if (flag == "--layers") {
       o.layers = parse_bytes(value);
       if (o.layers == 0) throw std::invalid_argument("--layers: a positive number of layers");
+    } else if (flag == "--two-level") {
+      o.two_level = parse_bytes(value);
+      if (o.two_level == 0) throw std::invalid_argument("--two-level: a positive number of ranks per node");
     } else if (flag == "--grid")
       for (const std::string& item : split_list(value, "--grid", 'x')) {
         const std::size_t extent = parse_bytes(item);
@@ -239,10 +247,11 @@ inline collective_options parse_collective_options(int argc, char** argv) {
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");
   if (o.layers != 0 && o.compressed.empty()) throw std::invalid_argument("--layers needs --compressed");
+  if (o.two_level != 0 && o.compressed.empty()) throw std::invalid_argument("--two-level needs --compressed");
   if (o.cuda_peer && (!o.job || o.device.empty() || o.compressed.empty()))
     throw std::invalid_argument("--cuda-peer 1 needs --job, --device and --compressed");
-  if (!o.device.empty() && (o.allocated || !o.grid_extents.empty() || o.layers != 0))
-    throw std::invalid_argument("--device runs the exact table and --compressed variants (no -R 1, --grid or --layers)");
+  if (!o.device.empty() && (o.allocated || !o.grid_extents.empty() || o.layers != 0 || o.two_level != 0))
+    throw std::invalid_argument("--device runs the exact table and --compressed variants (no -R 1, --grid, --layers or --two-level)");
   if (!o.grid_extents.empty() && !o.job &&
       std::accumulate(o.grid_extents.begin(), o.grid_extents.end(), std::size_t{1}, std::multiplies<>()) != o.threads)
     throw std::invalid_argument("--grid: the extents' product must be NRANKS");

@@ -32,7 +32,10 @@
 // grid_allreduce_plan on a healthy torus of those extents (rows "grid:…"). --layers N
 // cuts each size into N layers (sizes in proportion 1, 2, …, 7, 1, 2, …) and runs
 // every variant as one fused plan over them, one call (rows "fused:…"), and as N
-// plans, one blocking call each, layer after layer (rows "layers:…").
+// plans, one blocking call each, layer after layer (rows "layers:…"). --two-level K
+// runs identity (the exact two-level allreduce) and every variant once more as a
+// two_level_allreduce over nodes of K consecutive ranks split from the job, both
+// exchanges (rows "2lvl:…", shards, and "2lead:…", leaders; chunk column NxK).
 //
 // --device cuda|emulated runs the same tables on device buffers (docs/gpu.md): the
 // exact table with the collectives' device_stream forms, and --compressed variants as
@@ -56,6 +59,7 @@
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/execution/device_memory.hpp>
+#include <qcoll/two_level_allreduce.hpp>
 #ifndef QCOLL_BENCH_MPI
 #include <qcoll/device/emulated/runtime.hpp>  // --device emulated (not in the MPI builds, which have no --device)
 #include <qcoll/transports/cuda_peer.hpp>
@@ -65,6 +69,7 @@
 #include <qcoll/topologies/router.hpp>
 #include <qcoll/quantizers/by_name.hpp>
 #include <qcoll/launch/join.hpp>
+#include <qcoll/launch/join_nodes.hpp>
 #include <qcoll/transports/inproc.hpp>
 #ifdef QCOLL_BENCH_MPI
 #include <qcoll/transports/mpi.hpp>
@@ -377,7 +382,8 @@ std::vector<std::size_t> layer_sizes(std::size_t count, std::size_t layers) {
 /// The --compressed sweep on one rank: per size, the exact allreduce, then every
 /// variant at every chunk size, each by timed_iterations.
 template <class Communicator>
-bool run_rank_compressed(Communicator& comm, const collective_options& o, const run_context& ctx) {
+bool run_rank_compressed(Communicator& comm, const collective_options& o, const run_context& ctx,
+                         Communicator* joined_node) {
   const qcoll::rank_t n = comm.size(), me = comm.rank();
   const bool link_column = o.link_column != 0 && ctx.link.bits_per_s > 0;
   std::unique_ptr<bench::compressed_table> table;
@@ -389,6 +395,16 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
   const std::vector<std::size_t> chunks =
       o.chunk_values.empty() ? std::vector<std::size_t>{qcoll::compressed_allreduce_options{}.chunk_values}
                              : o.chunk_values;
+  // --two-level: nodes of K consecutive ranks: joined as such (a job with K ranks per
+  // host: shm inside the node), or split from the job once for the whole sweep.
+  std::optional<Communicator> split_node;
+  Communicator* node = joined_node;
+  if (o.two_level != 0 && !node) {
+    if (n % o.two_level != 0)
+      throw std::invalid_argument(fmt::format("--two-level {}: {} ranks are not nodes of {}", o.two_level, n, o.two_level));
+    split_node = comm.split(static_cast<std::int64_t>(me / o.two_level), static_cast<std::int64_t>(me));
+    node = &*split_node;
+  }
   bool all_right = true;
   for (const std::size_t bytes : bench::sweep_sizes(o)) {
     const std::size_t count = bytes / sizeof(float);
@@ -574,6 +590,28 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
             },
             v.quantizer);
     }
+
+    // --two-level: the exact two-level allreduce, then every variant, both exchanges.
+    if (node) {
+      std::vector<variant_spec> two_level_variants{make_variant(bench::parse_compressed_variant("identity"))};
+      for (const variant_spec& v : ctx.variants)
+        if (v.variant.name != "identity") two_level_variants.push_back(v);
+      for (const qcoll::two_level_exchange exchange : {qcoll::two_level_exchange::shards, qcoll::two_level_exchange::leaders})
+        for (const variant_spec& v : two_level_variants)
+          std::visit(
+              [&](const auto& quantizer) {
+                qcoll::two_level_options options{.exchange = exchange};
+                options.compressed.chunk_values = chunks.front() == collective_options::whole_stripe ? count : chunks.front();
+                qcoll::two_level_allreduce bucket(*node, comm, count, quantizer, options);
+                bench::compressed_table::row_data row =
+                    measure([&] { bucket.allreduce(data, qcoll::reduce_op::sum); }, v.variant.lossy(), nothing);
+                row.variant = (exchange == qcoll::two_level_exchange::shards ? "2lvl:" : "2lead:") + v.variant.name;
+                row.chunk = fmt::format("{}x{}", bucket.layout().nodes, bucket.layout().ranks_per_node);
+                row.wire_bytes = static_cast<double>(bucket.last_call().bytes_sent);
+                if (table) table->compressed_row(bytes, row);
+              },
+              v.quantizer);
+    }
   }
   if (table) table->finish();
   return all_right;
@@ -680,9 +718,10 @@ bool run_rank(Communicator& comm, const collective_options& o, const run_context
 /// run_rank with the failure of one rank made every rank's: the communicator is aborted,
 /// so the others fail at once instead of waiting out their timeout.
 template <class Communicator>
-bool run_rank_or_abort(Communicator& comm, const collective_options& o, const run_context& ctx) {
+bool run_rank_or_abort(Communicator& comm, const collective_options& o, const run_context& ctx,
+                       Communicator* node = nullptr) {
   try {
-    if (!ctx.variants.empty()) return run_rank_compressed(comm, o, ctx);
+    if (!ctx.variants.empty()) return run_rank_compressed(comm, o, ctx, node);
     if (o.dtype_name == "bfloat16") return run_rank<qcoll::bfloat16>(comm, o, ctx);
     if (o.dtype_name == "half") return run_rank<qcoll::float16>(comm, o, ctx);
     return run_rank<float>(comm, o, ctx);
@@ -749,6 +788,21 @@ int run_job(const collective_options& o) {
                         knobs.empty() ? knobs : knobs.substr(1), link_from_environment(), make_variants(o), {}};
   if (o.link_column == 1 && ctx.link.bits_per_s <= 0)
     throw std::invalid_argument("-L 1 needs QCOLL_NETLAB_RATE (the link rate in bit/s)");
+  if (o.two_level != 0 && job.local_size == o.two_level && job.size > job.local_size) {
+    // Hosts of K ranks each (netlab --ranks-per-node K, qcoll-run on several hosts):
+    // the nodes over shm, the job over its own transport.
+    run_context two_level = ctx;
+    two_level.knobs += fmt::format("{}nodes over shm", two_level.knobs.empty() ? "" : ", ");
+    const bool right = qcoll::launch::join_nodes(
+        job,
+        [&](auto node_transport, auto world_transport) {
+          qcoll::communicator node(std::move(node_transport), qcoll::communicator_options{job.timeout});
+          qcoll::communicator comm(std::move(world_transport), qcoll::communicator_options{job.timeout});
+          return run_rank_or_abort(comm, o, two_level, &node);
+        },
+        join);
+    return right ? 0 : 1;
+  }
   const bool right = qcoll::launch::join(
       job,
       [&](auto transport) {

@@ -33,6 +33,9 @@ qcoll_launcher_test(env_given_secret_file
   CHECK EXIT=0 STDERR_EMPTY=ON VERIFY=env RANKS=2 TRANSPORT=shm SECRET=unset PASSTHROUGH=kept
   COMMAND -n 2 ${launcher_rank} env
   ENVIRONMENT QCOLL_SECRET_FILE=${CMAKE_CURRENT_SOURCE_DIR}/launcher/rank.sh QCOLL_TEST_PASSTHROUGH=kept)
+# --ranks-per-node: nodes of 2 on this machine, rank r's local rank r mod 2.
+qcoll_launcher_test(env_ranks_per_node CHECK EXIT=0 STDERR_EMPTY=ON VERIFY=env RANKS=4 PER_NODE=2 TRANSPORT=tcp
+  COMMAND -n 4 --ranks-per-node 2 --transport tcp ${launcher_rank} env)
 qcoll_launcher_test(many_ranks CHECK EXIT=0 STDERR_EMPTY=ON VERIFY=env RANKS=64 TRANSPORT=shm
   COMMAND -n 64 ${launcher_rank} env)
 
@@ -117,6 +120,8 @@ qcoll_launcher_test(usage.missing_program CHECK EXIT=2 "STDERR_HAS=the program t
   COMMAND -n 2 --)
 qcoll_launcher_test(usage.bad_transport CHECK EXIT=2 "STDERR_HAS=--transport is shm, tcp or cuda_peer, not 'udp'"
   COMMAND -n 2 --transport=udp true)
+qcoll_launcher_test(usage.ranks_per_node_not_dividing CHECK EXIT=2
+  "STDERR_HAS=--ranks-per-node 3 does not divide -n 4" COMMAND -n 4 --ranks-per-node 3 true)
 qcoll_launcher_test(usage.bad_timeout CHECK EXIT=2 "STDERR_HAS=--timeout needs a positive number of seconds, not '0'"
   COMMAND -n 2 --timeout 0 true)
 qcoll_launcher_test(usage.missing_value CHECK EXIT=2 "STDERR_HAS=option '--grace' needs a value"

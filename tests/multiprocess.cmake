@@ -161,6 +161,18 @@ qcoll_job_test(cuda_peer_collectives_3_ranks RANKS 3 TRANSPORT shm ARGS cuda_pee
 qcoll_job_test(kill_a_rank_mid_cuda_peer_allreduce RANKS 4 TRANSPORT shm ARGS kill_cuda_peer 16777216 EXIT 137
   LAUNCHER_OPTIONS --keep-going ENVIRONMENT QCOLL_DEVICE=emulated QCOLL_EMULATED_DEVICES=2
   LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")
+# The two-level allreduce between processes: 2 nodes of 2 ranks on this machine
+# (qcoll-run --ranks-per-node 2), each node over shm, the job over tcp (launch::join_nodes);
+# with the node over cuda_peer on 2 emulated devices too; a rank killed mid-call fails
+# every survivor, its node naming its world rank.
+qcoll_job_test(two_level_2_nodes_of_2 RANKS 4 TRANSPORT tcp LAUNCHER_OPTIONS --ranks-per-node 2
+  ARGS two_level 1048588 LINES "4:two-level allreduce \\(2 nodes of 2")
+qcoll_job_test(two_level_over_cuda_peer_nodes RANKS 4 TRANSPORT tcp LAUNCHER_OPTIONS --ranks-per-node 2
+  ARGS two_level_cuda_peer 1048588 ENVIRONMENT QCOLL_DEVICE=emulated QCOLL_EMULATED_DEVICES=2
+  LINES "4:two-level allreduce .* over cuda_peer on device too")
+qcoll_job_test(kill_a_rank_mid_two_level_allreduce RANKS 4 TRANSPORT tcp ARGS kill_two_level 16777216
+  EXIT 137 LAUNCHER_OPTIONS --keep-going --ranks-per-node 2
+  LINES "3:survivor's two-level call failed|1:rank 3 was killed by signal SIGKILL")
 # A rank killed while the survivors reduce straight out of its shared buffer: they fail
 # naming it, and read nothing freed (their mapping keeps the pages).
 qcoll_job_test(kill_a_rank_mid_allreduce_on_shared_buffers RANKS 4 TRANSPORT shm ARGS kill_allocated 67108864 EXIT 137

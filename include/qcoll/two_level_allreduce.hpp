@@ -42,6 +42,7 @@
 #include <exception>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -241,7 +242,27 @@ class two_level_allreduce {
   two_level_allreduce(NodeComm& node, WorldComm& world, std::size_t count, Q quantizer, two_level_options options,
                       std::optional<execution::device_stream> where)
       : node_(node), world_(world), count_(count), exchange_(options.exchange) {
-    layout_ = detail::node_layout_of(gather_layout(where), world.rank());
+    const std::vector<double> table = gather_layout(where);
+    layout_ = detail::node_layout_of(table, world.rank());
+    std::vector<std::size_t> members(layout_.ranks_per_node);
+    for (std::size_t r = 0; r < world.size(); ++r)
+      if (table[3 * r] == table[3 * world.rank()]) members[static_cast<std::size_t>(table[3 * r + 1])] = r;
+    for (std::size_t l = 0; l < members.size(); ++l)
+      node_ranks_ += qcoll::detail::format("{}node rank {} is world rank {}", l == 0 ? "" : ", ", l, members[l]);
+    // Between the nodes, rank k is node k's rank of this local rank (the leader's).
+    // Nodes are numbered by their first world rank: the leaders in ascending order.
+    const double between_local = options.exchange == two_level_exchange::shards ? table[3 * world.rank() + 1] : 0.0;
+    std::size_t named = 0;
+    for (std::size_t leader = 0; leader < world.size() && named < 8; ++leader) {
+      if (table[3 * leader + 1] != 0) continue;
+      for (std::size_t r = 0; r < world.size(); ++r)
+        if (table[3 * r] == static_cast<double>(leader) && table[3 * r + 1] == between_local) {
+          between_ranks_ += qcoll::detail::format("{}rank {} between the nodes is world rank {}",
+                                                  named == 0 ? "" : ", ", named, r);
+          ++named;
+        }
+    }
+    if (layout_.nodes > named) between_ranks_ += ", …";
     const bool shards = exchange_ == two_level_exchange::shards;
     const auto local = static_cast<std::int64_t>(layout_.local_rank);
     cross_ = world.split(shards ? local : (local == 0 ? 0 : no_color), static_cast<std::int64_t>(layout_.node));
@@ -326,14 +347,27 @@ class two_level_allreduce {
 
   /// A step inside the node; when it fails, the world hears of it (a node over another
   /// transport than the world's would otherwise leave the other nodes waiting).
+  /// The node's errors name its ranks; the message adds their world ranks.
   template <class Step>
   void inside_node(std::string_view what, Step&& step) {
     try {
       step();
+    } catch (const qcoll::error& e) {
+      const std::string message = with_world_ranks(e, node_ranks_);
+      abort_quietly(world_, qcoll::detail::format("the node's {} failed: {}", what, message));
+      throw qcoll::error(e.code(), message);
     } catch (const std::exception& e) {
       abort_quietly(world_, qcoll::detail::format("the node's {} failed: {}", what, e.what()));
       throw;
     }
+  }
+
+  /// e's message (without the code's text, which qcoll::error adds again) and who is who.
+  static std::string with_world_ranks(const qcoll::error& e, const std::string& ranks) {
+    std::string_view message = e.what();
+    const std::string code = ": " + e.code().message();
+    if (message.ends_with(code)) message.remove_suffix(code.size());
+    return qcoll::detail::format("{} ({})", message, ranks);
   }
   /// The last step: when it fails after this rank's plan committed, the plan rolls
   /// back, so a failed call leaves every residual as it was.
@@ -350,6 +384,10 @@ class two_level_allreduce {
   void between_nodes(Step&& step) {
     try {
       step();
+    } catch (const qcoll::error& e) {
+      const std::string message = with_world_ranks(e, between_ranks_);
+      abort_quietly(node_, qcoll::detail::format("the compressed allreduce between nodes failed: {}", message));
+      throw qcoll::error(e.code(), message);
     } catch (const std::exception& e) {
       abort_quietly(node_, qcoll::detail::format("the compressed allreduce between nodes failed: {}", e.what()));
       throw;
@@ -378,6 +416,8 @@ class two_level_allreduce {
   block_range between_;
   std::optional<WorldComm> cross_;  // the ranks of this rank's local rank (shards) or the leaders
   std::optional<plan_type> plan_;
+  std::string node_ranks_;     // "node rank 0 is world rank 4, …", for the node's errors
+  std::string between_ranks_;  // the same between the nodes
 };
 
 template <class NodeComm, class WorldComm, quantizer Q, class... Rest>

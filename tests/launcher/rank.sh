@@ -57,6 +57,9 @@ shm_crash)  # leaves the job's shared memory behind, plus a name that is not the
     : > "/dev/shm/qcoll-$QCOLL_JOB_ID"
     : > "/dev/shm/qcoll-$QCOLL_JOB_ID.extra"
     : > "/dev/shm/qcoll-${QCOLL_JOB_ID}x"
+    : > "/dev/shm/qcoll-$QCOLL_JOB_ID-node2"
+    : > "/dev/shm/qcoll-$QCOLL_JOB_ID-node2.extra"
+    : > "/dev/shm/qcoll-$QCOLL_JOB_ID-nodex"
     kill -9 $$
   fi
   sleep 30

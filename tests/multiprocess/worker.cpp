@@ -13,12 +13,14 @@
 #include <qcoll/quantizers/k_level.hpp>
 #include <qcoll/quantizers/one_bit.hpp>
 #include <qcoll/launch/join.hpp>
+#include <qcoll/launch/join_nodes.hpp>
 #include <qcoll/topologies/grid.hpp>
 #include <qcoll/topologies/router.hpp>
 #include <qcoll/topologies/ring.hpp>
 #include <qcoll/transports/cuda_peer.hpp>
 #include <qcoll/transports/reference.hpp>
 #include <qcoll/transports/stream/engine.hpp>
+#include <qcoll/two_level_allreduce.hpp>
 
 #include "../support/sanitizers.hpp"
 #ifdef QCOLL_TEST_MPI
@@ -1348,6 +1350,122 @@ void over_cuda_peer(Comm& comm, std::size_t amount, bool kill) {
 }
 #endif
 
+/// The two-level allreduce between processes: `node` over shm among this host's ranks
+/// (qcoll-run --ranks-per-node), `world` over tcp. Identity gives the exact sums; one_bit
+/// the same bits on every rank, call after call, with its mass kept; both exchanges.
+/// cuda_peer: also the same calls on device memory with the node over the CUDA peer
+/// transport (the node's shm its control), bit for bit the host's.
+template <class Comm>
+void two_level(Comm& node, Comm& world, std::size_t count, bool cuda_peer) {
+  const std::size_t n = world.size();
+  auto input = [&](rank_t r, unsigned call) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(static_cast<int>((i * 7 + r * 13 + call) % 17) - 8);
+    return v;
+  };
+  std::optional<communicator<transports::cuda_peer::transport<endpoint_ref>>> peers;
+  if (cuda_peer) {
+    const device::runtime& runtime = execution::device_runtime("worker");
+    int devices = 0;
+    execution::check_device(runtime, runtime.device_count(&devices), "counting devices");
+    transports::cuda_peer::options settings{.slot_bytes = 256 << 10, .slots = 4};
+    settings.device = static_cast<int>(node.rank() % static_cast<rank_t>(devices));
+    execution::check_device(runtime, runtime.set_device(settings.device), "choosing a device");
+    peers.emplace(transports::cuda_peer::transport<endpoint_ref>(endpoint_ref(node.transport()), settings),
+                  node.options());
+  }
+  std::size_t checks = 0;
+  for (const two_level_exchange exchange : {two_level_exchange::shards, two_level_exchange::leaders}) {
+    const two_level_options options{.exchange = exchange, .compressed = {.chunk_values = 65536}};
+    two_level_allreduce exact(node, world, count, quantizers::identity<float>{}, options);
+    std::vector<float> expected(count, 0.0f), out(count);
+    for (rank_t r = 0; r < n; ++r) {
+      const std::vector<float> in = input(r, 0);
+      for (std::size_t i = 0; i < count; ++i) expected[i] += in[i];
+    }
+    exact.allreduce(std::span<const float>(input(world.rank(), 0)), std::span(out), reduce_op::sum);
+    if (out != expected) fail("the exact two-level allreduce is not the exact sum");
+    ++checks;
+
+    two_level_allreduce lossy(node, world, count, quantizers::one_bit{}, options);
+    using device_bucket = two_level_allreduce<communicator<transports::cuda_peer::transport<endpoint_ref>>, Comm,
+                                              quantizers::one_bit, float, execution::device_space>;
+    std::optional<device_bucket> on_device;
+    if (peers) on_device.emplace(execution::device_stream{}, *peers, world, count, quantizers::one_bit{}, options);
+    std::vector<double> total(count, 0.0), given(count, 0.0);
+    for (unsigned call = 0; call < 3; ++call) {
+      for (rank_t r = 0; r < n; ++r) {
+        const std::vector<float> in = input(r, call);
+        for (std::size_t i = 0; i < count; ++i) given[i] += in[i];
+      }
+      const std::vector<float> in = input(world.rank(), call);
+      lossy.allreduce(std::span<const float>(in), std::span(out), reduce_op::sum);
+      for (std::size_t i = 0; i < count; ++i) total[i] += out[i];
+      // The same bits everywhere: the largest and the smallest of every value agree.
+      std::vector<float> high = out, low = out;
+      world.allreduce(std::span(high), reduce_op::max);
+      world.allreduce(std::span(low), reduce_op::min);
+      if (high != out || low != out) fail(fmt::format("call {}: the ranks' one_bit results differ", call));
+      ++checks;
+      if (on_device) {
+        const execution::device_memory<float> d_in = [&] {
+          execution::device_memory<float> d(count);
+          d.upload(in);
+          return d;
+        }();
+        execution::device_memory<float> d_out(count);
+        on_device->allreduce(execution::device_stream{}, std::span<const float>(d_in.span()), d_out.span(),
+                             reduce_op::sum);
+        expect_same(d_out, out, fmt::format("the two-level allreduce over cuda_peer, call {}", call));
+        ++checks;
+      }
+    }
+    // Σ outputs + the mass every rank's residuals hold = Σ inputs.
+    std::vector<float> mass(count, 0.0f);
+    lossy.add_residual_mass(std::span(mass), reduce_op::sum);
+    world.allreduce(std::span(mass), reduce_op::sum);
+    for (std::size_t i = 0; i < count; ++i)
+      if (std::abs(total[i] + mass[i] - given[i]) > 1e-3 * (1 + std::abs(given[i])))
+        fail(fmt::format("value {}: outputs {} + mass {} for inputs {}", i, total[i], mass[i], given[i]));
+    ++checks;
+  }
+  fmt::print("rank {}: two-level allreduce ({} nodes of {}, {} values) right ({} checks{})\n", world.rank(),
+             n / node.size(), node.size(), count, checks, cuda_peer ? ", over cuda_peer on device too" : "");
+}
+
+/// The last rank is killed in the middle of a two-level call: every survivor's call fails
+/// within the deadline — with the loss (its errors say which world rank a node's or the
+/// nodes' rank k is), or with the abort of a survivor that saw it first.
+template <class Comm>
+void kill_during_two_level(Comm& node, Comm& world, std::size_t count) {
+  const rank_t victim = world.size() - 1;
+  std::atomic<bool> inside{false};
+  std::optional<std::jthread> killer;
+  if (world.rank() == victim)
+    killer.emplace([&] {
+      while (!inside) std::this_thread::sleep_for(1ms);
+      std::this_thread::sleep_for(30ms);
+      std::raise(SIGKILL);
+    });
+  two_level_allreduce bucket(node, world, count, quantizers::one_bit{});
+  std::vector<float> data(count, 1.0f);
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    for (int round = 0; round < 200; ++round) {
+      if (round == 1) inside = true;
+      bucket.allreduce(std::span(data), reduce_op::avg);
+    }
+  } catch (const qcoll::error& e) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    const std::string what = e.what();
+    if (ms >= world.options().timeout) fail(fmt::format("the loss was reported only after {}", ms));
+    fmt::print("rank {}: survivor's two-level call failed {} ms in ({}): {}\n", world.rank(), ms.count(),
+               e.code().message(), what);
+    return;
+  }
+  fail("200 two-level allreduces completed although a rank was killed");
+}
+
 template <class Transport>
 int run(std::string_view scenario, Transport transport, std::chrono::milliseconds timeout, std::size_t amount) {
   communicator comm(std::move(transport), communicator_options{timeout});
@@ -1507,6 +1625,15 @@ int main(int argc, char** argv) try {
     }
     fail("a job with a wrong secret on one rank formed");
   }
+  if (scenario == "two_level" || scenario == "two_level_cuda_peer" || scenario == "kill_two_level")
+    // Nodes over shm (qcoll-run --ranks-per-node K), the job over its transport (tcp).
+    return launch::join_nodes(job, [&](auto node_transport, auto world_transport) {
+      communicator node(std::move(node_transport), communicator_options{job.timeout});
+      communicator world(std::move(world_transport), communicator_options{job.timeout});
+      if (scenario == "kill_two_level") kill_during_two_level(node, world, max_bytes / sizeof(float));
+      else two_level(node, world, max_bytes / sizeof(float), scenario == "two_level_cuda_peer");
+      return 0;
+    });
   if (scenario == "refuse_single_copy") {
     // No rank may read a non-dumpable process without CAP_SYS_PTRACE: rank 1 becomes
     // one, so the probe at join fails for every rank that tries it, and all fall back.

@@ -18,11 +18,11 @@ namespace {
 
 using qcoll::rendezvous::transport_kind;
 
-int parse_rank_count(std::string_view text) {
+int parse_rank_count(std::string_view text, std::string_view option = "-n") {
   int count = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
   if (error != std::errc{} || end != text.data() + text.size() || count < 1 || count > max_ranks) {
-    throw usage_error(fmt::format("-n needs a number of ranks from 1 to {}, not '{}'", max_ranks, text));
+    throw usage_error(fmt::format("{} needs a number of ranks from 1 to {}, not '{}'", option, max_ranks, text));
   }
   return count;
 }
@@ -78,6 +78,9 @@ prefixed with "[rank] ", on stdout or stderr as the rank printed it.
 Options:
   -n N                 number of ranks, 1 to {} (required)
   --transport NAME     the ranks' {}: {} (default: shm)
+  --ranks-per-node K   run the ranks as nodes of K (K divides N): rank r gets local rank
+                       r mod K and a local world of K, as on N/K hosts (for programs that
+                       join a node transport beside the job's, launch::join_nodes)
   --bind core|none     pin rank r to the r-th CPU qcoll-run may use (default: core when
                        there are at least N such CPUs, else none; as Open MPI binds)
   --keep-going         when a rank fails, let the other ranks finish
@@ -135,6 +138,8 @@ command_line parse_command_line(int argc, char** argv) {
       if (!kind || *kind == transport_kind::automatic) {
         throw usage_error(fmt::format("--transport is {}, not '{}'", launched_transport_names(), parsed.transport));
       }
+    } else if (is_option(arg, "--ranks-per-node")) {
+      parsed.ranks_per_node = parse_rank_count(value_of(arg, "--ranks-per-node"), "--ranks-per-node");
     } else if (is_option(arg, "--bind")) {
       const std::string_view how = value_of(arg, "--bind");
       if (how != "core" && how != "none") throw usage_error(fmt::format("--bind is core or none, not '{}'", how));
@@ -148,6 +153,8 @@ command_line parse_command_line(int argc, char** argv) {
     }
   }
   if (!ranks_given) throw usage_error("the number of ranks is missing (-n N)");
+  if (parsed.ranks_per_node != 0 && parsed.ranks % parsed.ranks_per_node != 0)
+    throw usage_error(fmt::format("--ranks-per-node {} does not divide -n {}", parsed.ranks_per_node, parsed.ranks));
   if (index >= argc) throw usage_error("the program to run is missing");
   parsed.command.assign(argv + index, argv + argc);
   return parsed;

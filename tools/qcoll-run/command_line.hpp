@@ -15,6 +15,7 @@ enum class binding { automatic, core, none };
 
 struct options {
   int ranks = 0;
+  int ranks_per_node = 0;  // --ranks-per-node: nodes of this many ranks on this machine; 0: one node
   std::string transport = "shm";
   binding bind = binding::automatic;
   bool keep_going = false;

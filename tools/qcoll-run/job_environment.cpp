@@ -85,11 +85,12 @@ unsigned find_free_loopback_port() {
 
 }  // namespace
 
-job_environment make_job_environment(int ranks, const std::string& transport) {
+job_environment make_job_environment(int ranks, int ranks_per_node, const std::string& transport) {
   const char* given_job_id = std::getenv(variables::job_id);
   const char* given_secret = std::getenv(variables::secret);
   const char* given_secret_file = std::getenv(variables::secret_file);
   job_environment job;
+  job.ranks_per_node = ranks_per_node != 0 ? ranks_per_node : ranks;
   // An empty job id would name no segment at all; an empty secret means "no authentication".
   job.job_id = given_job_id != nullptr && *given_job_id != '\0' ? given_job_id : random_hex(8);
   // A secret given in a file stays there: the ranks read QCOLL_SECRET_FILE themselves, so
@@ -105,7 +106,7 @@ job_environment make_job_environment(int ranks, const std::string& transport) {
     }
   }
   job.shared.push_back(fmt::format("{}={}", variables::world_size, ranks));
-  job.shared.push_back(fmt::format("{}={}", variables::local_world_size, ranks));
+  job.shared.push_back(fmt::format("{}={}", variables::local_world_size, job.ranks_per_node));
   job.shared.push_back(fmt::format("{}=127.0.0.1:{}", variables::store, find_free_loopback_port()));
   job.shared.push_back(fmt::format("{}={}", variables::job_id, job.job_id));
   if (!secret_in_file) job.shared.push_back(fmt::format("{}={}", variables::secret, secret));
@@ -116,7 +117,7 @@ job_environment make_job_environment(int ranks, const std::string& transport) {
 std::vector<std::string> rank_environment(const job_environment& job, int rank) {
   std::vector<std::string> environment = job.shared;
   environment.push_back(fmt::format("{}={}", variables::rank, rank));
-  environment.push_back(fmt::format("{}={}", variables::local_rank, rank));
+  environment.push_back(fmt::format("{}={}", variables::local_rank, rank % job.ranks_per_node));
   return environment;
 }
 

@@ -20,6 +20,7 @@ inline constexpr std::array<const char*, 8> variables_set_per_job = {
 /// What every rank of a job shares.
 struct job_environment {
   std::string job_id;
+  int ranks_per_node = 0;  // the local world's size; rank r's local rank is r mod it
   std::vector<std::string> shared;  // "NAME=value" entries
 };
 
@@ -28,7 +29,8 @@ struct job_environment {
 /// ephemeral port range so that no connect() or bind(0) of another process can take it
 /// before rank 0 binds it. A process that binds that very port explicitly still can; rank 0
 /// then fails to serve the store and the job fails at rendezvous, saying so.
-job_environment make_job_environment(int ranks, const std::string& transport);
+/// `ranks_per_node` 0: every rank on one node (local rank = rank).
+job_environment make_job_environment(int ranks, int ranks_per_node, const std::string& transport);
 
 /// The complete environment of rank `rank`.
 std::vector<std::string> rank_environment(const job_environment& job, int rank);

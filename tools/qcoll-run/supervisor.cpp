@@ -52,7 +52,7 @@ void job_supervisor::start_ranks() {
     raised.rlim_cur = std::min<rlim_t>(raised.rlim_max, 2 * ranks_.size() + 64);
     file_limit_raised_ = raised.rlim_cur > original_file_limit_.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &raised) == 0;
   }
-  const job_environment environment = make_job_environment(options_.ranks, options_.transport);
+  const job_environment environment = make_job_environment(options_.ranks, options_.ranks_per_node, options_.transport);
   job_id_ = environment.job_id;
   // A terminal stays with qcoll-run: a rank outside the terminal's foreground process group
   // that read it would be stopped (SIGTTIN). A file or pipe goes to rank 0, as mpirun does.

@@ -6,6 +6,7 @@
 
 #include <qcoll/detail/format.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -30,11 +31,19 @@ inline std::string segment_name(std::string_view job_id) {
 }
 
 /// True when `file_name`, an entry of /dev/shm, is the segment of the job `job_id` or one of
-/// the names reserved for that job ("<segment>.<suffix>").
+/// the names reserved for that job ("<segment>.<suffix>"), or those of one of its nodes'
+/// jobs (launch::node_job: "<segment>-node<first rank>", and its suffixes).
 inline bool is_segment_of_job(std::string_view file_name, std::string_view job_id) {
   const std::string segment = segment_name(job_id).substr(1);  // without the leading '/'
-  return file_name == segment || (file_name.size() > segment.size() + 1 && file_name.starts_with(segment) &&
-                                  file_name[segment.size()] == '.');
+  if (!file_name.starts_with(segment)) return false;
+  std::string_view rest = file_name.substr(segment.size());
+  if (rest.starts_with("-node")) {
+    rest.remove_prefix(5);
+    const std::size_t digits = std::min(rest.find_first_not_of("0123456789"), rest.size());
+    if (digits == 0) return false;
+    rest.remove_prefix(digits);
+  }
+  return rest.empty() || (rest.size() > 1 && rest.front() == '.');
 }
 
 }  // namespace qcoll::transports::shm
