@@ -1335,14 +1335,21 @@ void check_device_collectives(Comm& comm, DeviceComm& device_comm, std::size_t m
 /// control channel: every exact collective and a compressed plan against the host calls
 /// (kill: the last rank killed in the middle of an allreduce, which every survivor names).
 /// Each rank on device local rank % the devices (several ranks per device).
-template <class Comm>
-void over_cuda_peer(Comm& comm, std::size_t amount, bool kill) {
+/// The CUDA peer transport's settings for the rank `index` of its node: on device index %
+/// the devices, made current.
+transports::cuda_peer::options peer_settings(rank_t index, int& devices) {
   const device::runtime& runtime = execution::device_runtime("worker");
-  int devices = 0;
   execution::check_device(runtime, runtime.device_count(&devices), "counting devices");
   transports::cuda_peer::options settings{.slot_bytes = 256 << 10, .slots = 4};
-  settings.device = static_cast<int>(comm.rank() % static_cast<rank_t>(devices));
+  settings.device = static_cast<int>(index % static_cast<rank_t>(devices));
   execution::check_device(runtime, runtime.set_device(settings.device), "choosing a device");
+  return settings;
+}
+
+template <class Comm>
+void over_cuda_peer(Comm& comm, std::size_t amount, bool kill) {
+  int devices = 0;
+  const transports::cuda_peer::options settings = peer_settings(comm.rank(), devices);
   communicator peers(transports::cuda_peer::transport<endpoint_ref>(endpoint_ref(comm.transport()), settings),
                      comm.options());
   if (kill) return kill_a_rank(peers, false, amount / sizeof(float), true);
@@ -1365,12 +1372,8 @@ void two_level(Comm& node, Comm& world, std::size_t count, bool cuda_peer) {
   };
   std::optional<communicator<transports::cuda_peer::transport<endpoint_ref>>> peers;
   if (cuda_peer) {
-    const device::runtime& runtime = execution::device_runtime("worker");
     int devices = 0;
-    execution::check_device(runtime, runtime.device_count(&devices), "counting devices");
-    transports::cuda_peer::options settings{.slot_bytes = 256 << 10, .slots = 4};
-    settings.device = static_cast<int>(node.rank() % static_cast<rank_t>(devices));
-    execution::check_device(runtime, runtime.set_device(settings.device), "choosing a device");
+    const transports::cuda_peer::options settings = peer_settings(node.rank(), devices);
     peers.emplace(transports::cuda_peer::transport<endpoint_ref>(endpoint_ref(node.transport()), settings),
                   node.options());
   }
