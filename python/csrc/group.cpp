@@ -3,6 +3,15 @@
 #include "group.hpp"
 
 #include <qcoll/detail/format.hpp>
+#include <qcoll/detail/log.hpp>
+
+// A build with CUDA also moves CUDA tensors GPU to GPU between the ranks of one host,
+// over the CUDA peer transport (docs/pytorch.md, "CUDA tensors").
+#ifndef QCOLL_TORCH_NO_CUDA_REASON
+#define QCOLL_TORCH_CUDA_PEER 1
+#include <qcoll/transports/cuda_peer.hpp>
+#include <qcoll/transports/reference.hpp>
+#endif
 
 #include <unistd.h>
 
@@ -77,8 +86,9 @@ std::span<const T> values_of(const at::Tensor& tensor) {
 template <class Transport>
 class group_over final : public group {
  public:
-  group_over(Transport transport, std::chrono::milliseconds timeout, const char* name)
-      : comm_(std::move(transport), qcoll::communicator_options{.timeout = timeout}), name_(name) {}
+  group_over(Transport transport, std::chrono::milliseconds timeout, const char* name, peer_policy peers)
+      : comm_(std::move(transport), qcoll::communicator_options{.timeout = timeout}), name_(name),
+        peer_policy_(peers) {}
 
   int rank() const override { return static_cast<int>(comm_.rank()); }
   int size() const override { return static_cast<int>(comm_.size()); }
@@ -87,47 +97,49 @@ class group_over final : public group {
   // Each call: qcoll's host form, or its device_stream form on the placement's stream.
   void allreduce(at::Tensor& tensor, qcoll::reduce_op op, const placement& where) override {
     with_span(tensor, [&](auto data) {
-      if (where.on_device()) comm_.allreduce(*where.stream, data, op);
+      if (where.on_device()) on_device(where, true, [&](auto& comm) { comm.allreduce(*where.stream, data, op); });
       else comm_.allreduce(data, op);
     });
   }
   void broadcast(at::Tensor& tensor, int root, const placement& where) override {
     with_span(tensor, [&](auto data) {
       const auto from = static_cast<qcoll::rank_t>(root);
-      if (where.on_device()) comm_.broadcast(*where.stream, data, from);
+      if (where.on_device()) on_device(where, true, [&](auto& comm) { comm.broadcast(*where.stream, data, from); });
       else comm_.broadcast(data, from);
     });
   }
   void all_gather(const at::Tensor& in, at::Tensor& out, const placement& where) override {
     with_span(out, [&](auto all) {
       const auto mine = values_of<typename decltype(all)::element_type>(in);
-      if (where.on_device()) comm_.all_gather(*where.stream, mine, all);
+      if (where.on_device()) on_device(where, true, [&](auto& comm) { comm.all_gather(*where.stream, mine, all); });
       else comm_.all_gather(mine, all);
     });
   }
   void reduce_scatter(const at::Tensor& in, at::Tensor& out, qcoll::reduce_op op, const placement& where) override {
     with_span(out, [&](auto mine) {
       const auto all = values_of<typename decltype(mine)::element_type>(in);
-      if (where.on_device()) comm_.reduce_scatter(*where.stream, all, mine, op);
+      if (where.on_device())
+        on_device(where, true, [&](auto& comm) { comm.reduce_scatter(*where.stream, all, mine, op); });
       else comm_.reduce_scatter(all, mine, op);
     });
   }
   void barrier(const placement& where) override {
-    if (where.on_device()) comm_.barrier(*where.stream);
+    if (where.on_device()) on_device(where, true, [&](auto& comm) { comm.barrier(*where.stream); });
     else comm_.barrier();
   }
   void send(const at::Tensor& tensor, int to, const placement& where) override {
     with_span(tensor, [&](auto data) {
       using T = typename decltype(data)::element_type;
       const auto peer = static_cast<qcoll::rank_t>(to);
-      if (where.on_device()) comm_.send(*where.stream, std::span<const T>(data), peer);
+      if (where.on_device())
+        on_device(where, false, [&](auto& comm) { comm.send(*where.stream, std::span<const T>(data), peer); });
       else comm_.send(std::span<const T>(data), peer);
     });
   }
   void recv(at::Tensor& tensor, int from, const placement& where) override {
     with_span(tensor, [&](auto data) {
       const auto peer = static_cast<qcoll::rank_t>(from);
-      if (where.on_device()) comm_.recv(*where.stream, data, peer);
+      if (where.on_device()) on_device(where, false, [&](auto& comm) { comm.recv(*where.stream, data, peer); });
       else comm_.recv(data, peer);
     });
   }
@@ -150,9 +162,71 @@ class group_over final : public group {
 
   std::uint64_t bytes_sent() override { return comm_.transport().bytes_written(); }
 
-  void abort(const std::string& reason) override { comm_.abort(reason); }
+  void abort(const std::string& reason) override {
+#ifdef QCOLL_TORCH_CUDA_PEER
+    if (peers_ && !peers_->aborted()) peers_->abort(reason);
+#endif
+    comm_.abort(reason);
+  }
 
  private:
+  /// fn(communicator) for a call on CUDA tensors: the CUDA peer communicator where the
+  /// group has one on the call's device (the tensors then move GPU to GPU), else the
+  /// group's own (staged through pinned host memory). `collective`: every rank makes
+  /// this call, so the CUDA peer transport may start here (its connect is collective).
+  template <class Fn>
+  void on_device(const placement& where, bool collective, Fn&& fn) {
+#ifdef QCOLL_TORCH_CUDA_PEER
+    if (auto* peers = peers_for(where, collective)) return fn(*peers);
+#else
+    (void)collective;
+#endif
+    fn(comm_);
+  }
+
+#ifdef QCOLL_TORCH_CUDA_PEER
+  using peer_transport = qcoll::transports::cuda_peer::transport<qcoll::transports::reference<Transport>>;
+  using peer_communicator = qcoll::communicator<peer_transport>;
+
+  /// The CUDA peer communicator for a call on `where`, started at the first collective
+  /// call on CUDA tensors, on that call's device, with the group's transport as its
+  /// control; null where the policy or the device says staged. Under `automatic` a
+  /// transport that cannot start (every rank fails alike: a window no peer can open)
+  /// leaves the group staged, saying why once; under `required` it fails the call.
+  peer_communicator* peers_for(const placement& where, bool collective) {
+    if (peer_policy_ == peer_policy::never) return nullptr;
+    if (!peers_tried_ && collective) {
+      peers_tried_ = true;
+      try {
+        qcoll::transports::cuda_peer::options settings;
+        settings.device = where.device;
+        settings.timeout = comm_.options().timeout;
+        peers_.emplace(peer_transport(qcoll::transports::reference<Transport>(comm_.transport()), settings),
+                       comm_.options());
+        peers_device_ = where.device;
+      } catch (const qcoll::error& e) {
+        if (peer_policy_ == peer_policy::required) throw;
+        qcoll::detail::log_warning("qcoll: rank {}: CUDA tensors go through host memory: the CUDA peer transport "
+                                   "did not start: {}",
+                                   rank(), e.what());
+      }
+    }
+    if (peers_ && where.device == peers_device_) return &*peers_;
+    if (peer_policy_ == peer_policy::required) {
+      if (peers_)
+        qcoll::detail::throw_error(errc::invalid_argument,
+                                   "qcoll rank {}: QCOLL_TRANSPORT=cuda_peer started on cuda:{}; this call's tensors "
+                                   "are on cuda:{} (one device per rank)",
+                                   rank(), peers_device_, where.device);
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll rank {}: QCOLL_TRANSPORT=cuda_peer starts at the group's first collective "
+                                 "on CUDA tensors (every rank makes it); this send or recv came first",
+                                 rank());
+    }
+    return nullptr;
+  }
+#endif
+
   template <class Q, class T, class Plans>
   void run(Plans& plans, std::int64_t key, std::span<T> data, qcoll::reduce_op op, const compression& settings,
            const placement& where, const Q& quantizer) {
@@ -180,6 +254,12 @@ class group_over final : public group {
   qcoll::communicator<Transport> comm_;
   const char* name_;
   qcoll::quantizers::each_quantizer<plans_per_type> plans_;  // one tuple of plans per listed quantizer
+  peer_policy peer_policy_;
+#ifdef QCOLL_TORCH_CUDA_PEER
+  std::optional<peer_communicator> peers_;  // after comm_: it goes first, its control still there
+  bool peers_tried_ = false;
+  int peers_device_ = -1;
+#endif
 };
 
 std::string host_name() {
@@ -209,7 +289,11 @@ std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int ran
   qcoll::rendezvous::job job;
   job.rank = static_cast<qcoll::rank_t>(rank);
   job.size = static_cast<qcoll::rank_t>(size);
-  job.transport = settings.transport;
+  // QCOLL_TRANSPORT=cuda_peer: shm, and CUDA tensors over the CUDA peer transport on
+  // top of it (required); auto: the same when shm is chosen, staged if it cannot start.
+  job.transport = settings.transport == qcoll::rendezvous::transport_kind::cuda_peer
+                      ? qcoll::rendezvous::transport_kind::shm
+                      : settings.transport;
   job.timeout = settings.timeout;
   job.launcher = "torch";
   if (const char* secret = std::getenv("QCOLL_SECRET"); secret && *secret) job.secret = secret;
@@ -235,9 +319,21 @@ std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int ran
 
   // qcoll's join over PyTorch's store: the ranks agree on the transport, join it, and
   // are all through with the store before any returns.
+  if (settings.transport == qcoll::rendezvous::transport_kind::cuda_peer && !job.all_local())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "qcoll rank {}: QCOLL_TRANSPORT=cuda_peer needs every rank of the group on one host, "
+                               "but {} of {} are on this one; use auto or tcp",
+                               rank, job.local_size, size);
   return qcoll::launch::join_through(job, rendezvous, [&](auto transport) -> std::unique_ptr<group> {
-    const std::string_view name = qcoll::rendezvous::to_string(transport.kind());
-    return std::make_unique<group_over<decltype(transport)>>(std::move(transport), settings.timeout, name.data());
+    const bool shm = transport.kind() == qcoll::rendezvous::transport_kind::shm;
+    const peer_policy peers = settings.transport == qcoll::rendezvous::transport_kind::cuda_peer ? peer_policy::required
+                              : settings.transport == qcoll::rendezvous::transport_kind::automatic && shm
+                                  ? peer_policy::automatic
+                                  : peer_policy::never;
+    const std::string_view name =
+        peers == peer_policy::required ? "cuda_peer" : qcoll::rendezvous::to_string(transport.kind());
+    return std::make_unique<group_over<decltype(transport)>>(std::move(transport), settings.timeout, name.data(),
+                                                             peers);
   });
 }
 

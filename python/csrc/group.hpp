@@ -3,7 +3,8 @@
 // over the shm or the TCP transport, behind one interface (the transport is chosen
 // at run time, like qcoll-run's --transport), with tensors turned into spans: host
 // spans for CPU tensors, device spans with a CUDA stream for CUDA tensors (qcoll's
-// device_stream forms, docs/gpu.md).
+// device_stream forms, docs/gpu.md) — over the CUDA peer transport, on shm, where the
+// build has CUDA and the group's ranks share a host.
 
 #include "store.hpp"
 
@@ -34,6 +35,12 @@ struct group_settings {
   qcoll::rendezvous::transport_kind transport = qcoll::rendezvous::transport_kind::automatic;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
 };
+
+/// Whether a group's calls on CUDA tensors go GPU to GPU over the CUDA peer transport
+/// (builds with CUDA, groups whose ranks share one host over shm): `required` for
+/// QCOLL_TRANSPORT=cuda_peer, `automatic` for auto (staged through host memory if it
+/// cannot start), `never` for shm and tcp named (staged).
+enum class peer_policy { never, automatic, required };
 
 /// The hook's quantizer and its settings.
 struct compression {

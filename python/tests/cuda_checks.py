@@ -231,3 +231,21 @@ def ddp_training(rank, size):
         losses.append(loss.item())
     parameters = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return _bits(parameters), losses
+
+
+def bytes_through_the_host(rank, size):
+    """A 16 MiB all_reduce of CUDA tensors, after a first one (which starts the CUDA peer
+    transport where the group uses it); returns the bytes the group's host transport sent
+    for the second: about none when the tensors move GPU to GPU, the ring's share of the
+    data when they are staged through host memory."""
+    import qcoll.torch
+
+    device = device_of_rank(rank)
+    tensor = torch.ones(4 << 20, device=device)
+    dist.all_reduce(tensor)
+    torch.cuda.synchronize(device)
+    before = qcoll.torch.bytes_sent()
+    dist.all_reduce(tensor)
+    torch.cuda.synchronize(device)
+    assert torch.equal(tensor, torch.full_like(tensor, float(size * size))), "the two sums are wrong"
+    return qcoll.torch.bytes_sent() - before

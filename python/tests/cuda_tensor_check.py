@@ -40,8 +40,13 @@ def rank_main(rank, size, port, check, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run(check, timeout=300):
-    """{rank: value} of cuda_checks.<check> on RANKS processes, or the first error's text."""
+def run(check, timeout=300, transport=None):
+    """{rank: value} of cuda_checks.<check> on RANKS processes (QCOLL_TRANSPORT=transport
+    when given), or the first error's text."""
+    if transport is not None:
+        os.environ["QCOLL_TRANSPORT"] = transport  # the spawned ranks inherit it
+    else:
+        os.environ.pop("QCOLL_TRANSPORT", None)
     context = mp.get_context("spawn")
     results = context.Queue()
     with socket.socket() as s:
@@ -105,9 +110,17 @@ def main():
         losses = outcome[0][1]
         return None if losses[-1] < 0.9 * losses[0] else f"the loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
 
+    def gpu_to_gpu(outcome):
+        most = max(outcome.values())
+        return None if most < 1 << 20 else f"{most} bytes of a 16 MiB all_reduce went through the host transport"
+
+    # (check, what, judge, QCOLL_TRANSPORT): unset is auto, which on one host moves CUDA
+    # tensors over the CUDA peer transport; shm stages them through host memory.
     checks = [
         ("every_collective", "all_reduce (every dtype, op), broadcast, all_gather, reduce_scatter, barrier, "
-                             "send/recv; the reference and the CPU call's bits", same_on_every_rank),
+                             "send/recv; the reference and the CPU call's bits (auto: cuda_peer)", same_on_every_rank),
+        ("every_collective", "the same staged through host memory (QCOLL_TRANSPORT=shm)", same_on_every_rank, "shm"),
+        ("bytes_through_the_host", "CUDA tensors on one host move GPU to GPU (auto)", gpu_to_gpu),
         ("stream_order", "kernels queued before the call and after it; async calls return at once; futures",
          quick_returns),
         ("errors", "mixed CPU/CUDA, non-contiguous, other device: clear errors", clear_errors),
@@ -117,13 +130,13 @@ def main():
     ]
     failed = False
     deadline = time.monotonic() + BUDGET_S
-    for check, what, judge in checks:
+    for check, what, judge, *transport in checks:
         started = time.monotonic()
         if deadline - started < 30:
             print(f"  {check}: NOT RUN: the check's {BUDGET_S:.0f} s are spent", flush=True)
             failed = True
             continue
-        outcome, error = run(check, timeout=min(240.0, deadline - started))
+        outcome, error = run(check, timeout=min(240.0, deadline - started), transport=(transport or [None])[0])
         if error is None:
             error = judge(outcome)
         seconds = time.monotonic() - started

@@ -62,6 +62,21 @@ def every_collective(rank, size):
     return qcoll.torch.transport(), checked
 
 
+def sum_of_ranks_on_cpu(rank, size):
+    import qcoll.torch
+
+    tensor = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(tensor)
+    assert torch.equal(tensor, torch.full((1000,), float(size * (size + 1) // 2)))
+    return qcoll.torch.transport()
+
+
+def test_cuda_peer_named_joins_over_shm_and_takes_cpu_tensors_there():
+    # CUDA tensors then go GPU to GPU (test_cuda.py, where a GPU is); CPU tensors over its shm.
+    results = run_ranks(2, sum_of_ranks_on_cpu, env={"QCOLL_TRANSPORT": "cuda_peer"})
+    assert set(results.values()) == {"cuda_peer"}
+
+
 @pytest.mark.parametrize("size", [2, 4])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_every_collective_and_dtype_matches_the_reference_and_every_rank(size, transport):

@@ -1,5 +1,6 @@
 """The qcoll backend and the hook on CUDA tensors (cuda_checks.py's bodies on 2 ranks):
-every collective, dtype and op against the reference and the CPU call's bits; stream
+every collective, dtype and op against the reference and the CPU call's bits, over
+shm, tcp and the CUDA peer transport (GPU to GPU: what auto picks on one host); stream
 order (kernels queued before the call, and after it); futures; errors at submission;
 the hook on CUDA gradients bit for bit as the CPU hook; DDP on CUDA. Skipped where
 torch sees no GPU; where it does but this build of the bridge cannot run CUDA tensors,
@@ -22,10 +23,21 @@ pytestmark = no_gpu
 
 
 @runs_cuda
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "cuda_peer"])
 def test_every_collective_on_cuda_tensors_matches_the_reference_and_the_cpu_call(transport):
     results = run_ranks(2, cuda_checks.every_collective, env={"QCOLL_TRANSPORT": transport}, timeout=600)
     assert results[0] == results[1], "the ranks' results differ"
+
+
+@runs_cuda
+@pytest.mark.parametrize("transport, gpu_to_gpu", [("auto", True), ("cuda_peer", True), ("shm", False)])
+def test_cuda_tensors_on_one_host_move_gpu_to_gpu_unless_shm_is_named(transport, gpu_to_gpu):
+    sent = run_ranks(2, cuda_checks.bytes_through_the_host, env={"QCOLL_TRANSPORT": transport}, timeout=300)
+    for rank, nbytes in sent.items():
+        if gpu_to_gpu:
+            assert nbytes < 1 << 20, f"rank {rank}: {nbytes} bytes went through the host transport"
+        else:
+            assert nbytes >= 8 << 20, f"rank {rank}: only {nbytes} bytes went through the host transport"
 
 
 @runs_cuda
