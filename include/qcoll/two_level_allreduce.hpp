@@ -26,6 +26,7 @@
 /// TCP world): a failure in either aborts the other, so every rank of the job fails the
 /// call within its deadline. A failed call leaves the residuals as they were.
 
+#include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/partition.hpp>
