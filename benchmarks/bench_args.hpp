@@ -105,6 +105,7 @@ struct collective_options {
   static constexpr std::size_t whole_stripe = 0;
   std::vector<std::size_t> grid_extents;       // --grid: also run each variant as a grid allreduce on this torus
   std::size_t layers = 0;                      // --layers: also run each variant over this many layers, fused and not
+  bool reproducible = false;                   // --reproducible 1: a row of reproducible_allreduce per size
   std::size_t two_level = 0;                   // --two-level: also run each variant as a two_level_allreduce, nodes of this many ranks
 
   // --device cuda|emulated: the collectives and plans on device buffers (empty: host buffers).
@@ -143,6 +144,9 @@ inline constexpr std::string_view collective_usage =
     "  --layers N               also run each variant over the size cut into N layers of unequal sizes: one fused\n"
     "                           plan over all of them in one call (rows fused:V) against one plan and one\n"
     "                           blocking call per layer (rows layers:V)\n"
+    "  --reproducible 1         also run qcoll::reproducible_allreduce (sums independent of the algorithm and\n"
+    "                           of the number of ranks) beside the exact allreduce (rows reproducible; the\n"
+    "                           compressed table, with or without --compressed)\n"
     "  --two-level K            also run each variant (and identity: the exact two-level allreduce) as a\n"
     "                           two_level_allreduce, nodes of K consecutive ranks split from the job (rows\n"
     "                           2lvl:V, shards, and 2lead:V, leaders; netlab --ranks-per-node K puts each\n"
@@ -221,6 +225,8 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     } else if (flag == "--layers") {
       o.layers = parse_bytes(value);
       if (o.layers == 0) throw std::invalid_argument("--layers: a positive number of layers");
+    } else if (flag == "--reproducible") {
+      o.reproducible = integer() != 0;
     } else if (flag == "--two-level") {
       o.two_level = parse_bytes(value);
       if (o.two_level == 0) throw std::invalid_argument("--two-level: a positive number of ranks per node");
@@ -243,6 +249,8 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     throw std::invalid_argument("-d " + o.dtype_name + " runs the exact table only (no --compressed)");
   if (!o.compressed.empty() && o.op != operation::allreduce)
     throw std::invalid_argument("--compressed needs -o allreduce");
+  if (o.reproducible && (o.op != operation::allreduce || o.dtype_name != "float" || !o.device.empty() || o.allocated))
+    throw std::invalid_argument("--reproducible 1 runs float allreduces on host memory (no -d, --device or -R 1)");
   if (o.allocated && !o.compressed.empty()) throw std::invalid_argument("-R 1 runs the exact table only (no --compressed)");
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");

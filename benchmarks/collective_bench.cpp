@@ -36,6 +36,7 @@
 // runs identity (the exact two-level allreduce) and every variant once more as a
 // two_level_allreduce over nodes of K consecutive ranks split from the job, both
 // exchanges (rows "2lvl:…", shards, and "2lead:…", leaders; chunk column NxK).
+// --reproducible 1 adds a row of qcoll::reproducible_allreduce after the exact one.
 //
 // --device cuda|emulated runs the same tables on device buffers (docs/gpu.md): the
 // exact table with the collectives' device_stream forms, and --compressed variants as
@@ -59,6 +60,7 @@
 #include <qcoll/communicator.hpp>
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/execution/device_memory.hpp>
+#include <qcoll/reproducible.hpp>
 #include <qcoll/two_level_allreduce.hpp>
 #ifndef QCOLL_BENCH_MPI
 #include <qcoll/device/emulated/runtime.hpp>  // --device emulated (not in the MPI builds, which have no --device)
@@ -448,6 +450,18 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
     exact.variant = "exact";
     exact.chunk = "-";
     if (table) table->exact_row(bytes, std::move(exact));
+    if (o.reproducible) {
+      // The reproducible sum: a max round over the blocks' exponents, then the integers
+      // on the grid as doubles (twice the bytes); exact here, so checked as exact.
+      bench::compressed_table::row_data row = measure(
+          [&] { qcoll::reproducible_allreduce(comm, data, qcoll::reduce_op::sum); }, false, nothing);
+      row.variant = "reproducible";
+      row.chunk = "-";
+      const double blocks = std::ceil(static_cast<double>(count) / qcoll::reproducible_block) + 2;
+      row.wire_bytes = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) *
+                       (8.0 * blocks + 8.0 * static_cast<double>(count + 1));
+      if (table) table->compressed_row(bytes, row);
+    }
     if (device_built && device.on) {
       // What a user without device collectives would do: copy to pinned host memory,
       // reduce there, copy back; the baseline of the device allreduce.
@@ -595,7 +609,7 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
     if (node) {
       std::vector<variant_spec> two_level_variants{make_variant(bench::parse_compressed_variant("identity"))};
       for (const variant_spec& v : ctx.variants)
-        if (v.variant.name != "identity") two_level_variants.push_back(v);
+        if (!std::holds_alternative<qcoll::quantizers::identity<float>>(v.quantizer)) two_level_variants.push_back(v);
       for (const qcoll::two_level_exchange exchange : {qcoll::two_level_exchange::shards, qcoll::two_level_exchange::leaders})
         for (const variant_spec& v : two_level_variants)
           std::visit(
@@ -721,7 +735,7 @@ template <class Communicator>
 bool run_rank_or_abort(Communicator& comm, const collective_options& o, const run_context& ctx,
                        Communicator* node = nullptr) {
   try {
-    if (!ctx.variants.empty()) return run_rank_compressed(comm, o, ctx, node);
+    if (!ctx.variants.empty() || o.reproducible) return run_rank_compressed(comm, o, ctx, node);
     if (o.dtype_name == "bfloat16") return run_rank<qcoll::bfloat16>(comm, o, ctx);
     if (o.dtype_name == "half") return run_rank<qcoll::float16>(comm, o, ctx);
     return run_rank<float>(comm, o, ctx);

@@ -1,0 +1,262 @@
+// Reproducible sums (reproducible.hpp), ranks as threads over the in-process transport:
+// the same bits for every algorithm, ring order and world size 1–16 as one rank summing
+// every addend itself; 64 addends spread over 1–16 ranks in any way give the same bits;
+// NaN, ±Inf, signed zeros, denormals and values from 2^-120 to 2^120; the error against
+// an exact sum within the documented bound; mismatches are errors on every rank.
+
+#include <boost/test/unit_test.hpp>
+
+#include <qcoll/qcoll.hpp>
+#include <qcoll/reproducible.hpp>
+
+#include "support/ranks.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace qcoll;
+
+namespace reproducible_test {
+
+__extension__ typedef __int128 exact_integer;  // the exact reference's fixed point (a GNU extension)
+
+/// `addends` vectors of `count` values of T: signs and exponents spread over ±2^spread
+/// (within T's range), some exact zeros.
+template <class T>
+std::vector<std::vector<T>> addends_of(std::size_t addends, std::size_t count, int spread, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> mantissa(0.5, 1.0);
+  std::uniform_int_distribution<int> exponent(-spread, spread), coin(0, 1), rare(0, 99);
+  std::vector<std::vector<T>> all(addends, std::vector<T>(count));
+  for (auto& v : all)
+    for (T& x : v) {
+      const double value = rare(gen) == 0 ? 0.0 : (coin(gen) ? 1 : -1) * std::ldexp(mantissa(gen), exponent(gen));
+      x = static_cast<T>(static_cast<float>(value));
+      if constexpr (std::same_as<T, double>) x = value;
+    }
+  return all;
+}
+
+template <class T>
+std::vector<std::uint8_t> bits_of(const std::vector<T>& v) {
+  std::vector<std::uint8_t> b(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+/// The sum one rank makes of every addend: what every world must give.
+template <class T>
+std::vector<T> local_sum(const std::vector<std::vector<T>>& addends, std::size_t count, reduce_op op) {
+  reproducible_accumulator<T> all(count);
+  for (const auto& a : addends) all.add(a);
+  std::vector<T> out(count);
+  all.sum(std::span(out), op);
+  return out;
+}
+
+/// Each rank r of `n` adds the addends owner(k) == r, then all reduce; every rank's bits.
+template <class T, class Owner>
+std::vector<std::vector<T>> spread_sum(const std::vector<std::vector<T>>& addends, std::size_t count, rank_t n,
+                                       Owner owner, reduce_op op, algorithm way = algorithm::unspecified,
+                                       std::vector<rank_t> order = {}) {
+  std::vector<std::vector<T>> out(n, std::vector<T>(count));
+  const auto outcome = test::run_ranks<topologies::ring>(
+      n,
+      [&](test::inproc_communicator& comm) {
+        if (way != algorithm::unspecified) comm.set_tuning(test::forcing(way));
+        reproducible_accumulator<T> mine(count);
+        for (std::size_t k = 0; k < addends.size(); ++k)
+          if (owner(k) == comm.rank()) mine.add(addends[k]);
+        mine.allreduce(comm, std::span(out[comm.rank()]), op);
+      },
+      {}, [&](std::size_t size) { return order.empty() ? topologies::ring(size) : topologies::ring(order); });
+  for (std::size_t r = 0; r < n; ++r) BOOST_TEST_REQUIRE(!outcome.errors[r], "rank " << r << ": " << outcome.failure(r).second);
+  return out;
+}
+
+template <class T>
+void check_every_world(std::size_t count, int spread) {
+  for (const rank_t n : {rank_t{1}, rank_t{2}, rank_t{3}, rank_t{4}, rank_t{5}, rank_t{8}, rank_t{13}, rank_t{16}}) {
+    const auto addends = addends_of<T>(n, count, spread, 100 + n);
+    for (const reduce_op op : {reduce_op::sum, reduce_op::avg}) {
+      const auto expected = bits_of(local_sum(addends, count, op));
+      std::vector<rank_t> reversed(n);
+      std::iota(reversed.rbegin(), reversed.rend(), rank_t{0});
+      for (const algorithm way : {algorithm::ring, algorithm::recursive_doubling, algorithm::halving_doubling})
+        for (const bool permuted : {false, true})
+          BOOST_TEST_CONTEXT(n << " ranks, " << to_string(op) << ", algorithm " << static_cast<int>(way)
+                                << (permuted ? ", ring reversed" : "")) {
+            const auto out = spread_sum(addends, count, n, [](std::size_t k) { return k; }, op, way,
+                                        permuted ? reversed : std::vector<rank_t>{});
+            for (rank_t r = 0; r < n; ++r) BOOST_TEST((bits_of(out[r]) == expected), "rank " << r);
+          }
+    }
+  }
+}
+
+}  // namespace reproducible_test
+
+using namespace reproducible_test;
+
+BOOST_AUTO_TEST_SUITE(reproducible)
+
+// Every algorithm the tuning can force, the ring in two orders, 1–16 ranks: every rank
+// holds the bits one rank gets summing every addend itself. Sizes around the blocks.
+BOOST_AUTO_TEST_CASE(the_bits_do_not_depend_on_the_algorithm_the_order_or_the_world) {
+  for (const std::size_t count : {std::size_t{1}, std::size_t{255}, std::size_t{4097}}) {
+    BOOST_TEST_CONTEXT(count << " values") {
+      check_every_world<float>(count, 30);
+      check_every_world<double>(count, 300);
+      check_every_world<bfloat16>(count, 30);
+      check_every_world<float16>(count, 6);
+    }
+  }
+}
+
+// 64 addends over 1, 2, 4, 8 and 16 ranks — in blocks, round robin, all on one rank, at
+// random — always the same bits.
+BOOST_AUTO_TEST_CASE(the_number_of_ranks_does_not_matter) {
+  constexpr std::size_t count = 3001, addends = 64;
+  const auto floats = addends_of<float>(addends, count, 40, 7);
+  const auto doubles = addends_of<double>(addends, count, 400, 8);
+  const auto expected_f = bits_of(local_sum(floats, count, reduce_op::avg));
+  const auto expected_d = bits_of(local_sum(doubles, count, reduce_op::sum));
+  std::mt19937 gen(3);
+  for (const rank_t n : {rank_t{1}, rank_t{2}, rank_t{4}, rank_t{8}, rank_t{16}}) {
+    std::vector<rank_t> random_owner(addends);
+    for (auto& o : random_owner) o = std::uniform_int_distribution<rank_t>(0, n - 1)(gen);
+    const std::vector<std::pair<const char*, std::function<rank_t(std::size_t)>>> spreads = {
+        {"blocks", [&](std::size_t k) { return static_cast<rank_t>(k * n / addends); }},
+        {"round robin", [&](std::size_t k) { return static_cast<rank_t>(k % n); }},
+        {"all on the last rank", [&](std::size_t) { return n - 1; }},
+        {"at random", [&](std::size_t k) { return random_owner[k]; }}};
+    for (const auto& [how, owner] : spreads)
+      BOOST_TEST_CONTEXT(n << " ranks, " << how) {
+        const auto out_f = spread_sum(floats, count, n, owner, reduce_op::avg);
+        const auto out_d = spread_sum(doubles, count, n, owner, reduce_op::sum);
+        for (rank_t r = 0; r < n; ++r) {
+          BOOST_TEST((bits_of(out_f[r]) == expected_f), "float, rank " << r);
+          BOOST_TEST((bits_of(out_d[r]) == expected_d), "double, rank " << r);
+        }
+      }
+  }
+}
+
+// NaN wins, +Inf and −Inf make NaN, one infinity makes it, −0 only from −0s, denormals
+// summed exactly, a value far below its block's largest rounded away (2^-120 beside
+// 2^120) — each element in a block of its own; on every world, the local sum's bits.
+BOOST_AUTO_TEST_CASE(special_values) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float denormal = std::numeric_limits<float>::denorm_min();
+  // Element: 0 NaN, 1 +Inf, 2 +Inf and −Inf, 3 −0 only, 4 −0 and +0, 5 denormals, 6 huge and tiny, 7 plain.
+  const std::vector<std::vector<float>> columns = {
+      {nan, inf, inf, -0.0f, -0.0f, denormal, std::ldexp(1.0f, 120), 1.0f},
+      {1.0f, 2.0f, -inf, -0.0f, 0.0f, 3 * denormal, std::ldexp(1.0f, -120), 2.0f},
+      {2.0f, -5.0f, 1.0f, -0.0f, -0.0f, denormal, -std::ldexp(1.0f, 120), 0.5f}};
+  constexpr std::size_t count = 8 * reproducible_block;
+  std::vector<std::vector<float>> addends(columns.size(), std::vector<float>(count, 0.0f));
+  for (std::size_t a = 0; a < columns.size(); ++a)
+    for (std::size_t k = 0; k < 8; ++k) addends[a][k * reproducible_block] = columns[a][k];
+  const std::vector<float> sum = local_sum(addends, count, reduce_op::sum);
+  const auto at = [&](std::size_t k) { return sum[k * reproducible_block]; };
+  BOOST_TEST(std::isnan(at(0)));
+  BOOST_TEST(at(1) == inf);
+  BOOST_TEST(std::isnan(at(2)));
+  BOOST_TEST((at(3) == 0 && std::signbit(at(3))));
+  BOOST_TEST((at(4) == 0 && !std::signbit(at(4))));
+  BOOST_TEST(at(5) == 5 * denormal);
+  BOOST_TEST(at(6) == 0.0f);  // 2^-120 lies far below the block's grid, 2^(121 − 30)
+  BOOST_TEST(at(7) == 3.5f);
+  for (const rank_t n : {rank_t{1}, rank_t{2}, rank_t{3}}) {
+    const auto out = spread_sum(addends, count, n, [n](std::size_t k) { return static_cast<rank_t>(k % n); },
+                                reduce_op::sum);
+    for (rank_t r = 0; r < n; ++r) BOOST_TEST((bits_of(out[r]) == bits_of(sum)), n << " ranks, rank " << r);
+  }
+}
+
+// Against the exact sum (every value a multiple of 2^-33 below 2^8, so 48 of them sum
+// exactly in a 128-bit fixed point, and that sum converts exactly to a long double), the
+// error is at most half a grid step of the block per addend plus half an ulp of the
+// result: |out − exact| ≤ A · 2^(e − P − 1) + ulp(out)/2. Values span 17 binades, so the
+// grid (2^(e − 30)) rounds the smallest.
+BOOST_AUTO_TEST_CASE(the_error_stays_within_the_bound) {
+  constexpr std::size_t count = 2048, addends = 48;
+  const auto values = addends_of<float>(addends, count, 8, 11);
+  const std::vector<float> out = local_sum(values, count, reduce_op::sum);
+  double worst_ratio = 0;
+  for (std::size_t b = 0; b < count / reproducible_block; ++b) {
+    int e = -1000;
+    for (const auto& v : values)
+      for (std::size_t i = b * reproducible_block; i < (b + 1) * reproducible_block; ++i)
+        if (v[i] != 0) e = std::max(e, std::ilogb(v[i]) + 1);
+    for (std::size_t i = b * reproducible_block; i < (b + 1) * reproducible_block; ++i) {
+      exact_integer exact = 0;
+      for (const auto& v : values) exact += static_cast<exact_integer>(std::ldexp(static_cast<double>(v[i]), 33));
+      const long double exact_value = std::ldexp(static_cast<long double>(exact), -33);
+      const long double error = std::fabs(static_cast<long double>(out[i]) - exact_value);
+      const long double bound = addends * std::ldexp(1.0L, e - 30 - 1) +
+                                0.5L * (std::nextafter(std::fabs(out[i]), std::numeric_limits<float>::infinity()) -
+                                        std::fabs(out[i]));
+      BOOST_TEST(error <= bound, "value " << i << ": error " << static_cast<double>(error) << " over the bound "
+                                         << static_cast<double>(bound));
+      worst_ratio = std::max(worst_ratio, static_cast<double>(error / bound));
+    }
+  }
+  BOOST_TEST_MESSAGE("worst error / bound: " << worst_ratio);
+}
+
+// Ranks that pass different ops, call an ordinary allreduce or pass another size: an
+// error on every rank, none waiting for its timeout.
+BOOST_AUTO_TEST_CASE(mismatches_fail_every_rank) {
+  const auto ops = test::run_ranks(3, [](test::inproc_communicator& comm) {
+    std::vector<float> data(100, 1.0f);
+    reproducible_allreduce(comm, std::span(data), comm.rank() == 1 ? reduce_op::avg : reduce_op::sum);
+  });
+  for (rank_t r = 0; r < 3; ++r) {
+    BOOST_TEST(ops.failure(r).first == errc::invalid_argument, "rank " << r << ": " << ops.failure(r).second);
+    BOOST_TEST(ops.failure(r).second.find("different ops") != std::string::npos, ops.failure(r).second);
+  }
+  const auto ordinary = test::run_ranks(3, [](test::inproc_communicator& comm) {
+    std::vector<float> data(100, 1.0f);
+    if (comm.rank() == 2) comm.allreduce(std::span(data), reduce_op::sum);
+    else reproducible_allreduce(comm, std::span(data), reduce_op::sum);
+  }, {.timeout = std::chrono::seconds(20)});
+  const auto sizes = test::run_ranks(3, [](test::inproc_communicator& comm) {
+    std::vector<float> data(comm.rank() == 0 ? 1000 : 1001, 1.0f);
+    reproducible_allreduce(comm, std::span(data), reduce_op::sum);
+  }, {.timeout = std::chrono::seconds(20)});
+  for (rank_t r = 0; r < 3; ++r) {
+    BOOST_TEST(static_cast<bool>(ordinary.failure(r).first), "rank " << r << " did not fail");
+    BOOST_TEST(static_cast<bool>(sizes.failure(r).first), "rank " << r << " did not fail");
+  }
+  const auto bad_op = test::run_ranks(2, [](test::inproc_communicator& comm) {
+    std::vector<float> data(10, 1.0f);
+    reproducible_allreduce(comm, std::span(data), reduce_op::max);
+  });
+  for (rank_t r = 0; r < 2; ++r) BOOST_TEST(bad_op.failure(r).first == errc::invalid_argument);
+}
+
+// A sub-communicator sums its members' addends: the bits of its members' local sum.
+BOOST_AUTO_TEST_CASE(sub_communicators) {
+  constexpr std::size_t count = 777;
+  const auto addends = addends_of<float>(6, count, 25, 5);
+  const auto evens = bits_of(local_sum(std::vector<std::vector<float>>{addends[0], addends[2], addends[4]}, count,
+                                       reduce_op::sum));
+  std::vector<std::vector<float>> out(6, std::vector<float>(count));
+  const auto outcome = test::run_ranks(6, [&](test::inproc_communicator& comm) {
+    auto half = comm.split(comm.rank() % 2, -static_cast<std::int64_t>(comm.rank()));  // reversed order too
+    reproducible_allreduce(*half, std::span<const float>(addends[comm.rank()]), std::span(out[comm.rank()]),
+                           reduce_op::sum);
+  });
+  BOOST_TEST_REQUIRE(outcome.all_succeeded());
+  for (rank_t r = 0; r < 6; r += 2) BOOST_TEST((bits_of(out[r]) == evens), "rank " << r);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
