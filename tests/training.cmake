@@ -20,6 +20,26 @@ foreach(transport shm tcp)
   set_tests_properties(examples.data_parallel_training.qcoll_run_${transport} PROPERTIES TIMEOUT 120)
 endforeach()
 
+# The reproducible sums' headline: the same training on 1, 2, 4 and 8 ranks as threads
+# ends with bitwise identical weights (and ordinary float sums do not); as a job over shm
+# (4 processes) and tcp (2), the same bits as rank 0 training alone.
+add_test(NAME examples.reproducible_training.threads
+  COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=110
+          "-DSTDOUT_HAS=reproducible weights identical on 1, 2, 4 and 8 ranks: yes"
+          "-DCOUNT_LINES=4:^ +[1248]  identical \\([0-9a-f]+\\)"
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake -- $<TARGET_FILE:reproducible_training>)
+set_tests_properties(examples.reproducible_training.threads PROPERTIES TIMEOUT 120)
+foreach(run "shm;4" "tcp;2")
+  list(GET run 0 transport)
+  list(GET run 1 ranks)
+  add_test(NAME examples.reproducible_training.qcoll_run_${transport}
+    COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=110
+            "-DCOUNT_LINES=1:^\\[0\\] ${ranks} ranks over ${transport}, 40 steps: reproducible accumulator: identical to 1 rank"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
+            -- $<TARGET_FILE:qcoll-run> -n ${ranks} --transport ${transport} -- $<TARGET_FILE:reproducible_training> --job)
+  set_tests_properties(examples.reproducible_training.qcoll_run_${transport} PROPERTIES TIMEOUT 120)
+endforeach()
+
 # The same with the gradients in bfloat16 on device memory (the emulated device), a
 # smaller model, 2 ranks over shared memory: with these settings seeds 1–7 ended between
 # −0.32 and +0.39 pp, in about 2 s (the run is deterministic: seed 1 gives −0.32).
