@@ -86,9 +86,10 @@ std::span<const T> values_of(const at::Tensor& tensor) {
 template <class Transport>
 class group_over final : public group {
  public:
-  group_over(Transport transport, std::chrono::milliseconds timeout, const char* name, peer_policy peers)
+  group_over(Transport transport, std::chrono::milliseconds timeout, const char* name, peer_policy peers,
+             bool reproducible)
       : comm_(std::move(transport), qcoll::communicator_options{.timeout = timeout}), name_(name),
-        peer_policy_(peers) {}
+        peer_policy_(peers), reproducible_(reproducible) {}
 
   int rank() const override { return static_cast<int>(comm_.rank()); }
   int size() const override { return static_cast<int>(comm_.size()); }
@@ -96,6 +97,13 @@ class group_over final : public group {
 
   // Each call: qcoll's host form, or its device_stream form on the placement's stream.
   void allreduce(at::Tensor& tensor, qcoll::reduce_op op, const placement& where) override {
+    if (reproducible_ && (op == qcoll::reduce_op::sum || op == qcoll::reduce_op::avg)) {
+      if (where.on_device())
+        qcoll::detail::throw_error(errc::invalid_argument,
+                                   "qcoll: reproducible all_reduce takes CPU tensors (not yet CUDA tensors: "
+                                   "move them to the CPU, or make the group without reproducible=True)");
+      return with_span(tensor, [&](auto data) { qcoll::reproducible_allreduce(comm_, data, op); });
+    }
     with_span(tensor, [&](auto data) {
       if (where.on_device()) on_device(where, true, [&](auto& comm) { comm.allreduce(*where.stream, data, op); });
       else comm_.allreduce(data, op);
@@ -255,6 +263,7 @@ class group_over final : public group {
   const char* name_;
   qcoll::quantizers::each_quantizer<plans_per_type> plans_;  // one tuple of plans per listed quantizer
   peer_policy peer_policy_;
+  bool reproducible_;
 #ifdef QCOLL_TORCH_CUDA_PEER
   std::optional<peer_communicator> peers_;  // after comm_: it goes first, its control still there
   bool peers_tried_ = false;
@@ -269,6 +278,24 @@ std::string host_name() {
 }
 
 }  // namespace
+
+at::Tensor reproducible_sum(const std::vector<at::Tensor>& addends, qcoll::reduce_op op) {
+  if (addends.empty()) qcoll::detail::throw_error(errc::invalid_argument, "qcoll: reproducible_sum of no tensors");
+  const at::Tensor& first = addends.front();
+  for (const at::Tensor& t : addends)
+    if (!t.device().is_cpu() || !t.is_contiguous() || t.scalar_type() != first.scalar_type() ||
+        t.numel() != first.numel())
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll: reproducible_sum takes contiguous CPU tensors of one dtype and size");
+  at::Tensor out = at::empty_like(first);
+  with_span(out, [&](auto result) {
+    using T = typename decltype(result)::element_type;
+    qcoll::reproducible_accumulator<T> sum(result.size());
+    for (const at::Tensor& t : addends) sum.add(values_of<T>(t));
+    sum.sum(result, op);
+  });
+  return out;
+}
 
 void check(const compression& settings) {
   with_quantizer(settings, 0, [](const auto&) {});
@@ -333,7 +360,7 @@ std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int ran
     const std::string_view name =
         peers == peer_policy::required ? "cuda_peer" : qcoll::rendezvous::to_string(transport.kind());
     return std::make_unique<group_over<decltype(transport)>>(std::move(transport), settings.timeout, name.data(),
-                                                             peers);
+                                                             peers, settings.reproducible);
   });
 }
 

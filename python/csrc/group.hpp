@@ -13,6 +13,7 @@
 #include <qcoll/execution/memory.hpp>
 #include <qcoll/launch/join.hpp>
 #include <qcoll/quantizers/by_name.hpp>
+#include <qcoll/reproducible.hpp>
 #include <qcoll/transports/shm.hpp>
 #include <qcoll/transports/tcp.hpp>
 
@@ -34,6 +35,9 @@ namespace qcoll_torch {
 struct group_settings {
   qcoll::rendezvous::transport_kind transport = qcoll::rendezvous::transport_kind::automatic;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  /// all_reduce's sum and avg of floating-point tensors through qcoll::reproducible_allreduce
+  /// (the same bits whatever the algorithm and the order of the ranks; docs/reproducibility.md).
+  bool reproducible = false;
 };
 
 /// Whether a group's calls on CUDA tensors go GPU to GPU over the CUDA peer transport
@@ -92,6 +96,11 @@ class group {
   virtual std::uint64_t bytes_sent() = 0;
   virtual void abort(const std::string& reason) = 0;
 };
+
+/// The reproducible sum (or mean) of `addends` (CPU tensors of one floating-point dtype
+/// and one size, contiguous) on this process alone: the bits a group with
+/// reproducible=True gives when its ranks hold these tensors, whichever rank holds which.
+at::Tensor reproducible_sum(const std::vector<at::Tensor>& addends, qcoll::reduce_op op);
 
 /// Throws qcoll::error (invalid_argument), naming the value, for settings the
 /// quantizer refuses: an unknown name, k_level bits outside 1…8, bfp mantissa bits

@@ -18,9 +18,11 @@ namespace py = pybind11;
 
 namespace {
 
-qcoll_torch::group_settings settings_of(const std::string& transport, std::chrono::milliseconds timeout) {
+qcoll_torch::group_settings settings_of(const std::string& transport, std::chrono::milliseconds timeout,
+                                       bool reproducible = false) {
   qcoll_torch::group_settings settings;
   settings.timeout = timeout;
+  settings.reproducible = reproducible;
   if (transport.empty() || transport == "env") settings.transport = qcoll_torch::transport_from_environment();
   else if (const auto kind = qcoll::rendezvous::parse_transport(transport)) settings.transport = *kind;
   else throw std::invalid_argument("qcoll: transport '" + transport + "' is not one of env, " +
@@ -48,12 +50,22 @@ PYBIND11_MODULE(_qcoll_torch, m) {
   m.def(
       "create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-         const std::string& transport) {
-        const qcoll_torch::group_settings settings = settings_of(transport, timeout);
+         const std::string& transport, bool reproducible) {
+        const qcoll_torch::group_settings settings = settings_of(transport, timeout, reproducible);
         py::gil_scoped_release unlocked;  // the join waits for the other ranks
         return c10::make_intrusive<qcoll_torch::backend>(store, rank, size, settings);
       },
-      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("transport") = "env");
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("transport") = "env",
+      py::arg("reproducible") = false);
+
+  m.def(
+      "reproducible_sum",
+      [](const std::vector<at::Tensor>& addends, bool average) {
+        return qcoll_torch::reproducible_sum(addends, average ? qcoll::reduce_op::avg : qcoll::reduce_op::sum);
+      },
+      py::arg("addends"), py::arg("average") = false,
+      "The reproducible sum (or mean) of CPU tensors on this process: what a reproducible group's all_reduce "
+      "gives when its ranks hold them");
 
   py::class_<qcoll_torch::compression>(m, "Compression")
       .def(py::init<>())

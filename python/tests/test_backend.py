@@ -62,6 +62,37 @@ def every_collective(rank, size):
     return qcoll.torch.transport(), checked
 
 
+def _spread_addend(rank, dtype, count=4099):
+    """Rank r's tensor: signs and exponents spread wide (2^-20..2^20; 2^-6..2^6 for float16)."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    spread = 6 if dtype == torch.float16 else 20
+    scale = torch.pow(2.0, torch.randint(-spread, spread + 1, (count,), generator=g).double())
+    return (torch.randn(count, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def reproducible_sums(rank, size):
+    import qcoll.torch
+
+    group = dist.new_group(list(range(size)), pg_options=qcoll.torch.Options(reproducible=True))
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for op, average in ((dist.ReduceOp.SUM, False), (dist.ReduceOp.AVG, True)):
+            tensor = _spread_addend(rank, dtype)
+            dist.all_reduce(tensor, op=op, group=group)
+            expected = qcoll.torch.reproducible_sum([_spread_addend(r, dtype) for r in range(size)], average)
+            assert torch.equal(tensor.view(torch.uint8), expected.view(torch.uint8)), f"{dtype} {op}"
+    # the group's other calls are the ordinary ones
+    ones = torch.ones(10)
+    dist.all_reduce(ones, op=dist.ReduceOp.MAX, group=group)
+    assert torch.equal(ones, torch.ones(10))
+    return True
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "halving_doubling"])
+def test_a_reproducible_group_sums_to_the_bits_of_one_process_whatever_the_algorithm(size, algorithm):
+    run_ranks(size, reproducible_sums, env={"QCOLL_ALLREDUCE_ALGO": algorithm})
+
+
 def sum_of_ranks_on_cpu(rank, size):
     import qcoll.torch
 

@@ -33,7 +33,8 @@ if _extension.torch_version != torch.__version__:
         "imported; rebuild it in this environment: pip install --no-build-isolation --force-reinstall ./python"
     )
 
-__all__ = ["Options", "hooks", "bytes_sent", "transport", "cuda_available", "cuda_unavailable_reason"]
+__all__ = ["Options", "hooks", "bytes_sent", "transport", "cuda_available", "cuda_unavailable_reason",
+           "reproducible_sum"]
 
 #: Whether this extension was built with qcoll's CUDA runtime (it runs CUDA tensors where a GPU is).
 built_with_cuda: bool = _extension.cuda_built
@@ -45,20 +46,33 @@ class Options:
 
     transport: "shm", "tcp" or "auto" (shm when every rank is on one host); "env"
     (the default) reads ``QCOLL_TRANSPORT`` and falls back to auto.
+    reproducible: ``all_reduce`` with SUM or AVG of floating-point CPU tensors gives the
+    same bits whatever the algorithm and the order of the ranks (qcoll's reproducible
+    sum: docs/reproducibility.md); ``reproducible_sum`` computes the same on one process.
     """
 
     transport: str = "env"
+    reproducible: bool = False
 
 
 def _create_backend(backend_options, pg_options):
     transport = getattr(pg_options, "transport", "env") if pg_options is not None else "env"
+    reproducible = bool(getattr(pg_options, "reproducible", False)) if pg_options is not None else False
     return _extension.create_backend(
         backend_options.store,
         backend_options.group_rank,
         backend_options.group_size,
         backend_options.timeout,
         transport,
+        reproducible,
     )
+
+
+def reproducible_sum(tensors, average: bool = False) -> torch.Tensor:
+    """The reproducible sum (or mean) of CPU tensors of one dtype and size, on this
+    process: the bits an ``all_reduce`` of a group made with ``Options(reproducible=True)``
+    gives when its ranks hold these tensors, whichever rank holds which."""
+    return _extension.reproducible_sum([t.contiguous() for t in tensors], average)
 
 
 # One backend object serves both device types: CPU tensors through qcoll's host calls,
