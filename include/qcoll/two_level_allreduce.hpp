@@ -64,7 +64,7 @@ struct two_level_options {
 struct node_layout {
   std::size_t nodes = 0;
   std::size_t ranks_per_node = 0;
-  std::size_t node = 0;        ///< nodes are numbered by their lowest world rank, ascending
+  std::size_t node = 0;        ///< nodes are numbered by their local rank 0's world rank, ascending
   std::size_t local_rank = 0;  ///< the rank in the node communicator
 };
 
@@ -251,7 +251,7 @@ class two_level_allreduce {
     for (std::size_t l = 0; l < members.size(); ++l)
       node_ranks_ += qcoll::detail::format("{}node rank {} is world rank {}", l == 0 ? "" : ", ", l, members[l]);
     // Between the nodes, rank k is node k's rank of this local rank (the leader's).
-    // Nodes are numbered by their first world rank: the leaders in ascending order.
+    // Nodes are numbered by their local rank 0's world rank: the leaders in ascending order.
     const double between_local = options.exchange == two_level_exchange::shards ? table[3 * world.rank() + 1] : 0.0;
     std::size_t named = 0;
     for (std::size_t leader = 0; leader < world.size() && named < 8; ++leader) {
@@ -278,7 +278,7 @@ class two_level_allreduce {
       plan_.emplace(*cross_, between_.size, std::move(quantizer), options.compressed);
   }
 
-  /// Every rank's (node's first world rank, local rank, node size): the first found by a
+  /// Every rank's (its node's local rank 0's world rank, local rank, node size): the first by a
   /// broadcast inside the node (through device memory when the node moves it).
   std::vector<double> gather_layout(std::optional<execution::device_stream> where) {
     std::array<double, 3> mine{static_cast<double>(world_.rank()), static_cast<double>(node_.rank()),
