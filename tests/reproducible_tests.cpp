@@ -1,6 +1,6 @@
 // Reproducible sums (reproducible.hpp), ranks as threads over the in-process transport:
 // the same bits for every algorithm, ring order and world size 1–16 as one rank summing
-// every addend itself; 64 addends spread over 1–16 ranks in any way give the same bits;
+// every addend itself, and each rank's block of them from reduce_scatter; 64 addends spread over 1–16 ranks in any way give the same bits;
 // NaN, ±Inf, signed zeros, denormals and values from 2^-120 to 2^120; the error against
 // an exact sum within the documented bound; mismatches are errors on every rank.
 
@@ -241,6 +241,55 @@ BOOST_AUTO_TEST_CASE(mismatches_fail_every_rank) {
     reproducible_allreduce(comm, std::span(data), reduce_op::max);
   });
   for (rank_t r = 0; r < 2; ++r) BOOST_TEST(bad_op.failure(r).first == errc::invalid_argument);
+}
+
+// reduce_scatter: rank r gets block r of the bits one rank sums; in place too; the
+// ring's order does not matter; an output of another size fails every rank.
+template <class T>
+void check_reduce_scatter(rank_t n, std::size_t count, reduce_op op, bool reversed, bool in_place) {
+  const auto addends = addends_of<T>(n, count, std::same_as<T, double> ? 300 : 20, 40 + n + count);
+  const std::vector<T> expected = local_sum(addends, count, op);
+  std::vector<std::vector<T>> out(n);
+  std::vector<rank_t> order(n);
+  std::iota(order.begin(), order.end(), rank_t{0});
+  if (reversed) std::reverse(order.begin(), order.end());
+  const auto outcome = test::run_ranks<topologies::ring>(
+      n,
+      [&](test::inproc_communicator& comm) {
+        const block_range mine = block_of(count, n, comm.rank());
+        std::vector<T> in = addends[comm.rank()];
+        if (in_place) {
+          reproducible_reduce_scatter(comm, std::span<const T>(in), mine.of(std::span<T>(in)), op);
+          out[comm.rank()].assign(in.begin() + mine.offset, in.begin() + mine.offset + mine.size);
+        } else {
+          out[comm.rank()].resize(mine.size);
+          reproducible_reduce_scatter(comm, std::span<const T>(in), std::span<T>(out[comm.rank()]), op);
+        }
+      },
+      {}, [&](std::size_t) { return topologies::ring(order); });
+  BOOST_TEST_REQUIRE(outcome.all_succeeded());
+  for (rank_t r = 0; r < n; ++r) {
+    const block_range mine = block_of(count, n, r);
+    const std::vector<T> block(expected.begin() + mine.offset, expected.begin() + mine.offset + mine.size);
+    BOOST_TEST((bits_of(out[r]) == bits_of(block)), "rank " << r);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reduce_scatter_gives_each_rank_its_block_of_the_same_bits) {
+  for (const rank_t n : {rank_t{1}, rank_t{2}, rank_t{3}, rank_t{5}, rank_t{8}})
+    for (const std::size_t count : {std::size_t{1}, std::size_t{255}, std::size_t{4097}})
+      for (const reduce_op op : {reduce_op::sum, reduce_op::avg})
+        BOOST_TEST_CONTEXT(n << " ranks, " << count << " values, " << to_string(op)) {
+          check_reduce_scatter<float>(n, count, op, false, false);
+          check_reduce_scatter<double>(n, count, op, true, false);
+          check_reduce_scatter<bfloat16>(n, count, op, false, true);
+          check_reduce_scatter<double>(n, count, op, false, true);
+        }
+  const auto wrong = test::run_ranks(3, [](test::inproc_communicator& comm) {
+    std::vector<float> in(100, 1.0f), out(comm.rank() == 1 ? 40 : block_of(100, 3, comm.rank()).size);
+    reproducible_reduce_scatter(comm, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
+  }, {.timeout = std::chrono::seconds(20)});
+  for (rank_t r = 0; r < 3; ++r) BOOST_TEST(static_cast<bool>(wrong.failure(r).first), "rank " << r << " did not fail");
 }
 
 // A sub-communicator sums its members' addends: the bits of its members' local sum.

@@ -24,8 +24,10 @@
 
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/half.hpp>
+#include <qcoll/core/partition.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
+#include <qcoll/detail/format.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -35,6 +37,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -166,17 +169,21 @@ void add_on_grid(std::span<const T> values, std::span<const double> exponents, s
 }
 
 /// out[i] = the summed integers on the grid, rounded once into T, divided by `divide`.
+/// `first_index`: out[0]'s place in the buffer the exponents' blocks cut (a reduce_scatter's
+/// block starts anywhere).
 template <class T>
-void from_grid(std::span<const double> sums, std::span<const double> exponents, double divide, std::span<T> out) {
+void from_grid(std::span<const double> sums, std::span<const double> exponents, double divide, std::span<T> out,
+               std::size_t first_index = 0) {
   constexpr int p = grid_bits<T>;
-  for (std::size_t b = 0; b < exponents.size(); ++b) {
-    const std::size_t first = b * reproducible_block, last = std::min(out.size(), first + reproducible_block);
+  for (std::size_t i = 0; i < out.size();) {
+    const std::size_t b = (first_index + i) / reproducible_block;
+    const std::size_t last = std::min(out.size(), (b + 1) * reproducible_block - first_index);
     const int shift = static_cast<int>(exponents[b]) - p;
     // An empty block holds ±0 and non-finite sums only: scaled by 1. Otherwise 2^shift,
     // normal for every float block (a double block at the ends of the range: ldexp).
     const bool plain = exponents[b] == empty_block || shift < -1022 || shift > 1023;
     const double scale = exponents[b] == empty_block ? 1.0 : plain ? 0.0 : power_of_two(shift);
-    for (std::size_t i = first; i < last; ++i) {
+    for (; i < last; ++i) {
       const double* sum = sums.data() + carriers<T> * i;
       // (high · 2^30 and low are exact doubles; their sum, the integer, rounds once.)
       const double integer = wide<T> ? sum[0] * 1073741824.0 + sum[carriers<T> - 1] : sum[0];
@@ -196,54 +203,72 @@ inline std::vector<double>& scratch(int which) {
   return buffers[which];
 }
 
-/// out = the sum (op sum) or mean (avg) over every rank of the addends given here
-/// (`addends` spans of out.size() values each, on this rank). `agree(exponents, sums)`
-/// makes the exponents every rank's maximum and returns the step that makes the sums
-/// every rank's total (a no-op pair for a sum on this rank alone).
-template <class T, class Agree>
-void sum_addends(std::span<const std::span<const T>> addends, std::span<T> out, reduce_op op, Agree&& agree) {
-  const std::size_t count = out.size();
+/// The first round: every block's exponent over `addends` (spans of `count` values) and
+/// every rank's — `max_round(exponents)` makes them the ranks' maximum — with the op and
+/// its negation riding along (their maxima give every rank the largest and the smallest
+/// op: ranks that disagree all see it). Returns the grid, one exponent per block.
+template <class T, class MaxRound>
+std::span<const double> agree_on_grid(std::span<const std::span<const T>> addends, std::size_t count, reduce_op op,
+                                      MaxRound&& max_round) {
   const std::size_t blocks = (count + reproducible_block - 1) / reproducible_block;
-  // The first round: each block's exponent, then the op and its negation (their maxima
-  // give every rank the largest and the smallest op: ranks that disagree all see it).
   std::vector<double>& exponents = scratch(0);
   exponents.assign(blocks + 2, empty_block);
   exponents[blocks] = static_cast<double>(op);
   exponents[blocks + 1] = -static_cast<double>(op);
   const std::span<double> grid = std::span<double>(exponents).first(blocks);
   for (const auto& addend : addends) cover(addend, grid);
-  // The second: the integers on the grid (carriers<T> per value), then the addend count.
-  // −0 is addition's identity: a value whose every addend is −0 stays −0.
-  std::vector<double>& sums = scratch(1);
-  sums.assign(carriers<T> * count + 1, -0.0);
-  const auto total = agree(std::span<double>(exponents), std::span<double>(sums));
+  max_round(std::span<double>(exponents));
   if (exponents[blocks] != -exponents[blocks + 1])
     throw_error(errc::invalid_argument, "reproducible sum: the ranks passed different ops ({} and {})",
                 to_string(static_cast<reduce_op>(-exponents[blocks + 1])),
                 to_string(static_cast<reduce_op>(exponents[blocks])));
   if (op != reduce_op::sum && op != reduce_op::avg)
     throw_error(errc::invalid_argument, "reproducible sum: op {} (sum or avg)", to_string(op));
-  for (const auto& addend : addends) add_on_grid(addend, std::span<const double>(grid), std::span<double>(sums));
+  return grid;
+}
+
+/// The integers of `addends` on `grid`, carriers<T> per value, each value's summed, in
+/// scratch(1) with one more slot (−0 is addition's identity: a value whose every addend
+/// is −0 stays −0).
+template <class T>
+std::span<double> on_grid(std::span<const std::span<const T>> addends, std::size_t count,
+                          std::span<const double> grid) {
+  std::vector<double>& sums = scratch(1);
+  sums.assign(carriers<T> * count + 1, -0.0);
+  for (const auto& addend : addends) add_on_grid(addend, grid, std::span<double>(sums));
+  return sums;
+}
+
+/// out = the sum (op sum) or mean (avg) over every rank of the addends given here
+/// (`addends` spans of out.size() values each, on this rank): `max_round` and
+/// `sum_round` make a span every rank's maximum and total (no-ops for this rank alone).
+template <class T, class MaxRound, class SumRound>
+void sum_addends(std::span<const std::span<const T>> addends, std::span<T> out, reduce_op op, MaxRound&& max_round,
+                 SumRound&& sum_round) {
+  const std::size_t count = out.size();
+  const std::span<const double> grid = agree_on_grid<T>(addends, count, op, max_round);
+  const std::span<double> sums = on_grid<T>(addends, count, grid);
   sums.back() = static_cast<double>(addends.size());  // (−0 + a count: the count)
-  total();
+  sum_round(sums);
   const double all = sums.back();
   if (all > static_cast<double>(reproducible_max_addends))
     throw_error(errc::invalid_argument,
                 "reproducible sum: {} addends in all, more than the {} whose integers sum exactly", all,
                 reproducible_max_addends);
   if (op == reduce_op::avg && all == 0) throw_error(errc::invalid_argument, "reproducible sum: the average of no addends");
-  from_grid(std::span<const double>(sums).first(carriers<T> * count), std::span<const double>(grid),
-            op == reduce_op::avg ? all : 1.0, out);
+  from_grid(std::span<const double>(sums).first(carriers<T> * count), grid, op == reduce_op::avg ? all : 1.0, out);
 }
 
-/// The two rounds over `comm`: the exponents' maximum, then the sums' total.
+/// The rounds over `comm`: a span's maximum, and its total.
 template <class Communicator>
-auto over(Communicator& comm) {
-  return [&comm](std::span<double> exponents, std::span<double> sums) {
-    comm.allreduce(exponents, reduce_op::max);
-    return [&comm, sums] { comm.allreduce(sums, reduce_op::sum); };
-  };
+auto max_over(Communicator& comm) {
+  return [&comm](std::span<double> values) { comm.allreduce(values, reduce_op::max); };
 }
+template <class Communicator>
+auto sum_over(Communicator& comm) {
+  return [&comm](std::span<double> values) { comm.allreduce(values, reduce_op::sum); };
+}
+inline constexpr auto here_alone = [](std::span<double>) {};
 
 }  // namespace detail::reproducible
 
@@ -288,15 +313,16 @@ class reproducible_accumulator {
   template <class Communicator>
   void allreduce(Communicator& comm, std::span<T> out, reduce_op op) const {
     check_output(out);
-    detail::reproducible::sum_addends<T>(views(), out, op, detail::reproducible::over(comm));
+    detail::reproducible::sum_addends<T>(views(), out, op, detail::reproducible::max_over(comm),
+                                         detail::reproducible::sum_over(comm));
   }
 
   /// The same sum over this rank's addends alone: the bits allreduce() gives when every
   /// addend is here (a world of one rank).
   void sum(std::span<T> out, reduce_op op = reduce_op::sum) const {
     check_output(out);
-    detail::reproducible::sum_addends<T>(views(), out, op,
-                                         [](std::span<double>, std::span<double>) { return [] {}; });
+    detail::reproducible::sum_addends<T>(views(), out, op, detail::reproducible::here_alone,
+                                         detail::reproducible::here_alone);
   }
 
  private:
@@ -332,11 +358,49 @@ void reproducible_allreduce(Communicator& comm, std::span<const T> in, std::span
                         in.size(), out.size());
   const std::span<const T> addend[1] = {in};
   detail::reproducible::sum_addends<T>(std::span<const std::span<const T>>(addend), out, op,
-                                       detail::reproducible::over(comm));
+                                       detail::reproducible::max_over(comm), detail::reproducible::sum_over(comm));
 }
 template <class Communicator, class T>
 void reproducible_allreduce(Communicator& comm, std::span<T> data, reduce_op op) {
   reproducible_allreduce(comm, std::span<const T>(data), data, op);
+}
+
+/// Rank r receives block r (block_of(in.size(), size(), r)) of the reproducible sum (or
+/// mean) of every rank's `in`: the bits of that block of reproducible_allreduce's result,
+/// whatever the ranks' order. `out` has exactly that block's size; it may be exactly that
+/// block of `in`, or disjoint from it. Collective.
+/// @par Errors
+/// As reproducible_allreduce; an `out` of another size aborts `comm` (every rank fails).
+template <class Communicator, class T>
+  requires std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bfloat16> ||
+           std::same_as<T, float16>
+void reproducible_reduce_scatter(Communicator& comm, std::span<const T> in, std::span<T> out, reduce_op op) {
+  namespace r = detail::reproducible;
+  const block_range mine = block_of(in.size(), comm.size(), comm.rank());
+  if (out.size() != mine.size) {
+    const std::string why = qcoll::detail::format(
+        "reproducible_reduce_scatter on rank {}: an output of {} values for a block of {}", comm.rank(), out.size(),
+        mine.size);
+    comm.abort(why);
+    detail::throw_error(errc::invalid_argument, "{}", why);
+  }
+  const std::span<const T> addend[1] = {in};
+  const std::span<const std::span<const T>> addends(addend);
+  const std::span<const double> grid = r::agree_on_grid<T>(addends, in.size(), op, r::max_over(comm));
+  const std::span<double> sums = r::on_grid<T>(addends, in.size(), grid);
+  // Carrier k of every value as a plane of its own, so each plane splits into the ranks'
+  // blocks as the values do; each plane reduce-scattered; rank r's block interleaved again.
+  std::vector<double> planes(r::carriers<T> * in.size()), block(r::carriers<T> * mine.size);
+  for (std::size_t k = 0; k < r::carriers<T>; ++k) {
+    const std::span<double> plane = std::span<double>(planes).subspan(k * in.size(), in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) plane[i] = sums[r::carriers<T> * i + k];
+    std::vector<double> summed(mine.size);
+    comm.reduce_scatter(std::span<const double>(plane), std::span<double>(summed), reduce_op::sum);
+    for (std::size_t i = 0; i < mine.size; ++i) block[r::carriers<T> * i + k] = summed[i];
+  }
+  // One addend per rank: the mean divides by the ranks.
+  r::from_grid(std::span<const double>(block), grid, op == reduce_op::avg ? static_cast<double>(comm.size()) : 1.0,
+               out, mine.offset);
 }
 
 }  // namespace qcoll
