@@ -40,29 +40,32 @@ foreach(run "shm;4" "tcp;2")
   set_tests_properties(examples.reproducible_training.qcoll_run_${transport} PROPERTIES TIMEOUT 120)
 endforeach()
 
-# The same with the gradients in bfloat16 on device memory (the emulated device), a
-# smaller model, 2 ranks over shared memory: with these settings seeds 1–7 ended between
-# −0.32 and +0.39 pp, in about 2 s (the run is deterministic: seed 1 gives −0.32).
-add_test(NAME examples.gpu_data_parallel.emulated_device
-  COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=170
-          "-DSTDOUT_HAS=on the emulated device|exact allreduce (device)|1-bit compressed (device)|model replicas identical on all ranks"
-          "-DCOUNT_LINES=5:^\\[0\\] +[1-5] +[0-9.]+ +[0-9.]+ % +[0-9.]+ +[0-9.]+ +[0-9.]+ % +[0-9.]+$|1:^\\[0\\] accuracy gap: -?[0-9]+\\.[0-9]+ pp \\(limit 0\\.50\\): ok$"
-          -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
-          -- $<TARGET_FILE:qcoll-run> -n 2 --transport shm
-             -- $<TARGET_FILE:gpu_data_parallel> --epochs 5 --hidden 128 --samples 16384 --test-samples 4096)
-set_tests_properties(examples.gpu_data_parallel.emulated_device PROPERTIES TIMEOUT 180 ENVIRONMENT QCOLL_DEVICE=emulated)
+# gpu_data_parallel as a job on the emulated device: `stdout_has` and `lines` for
+# check_job.cmake, the launcher's ranks and transport, the run's epochs, the environment
+# beside QCOLL_DEVICE=emulated. A smaller model than the example's default.
+set(gpu_accuracy_gap "1:^\\[0\\] accuracy gap: -?[0-9]+\\.[0-9]+ pp \\(limit 0\\.50\\): ok$")
+function(gpu_data_parallel_test name ranks transport epochs stdout_has lines environment)
+  add_test(NAME examples.gpu_data_parallel.${name}
+    COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=170 "-DSTDOUT_HAS=${stdout_has}" "-DCOUNT_LINES=${lines}"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
+            -- $<TARGET_FILE:qcoll-run> -n ${ranks} --transport ${transport}
+               -- $<TARGET_FILE:gpu_data_parallel> --epochs ${epochs} --hidden 128 --samples 16384 --test-samples 4096)
+  set_tests_properties(examples.gpu_data_parallel.${name} PROPERTIES TIMEOUT 180
+    ENVIRONMENT "QCOLL_DEVICE=emulated;${environment}")
+endfunction()
+
+# The gradients in bfloat16 on device memory, 2 ranks over shared memory: with these
+# settings seeds 1–7 ended between −0.32 and +0.39 pp, in about 2 s (the run is
+# deterministic: seed 1 gives −0.32).
+gpu_data_parallel_test(emulated_device 2 shm 5
+  "on the emulated device|exact allreduce (device)|1-bit compressed (device)|model replicas identical on all ranks"
+  "5:^\\[0\\] +[1-5] +[0-9.]+ +[0-9.]+ % +[0-9.]+ +[0-9.]+ +[0-9.]+ % +[0-9.]+$|${gpu_accuracy_gap}" "")
 # The same over the CUDA peer transport, launched by name (qcoll-run --transport
 # cuda_peer, launch::join_devices): 4 ranks on 2 emulated devices, each on LOCAL_RANK
 # mod 2, the gradients GPU to GPU.
-add_test(NAME examples.gpu_data_parallel.cuda_peer
-  COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=170
-          "-DSTDOUT_HAS=on the emulated device|on 4 ranks (cuda_peer)|exact allreduce (device)|1-bit compressed (device)|model replicas identical on all ranks"
-          "-DCOUNT_LINES=1:^\\[0\\] accuracy gap: -?[0-9]+\\.[0-9]+ pp \\(limit 0\\.50\\): ok$"
-          -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake
-          -- $<TARGET_FILE:qcoll-run> -n 4 --transport cuda_peer
-             -- $<TARGET_FILE:gpu_data_parallel> --epochs 3 --hidden 128 --samples 16384 --test-samples 4096)
-set_tests_properties(examples.gpu_data_parallel.cuda_peer PROPERTIES TIMEOUT 180
-  ENVIRONMENT "QCOLL_DEVICE=emulated;QCOLL_EMULATED_DEVICES=2")
+gpu_data_parallel_test(cuda_peer 4 cuda_peer 3
+  "on the emulated device|on 4 ranks (cuda_peer)|exact allreduce (device)|1-bit compressed (device)|model replicas identical on all ranks"
+  "${gpu_accuracy_gap}" "QCOLL_EMULATED_DEVICES=2")
 
 # The elastic example loses ranks 0 and 3 of 6 in the middle of epoch 3 and must end
 # within 1 pp of an unbroken run's test accuracy (seeds 1–5 over shm and tcp ended
