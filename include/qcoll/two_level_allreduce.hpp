@@ -348,27 +348,9 @@ class two_level_allreduce {
 
   /// A step inside the node; when it fails, the world hears of it (a node over another
   /// transport than the world's would otherwise leave the other nodes waiting).
-  /// The node's errors name its ranks; the message adds their world ranks.
   template <class Step>
   void inside_node(std::string_view what, Step&& step) {
-    try {
-      step();
-    } catch (const qcoll::error& e) {
-      const std::string message = with_world_ranks(e, node_ranks_);
-      abort_quietly(world_, qcoll::detail::format("the node's {} failed: {}", what, message));
-      throw qcoll::error(e.code(), message);
-    } catch (const std::exception& e) {
-      abort_quietly(world_, qcoll::detail::format("the node's {} failed: {}", what, e.what()));
-      throw;
-    }
-  }
-
-  /// e's message (without the code's text, which qcoll::error adds again) and who is who.
-  static std::string with_world_ranks(const qcoll::error& e, const std::string& ranks) {
-    std::string_view message = e.what();
-    const std::string code = ": " + e.code().message();
-    if (message.ends_with(code)) message.remove_suffix(code.size());
-    return qcoll::detail::format("{} ({})", message, ranks);
+    guarded(qcoll::detail::format("the node's {}", what), world_, node_ranks_, step);
   }
   /// The last step: when it fails after this rank's plan committed, the plan rolls
   /// back, so a failed call leaves every residual as it was.
@@ -381,16 +363,27 @@ class two_level_allreduce {
       throw;
     }
   }
+  /// The plan's step between the nodes; when it fails, the node hears of it.
   template <class Step>
   void between_nodes(Step&& step) {
+    guarded("the compressed allreduce between nodes", node_, between_ranks_, step);
+  }
+
+  /// step(); when it fails, `other` is aborted saying why, and the error goes on with
+  /// `ranks` ("node rank 1 is world rank 3, …") added: a level's errors name its own ranks.
+  template <class Other, class Step>
+  static void guarded(const std::string& what, Other& other, const std::string& ranks, Step& step) {
     try {
       step();
     } catch (const qcoll::error& e) {
-      const std::string message = with_world_ranks(e, between_ranks_);
-      abort_quietly(node_, qcoll::detail::format("the compressed allreduce between nodes failed: {}", message));
-      throw qcoll::error(e.code(), message);
+      std::string_view message = e.what();  // without the code's text, which qcoll::error adds again
+      const std::string code = ": " + e.code().message();
+      if (message.ends_with(code)) message.remove_suffix(code.size());
+      const std::string named = qcoll::detail::format("{} ({})", message, ranks);
+      abort_quietly(other, qcoll::detail::format("{} failed: {}", what, named));
+      throw qcoll::error(e.code(), named);
     } catch (const std::exception& e) {
-      abort_quietly(node_, qcoll::detail::format("the compressed allreduce between nodes failed: {}", e.what()));
+      abort_quietly(other, qcoll::detail::format("{} failed: {}", what, e.what()));
       throw;
     }
   }
