@@ -390,17 +390,21 @@ void reproducible_reduce_scatter(Communicator& comm, std::span<const T> in, std:
   const std::span<double> sums = r::on_grid<T>(addends, in.size(), grid);
   // Carrier k of every value as a plane of its own, so each plane splits into the ranks'
   // blocks as the values do; each plane reduce-scattered; rank r's block interleaved again.
-  std::vector<double> planes(r::carriers<T> * in.size()), block(r::carriers<T> * mine.size);
+  // (One carrier per value: the sums are that plane already.)
+  std::vector<double> plane(r::carriers<T> == 1 ? 0 : in.size()), summed(mine.size),
+      block(r::carriers<T> == 1 ? 0 : r::carriers<T> * mine.size);
   for (std::size_t k = 0; k < r::carriers<T>; ++k) {
-    const std::span<double> plane = std::span<double>(planes).subspan(k * in.size(), in.size());
-    for (std::size_t i = 0; i < in.size(); ++i) plane[i] = sums[r::carriers<T> * i + k];
-    std::vector<double> summed(mine.size);
-    comm.reduce_scatter(std::span<const double>(plane), std::span<double>(summed), reduce_op::sum);
-    for (std::size_t i = 0; i < mine.size; ++i) block[r::carriers<T> * i + k] = summed[i];
+    if constexpr (r::carriers<T> == 1) {
+      comm.reduce_scatter(std::span<const double>(sums.first(in.size())), std::span<double>(summed), reduce_op::sum);
+    } else {
+      for (std::size_t i = 0; i < in.size(); ++i) plane[i] = sums[r::carriers<T> * i + k];
+      comm.reduce_scatter(std::span<const double>(plane), std::span<double>(summed), reduce_op::sum);
+      for (std::size_t i = 0; i < mine.size; ++i) block[r::carriers<T> * i + k] = summed[i];
+    }
   }
+  const std::span<const double> result = r::carriers<T> == 1 ? std::span<const double>(summed) : block;
   // One addend per rank: the mean divides by the ranks.
-  r::from_grid(std::span<const double>(block), grid, op == reduce_op::avg ? static_cast<double>(comm.size()) : 1.0,
-               out, mine.offset);
+  r::from_grid(result, grid, op == reduce_op::avg ? static_cast<double>(comm.size()) : 1.0, out, mine.offset);
 }
 
 }  // namespace qcoll
