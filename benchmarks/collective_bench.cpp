@@ -452,14 +452,13 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
     if (table) table->exact_row(bytes, std::move(exact));
     if (o.reproducible) {
       // The reproducible sum: a max round over the blocks' exponents, then the integers
-      // on the grid as doubles (twice the bytes); exact here, so checked as exact.
+      // on the grid as doubles (reduce-scattered, and the values gathered, from 256 KiB of
+      // them); exact here, so checked as exact.
       bench::compressed_table::row_data row = measure(
           [&] { qcoll::reproducible_allreduce(comm, data, qcoll::reduce_op::sum); }, false, nothing);
       row.variant = "reproducible";
       row.chunk = "-";
-      const double blocks = std::ceil(static_cast<double>(count) / qcoll::reproducible_block) + 2;
-      row.wire_bytes = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) *
-                       (8.0 * blocks + 8.0 * static_cast<double>(count + 1));
+      row.wire_bytes = qcoll::detail::reproducible::wire_bytes<float>(count, n);
       if (table) table->compressed_row(bytes, row);
     }
     if (device_built && device.on) {

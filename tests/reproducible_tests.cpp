@@ -1,6 +1,8 @@
 // Reproducible sums (reproducible.hpp), ranks as threads over the in-process transport:
 // the same bits for every algorithm, ring order and world size 1–16 as one rank summing
-// every addend itself, and each rank's block of them from reduce_scatter; 64 addends spread over 1–16 ranks in any way give the same bits;
+// every addend itself, by either path (one allreduce of the integers, or reduce-scatter
+// and gather), and each rank's block of them from reduce_scatter; 64 addends spread over
+// 1–16 ranks in any way give the same bits (allreduce and reduce_scatter);
 // NaN, ±Inf, signed zeros, denormals and values from 2^-120 to 2^120; the error against
 // an exact sum within the documented bound; mismatches are errors on every rank.
 
@@ -61,12 +63,13 @@ std::vector<T> local_sum(const std::vector<std::vector<T>>& addends, std::size_t
   return out;
 }
 
-/// Each rank r of `n` adds the addends owner(k) == r, then all reduce; every rank's bits.
+/// Each rank r of `n` adds the addends owner(k) == r, then all reduce (or, `scatter`,
+/// reduce-scatter); every rank's bits (its block's).
 template <class T, class Owner>
 std::vector<std::vector<T>> spread_sum(const std::vector<std::vector<T>>& addends, std::size_t count, rank_t n,
                                        Owner owner, reduce_op op, algorithm way = algorithm::unspecified,
-                                       std::vector<rank_t> order = {}) {
-  std::vector<std::vector<T>> out(n, std::vector<T>(count));
+                                       std::vector<rank_t> order = {}, bool scatter = false) {
+  std::vector<std::vector<T>> out(n);
   const auto outcome = test::run_ranks<topologies::ring>(
       n,
       [&](test::inproc_communicator& comm) {
@@ -74,7 +77,9 @@ std::vector<std::vector<T>> spread_sum(const std::vector<std::vector<T>>& addend
         reproducible_accumulator<T> mine(count);
         for (std::size_t k = 0; k < addends.size(); ++k)
           if (owner(k) == comm.rank()) mine.add(addends[k]);
-        mine.allreduce(comm, std::span(out[comm.rank()]), op);
+        out[comm.rank()].resize(scatter ? block_of(count, n, comm.rank()).size : count);
+        if (scatter) mine.reduce_scatter(comm, std::span(out[comm.rank()]), op);
+        else mine.allreduce(comm, std::span(out[comm.rank()]), op);
       },
       {}, [&](std::size_t size) { return order.empty() ? topologies::ring(size) : topologies::ring(order); });
   for (std::size_t r = 0; r < n; ++r) BOOST_TEST_REQUIRE(!outcome.errors[r], "rank " << r << ": " << outcome.failure(r).second);
@@ -120,14 +125,52 @@ BOOST_AUTO_TEST_CASE(the_bits_do_not_depend_on_the_algorithm_the_order_or_the_wo
   }
 }
 
+/// Block r of `all`, for rank r of n.
+template <class T>
+std::vector<T> block_for(const std::vector<T>& all, rank_t n, rank_t r) {
+  const block_range mine = block_of(all.size(), n, r);
+  return std::vector<T>(all.begin() + mine.offset, all.begin() + mine.offset + mine.size);
+}
+
+// From 256 KiB of carriers (32 Ki floats, 16 Ki doubles) the ranks reduce-scatter the
+// integers and gather the rounded values: the same bits as one rank summing everything,
+// for every type, world, order and forced algorithm.
+BOOST_AUTO_TEST_CASE(large_sums_take_the_gathering_path_with_the_same_bits) {
+  namespace r = detail::reproducible;
+  BOOST_TEST_REQUIRE((r::gathers<float>(32768, 2) && !r::gathers<float>(32767, 2) && r::gathers<double>(16384, 2) &&
+                      !r::gathers<float>(1 << 20, 1) && !r::gathers<float>(4097, 16)));
+  for (const rank_t n : {rank_t{2}, rank_t{3}, rank_t{5}, rank_t{8}}) {
+    const std::size_t count = 40000 + n;  // blocks of ranks and of grids that do not line up
+    std::vector<rank_t> reversed(n);
+    std::iota(reversed.rbegin(), reversed.rend(), rank_t{0});
+    const reduce_op op = n % 2 ? reduce_op::avg : reduce_op::sum;
+    const auto check = [&](auto tag, int spread, algorithm way) {
+      using T = decltype(tag);
+      const auto addends = addends_of<T>(n, count, spread, 900 + n);
+      const auto expected = bits_of(local_sum(addends, count, op));
+      const auto out = spread_sum(addends, count, n, [](std::size_t k) { return k; }, op, way,
+                                  n % 2 ? reversed : std::vector<rank_t>{});
+      for (rank_t r = 0; r < n; ++r) BOOST_TEST((bits_of(out[r]) == expected), "rank " << r);
+    };
+    BOOST_TEST_CONTEXT(n << " ranks, " << count << " values, " << to_string(op)) {
+      check(float{}, 30, algorithm::ring);
+      check(float{}, 30, algorithm::recursive_doubling);
+      check(double{}, 300, algorithm::halving_doubling);
+      check(bfloat16{}, 30, algorithm::ring);
+      check(float16{}, 6, algorithm::unspecified);
+    }
+  }
+}
+
 // 64 addends over 1, 2, 4, 8 and 16 ranks — in blocks, round robin, all on one rank, at
-// random — always the same bits.
+// random — always the same bits; reduce_scatter gives each rank its block of them.
 BOOST_AUTO_TEST_CASE(the_number_of_ranks_does_not_matter) {
   constexpr std::size_t count = 3001, addends = 64;
   const auto floats = addends_of<float>(addends, count, 40, 7);
   const auto doubles = addends_of<double>(addends, count, 400, 8);
-  const auto expected_f = bits_of(local_sum(floats, count, reduce_op::avg));
-  const auto expected_d = bits_of(local_sum(doubles, count, reduce_op::sum));
+  const auto sum_f = local_sum(floats, count, reduce_op::avg);
+  const auto sum_d = local_sum(doubles, count, reduce_op::sum);
+  const auto expected_f = bits_of(sum_f), expected_d = bits_of(sum_d);
   std::mt19937 gen(3);
   for (const rank_t n : {rank_t{1}, rank_t{2}, rank_t{4}, rank_t{8}, rank_t{16}}) {
     std::vector<rank_t> random_owner(addends);
@@ -141,9 +184,15 @@ BOOST_AUTO_TEST_CASE(the_number_of_ranks_does_not_matter) {
       BOOST_TEST_CONTEXT(n << " ranks, " << how) {
         const auto out_f = spread_sum(floats, count, n, owner, reduce_op::avg);
         const auto out_d = spread_sum(doubles, count, n, owner, reduce_op::sum);
+        const auto scattered_f = spread_sum(floats, count, n, owner, reduce_op::avg, algorithm::unspecified, {}, true);
+        const auto scattered_d = spread_sum(doubles, count, n, owner, reduce_op::sum, algorithm::unspecified, {}, true);
         for (rank_t r = 0; r < n; ++r) {
           BOOST_TEST((bits_of(out_f[r]) == expected_f), "float, rank " << r);
           BOOST_TEST((bits_of(out_d[r]) == expected_d), "double, rank " << r);
+          BOOST_TEST((bits_of(scattered_f[r]) == bits_of(block_for(sum_f, n, r))),
+                     "float, reduce_scatter, rank " << r);
+          BOOST_TEST((bits_of(scattered_d[r]) == bits_of(block_for(sum_d, n, r))),
+                     "double, reduce_scatter, rank " << r);
         }
       }
   }

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// One backend's quantizer and conversion kernels, as plain function pointers, so the backend is
+/// One backend's quantizer, conversion and reproducible-sum kernels, as plain function pointers, so the backend is
 /// chosen once at run time (dispatch.hpp) and every quantizer call goes through
 /// the same table. Kernels write and read a frame's group records only; the
 /// quantizer classes own the header and the validation.
@@ -45,6 +45,16 @@ struct kernel_table {
   void (*narrow_bf16)(std::span<const float> in, std::span<bfloat16> out) noexcept;
   void (*widen_f16)(std::span<const float16> in, std::span<float> out) noexcept;
   void (*narrow_f16)(std::span<const float> in, std::span<float16> out) noexcept;
+
+  // The reproducible sum's conversions of float addends (kernels/group/grid.hpp's rules),
+  // per block of grid_detail::block values: raise each block's exponent to cover its
+  // values; put the values onto their blocks' grids into `sums` (written if `first`, else
+  // added); turn summed integers back into floats, out[i] in block (first_index + i) / block.
+  void (*grid_cover)(std::span<const float> values, std::span<double> exponents) noexcept;
+  void (*grid_add)(std::span<const float> values, std::span<const double> exponents, std::span<double> sums,
+                   bool first) noexcept;
+  void (*grid_round)(std::span<const double> sums, std::span<const double> exponents, double divide,
+                     std::span<float> out, std::size_t first_index) noexcept;
 };
 
 }  // namespace qcoll::kernels::cpu

@@ -10,10 +10,12 @@
 #include <qcoll/kernels/cpu/kernel_table.hpp>
 #include <qcoll/kernels/cpu/reference/bfp.hpp>
 #include <qcoll/kernels/cpu/reference/convert.hpp>
+#include <qcoll/kernels/cpu/reference/grid.hpp>
 #include <qcoll/kernels/cpu/reference/k_level.hpp>
 #include <qcoll/kernels/cpu/reference/one_bit.hpp>
 #include <qcoll/kernels/cpu/simd/bfp.hpp>
 #include <qcoll/kernels/cpu/simd/convert.hpp>
+#include <qcoll/kernels/cpu/simd/grid.hpp>
 #include <qcoll/kernels/cpu/simd/k_level.hpp>
 #include <qcoll/kernels/cpu/simd/one_bit.hpp>
 #include <qcoll/kernels/group/abi.hpp>
@@ -35,6 +37,9 @@ inline constexpr kernel_table make_reference_table() noexcept {
       .narrow_bf16 = &reference::convert_kernels::narrow_bf16,
       .widen_f16 = &reference::convert_kernels::widen_f16,
       .narrow_f16 = &reference::convert_kernels::narrow_f16,
+      .grid_cover = &reference::grid_kernels::cover,
+      .grid_add = &reference::grid_kernels::add,
+      .grid_round = &reference::grid_kernels::round,
   };
 }
 
@@ -52,6 +57,9 @@ constexpr kernel_table make_simd_table() noexcept {
       .narrow_bf16 = &simd::convert_kernels<Arch>::narrow_bf16,
       .widen_f16 = &simd::convert_kernels<Arch>::widen_f16,
       .narrow_f16 = &simd::convert_kernels<Arch>::narrow_f16,
+      .grid_cover = &simd::grid_kernels<Arch>::cover,
+      .grid_add = &simd::grid_kernels<Arch>::add,
+      .grid_round = &simd::grid_kernels<Arch>::round,
   };
 }
 

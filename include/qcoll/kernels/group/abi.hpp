@@ -130,6 +130,20 @@ QCOLL_HOST_DEVICE inline double add(double a, double b) noexcept {
   return a + b;
 #endif
 }
+QCOLL_HOST_DEVICE inline double sub(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+QCOLL_HOST_DEVICE inline double mul(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
 QCOLL_HOST_DEVICE inline double divide(double a, double b) noexcept {
 #if defined(__CUDA_ARCH__)
   return __ddiv_rn(a, b);

@@ -1,8 +1,9 @@
 #pragma once
 /// @file
-/// Lane operations xsimd 8.1 lacks or does slowly, for the bfp kernels: int32 lanes to
+/// Lane operations xsimd 8.1 lacks or does slowly: for the bfp kernels, int32 lanes to
 /// and from signed bytes in unaligned memory (8-bit mantissas, read and written in the
-/// record itself) and the largest lane. xsimd's converting load and store go through a
+/// record itself) and the largest lane; for the grid kernels, floats to and from double
+/// lanes. xsimd's converting load and store go through a
 /// stack buffer, which measured slower than the scalar reference on AVX-512 and SSE2.
 /// The most specific architecture wins; others fall back to memory.
 
@@ -84,6 +85,47 @@ inline std::int32_t max_lane(xsimd::batch<std::int32_t, Arch> lanes) noexcept {
   std::int32_t largest = each[0];
   for (std::size_t j = 1; j < width; ++j) largest = each[j] > largest ? each[j] : largest;
   return largest;
+}
+
+/// floats[0, width) widened (exactly) into double lanes, width = batch<double>'s.
+template <class Arch>
+inline xsimd::batch<double, Arch> load_as_doubles(const float* floats) noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
+    return _mm512_cvtps_pd(_mm256_loadu_ps(floats));
+  } else if constexpr (std::is_base_of_v<xsimd::avx, Arch>) {
+    return _mm256_cvtps_pd(_mm_loadu_ps(floats));
+  } else if constexpr (std::is_base_of_v<xsimd::sse2, Arch>) {
+    return _mm_cvtps_pd(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(floats))));
+  } else
+#endif
+  {
+    constexpr std::size_t width = xsimd::batch<double, Arch>::size;
+    alignas(64) double each[width];
+    for (std::size_t j = 0; j < width; ++j) each[j] = static_cast<double>(floats[j]);
+    return xsimd::batch<double, Arch>::load_aligned(each);
+  }
+}
+
+/// The double lanes rounded to float (to nearest, as a static_cast) into floats[0, width).
+template <class Arch>
+inline void store_as_floats(xsimd::batch<double, Arch> lanes, float* floats) noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
+    _mm256_storeu_ps(floats, _mm512_cvtpd_ps(lanes));
+    return;
+  } else if constexpr (std::is_base_of_v<xsimd::avx, Arch>) {
+    _mm_storeu_ps(floats, _mm256_cvtpd_ps(lanes));
+    return;
+  } else if constexpr (std::is_base_of_v<xsimd::sse2, Arch>) {
+    _mm_store_sd(reinterpret_cast<double*>(floats), _mm_castps_pd(_mm_cvtpd_ps(lanes)));
+    return;
+  }
+#endif
+  constexpr std::size_t width = xsimd::batch<double, Arch>::size;
+  alignas(64) double each[width];
+  lanes.store_aligned(each);
+  for (std::size_t j = 0; j < width; ++j) floats[j] = static_cast<float>(each[j]);
 }
 
 }  // namespace simd
