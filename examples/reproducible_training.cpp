@@ -2,7 +2,8 @@
 // accumulator (qcoll/reproducible.hpp) the weights end bitwise identical on every world
 // size; with ordinary float sums they do not, and the program says where they first differ.
 //
-//   reproducible_training [--steps N]                  1, 2, 4 and 8 ranks as threads, one table
+//   reproducible_training [--steps N]                  1, 2, 4 and 8 ranks as threads, one table;
+//                                                      then a 4×4 torus, healthy and degraded
 //   qcoll-run -n N reproducible_training --job [...]   N processes (shm or tcp), checked
 //                                                      against rank 0 training alone
 //
@@ -11,6 +12,9 @@
 // the same bits) and adds it to the accumulator; the accumulator's allreduce averages all
 // 16 onto one grid, whatever rank holds which. The ordinary run sums its micro-batches
 // in float, then allreduces the sums: the grouping, and so the rounding, follows N.
+// On the torus (threads too) the accumulators are summed by reproducible_grid_allreduce:
+// 16 ranks on the healthy grid, then the 14 that play the nodes left when two are
+// degraded — the grid's routes change, the weights do not.
 // Exit status: 0 when every reproducible run matches 1 rank's bits, 1 otherwise.
 
 #include "launched_main.hpp"
@@ -18,6 +22,8 @@
 
 #include <qcoll/communicator.hpp>
 #include <qcoll/reproducible.hpp>
+#include <qcoll/reproducible_grid.hpp>
+#include <qcoll/topologies/router.hpp>
 #include <qcoll/transports/inproc.hpp>
 
 #include <fmt/format.h>
@@ -104,6 +110,15 @@ auto ordinary_over(Communicator& comm) {
     for (float& x : mean) x /= float(micro_batches);
   };
 }
+/// The reproducible accumulator summed over a grid routing.
+template <class Communicator>
+auto reproducible_over_grid(Communicator& comm, qcoll::reproducible_grid_allreduce<float>& grid) {
+  return [&comm, &grid](const std::vector<std::vector<float>>& mine, std::span<float> mean) {
+    qcoll::reproducible_accumulator<float> sum(mean.size());
+    for (const auto& g : mine) sum.add(g);
+    grid.allreduce(comm, sum, mean, qcoll::reduce_op::avg);
+  };
+}
 /// One rank alone: every micro-batch here.
 auto reproducible_alone() {
   return [](const std::vector<std::vector<float>>& all, std::span<float> mean) {
@@ -164,7 +179,35 @@ int on_threads(const options& o) {
     fmt::print("{:>5}  {:<58}  {}\n", ranks, fmt::format("{} ({:016x})", r, fingerprint(reproducible.back())), d);
   }
   fmt::print("reproducible weights identical on 1, 2, 4 and 8 ranks: {}\n", all_identical ? "yes" : "NO");
-  return all_identical ? 0 : 1;
+
+  // A 4×4 torus, healthy, then with two nodes degraded: one rank per node left, the
+  // routes around the holes; the weights against 1 rank's.
+  namespace topo = qcoll::topologies;
+  bool grids_identical = true;
+  for (const bool degraded : {false, true}) {
+    topo::grid_faults faults;
+    if (degraded) faults.nodes = {topo::degraded_node::fully(5), topo::degraded_node::fully(10)};
+    const topo::grid_routing routing = topo::route_grid(topo::torus({4, 4}, faults));
+    const std::size_t ranks = routing.included().size();
+    trajectory reproducible;
+    const auto errors = qcoll::transports::inproc::run_ranks(ranks, [&](qcoll::transports::inproc::transport t) {
+      qcoll::communicator comm(std::move(t), qcoll::topologies::fully_connected(ranks));
+      qcoll::reproducible_grid_allreduce<float> grid(comm, routing, reproducible_1.back().size());
+      trajectory r = train(p, o.steps, comm.rank(), ranks, reproducible_over_grid(comm, grid));
+      if (comm.rank() == 0) reproducible = std::move(r);
+    });
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    const std::string r = compared(reproducible, reproducible_1);
+    grids_identical = grids_identical && r == "identical";
+    fmt::print("4x4 torus, {:<28} {:>2} ranks: {} ({:016x})\n",
+               degraded ? fmt::format("nodes {} and {} degraded,", routing.shape().name(5), routing.shape().name(10))
+                        : std::string("healthy,"),
+               ranks, r, fingerprint(reproducible.back()));
+  }
+  fmt::print("reproducible weights identical on the healthy and the degraded torus: {}\n",
+             grids_identical ? "yes" : "NO");
+  return all_identical && grids_identical ? 0 : 1;
 }
 
 /// A launched job: every rank trains its share; rank 0 also trains alone and compares.

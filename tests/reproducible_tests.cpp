@@ -10,6 +10,9 @@
 
 #include <qcoll/qcoll.hpp>
 #include <qcoll/reproducible.hpp>
+#include <qcoll/reproducible_grid.hpp>
+#include <qcoll/topologies/fully_connected.hpp>
+#include <qcoll/topologies/router.hpp>
 
 #include "support/ranks.hpp"
 
@@ -17,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -103,6 +107,43 @@ void check_every_world(std::size_t count, int spread) {
             for (rank_t r = 0; r < n; ++r) BOOST_TEST((bits_of(out[r]) == expected), "rank " << r);
           }
     }
+  }
+}
+
+
+namespace topo = qcoll::topologies;
+
+/// Every node's rank runs reproducible_grid_allreduce over `routing`, node v adding the
+/// addends owner(k) == v (an accumulator); returns each rank's output and error.
+template <class T, class Owner>
+std::pair<std::vector<std::vector<T>>, test::rank_outcomes> grid_sum(const topo::grid_routing& routing,
+                                                                     const std::vector<std::vector<T>>& addends,
+                                                                     std::size_t count, Owner owner, reduce_op op) {
+  const std::size_t n = routing.shape().size();
+  std::vector<std::vector<T>> out(n, std::vector<T>(count));
+  auto outcome = test::run_ranks<topo::fully_connected>(n, [&](test::inproc_communicator& comm) {
+    reproducible_grid_allreduce<T> sum(comm, routing, count);
+    reproducible_accumulator<T> mine(count);
+    for (std::size_t k = 0; k < addends.size(); ++k)
+      if (owner(k) == comm.rank()) mine.add(addends[k]);
+    if (mine.addends() == 1) sum.allreduce(comm, std::span<const T>(addends[comm.rank()]), std::span(out[comm.rank()]), op);
+    else sum.allreduce(comm, mine, std::span(out[comm.rank()]), op);
+  });
+  return {std::move(out), std::move(outcome)};
+}
+
+/// Included ranks hold `expected`; excluded ones were told why.
+template <class T>
+void check_grid_outcome(const topo::grid_routing& routing, const std::vector<std::vector<T>>& out,
+                        const test::rank_outcomes& outcome, const std::vector<T>& expected) {
+  for (rank_t v = 0; v < routing.shape().size(); ++v) {
+    if (!routing.is_included(v)) {
+      BOOST_TEST(outcome.failure(v).first == errc::invalid_argument, "node " << v << ": " << outcome.failure(v).second);
+      BOOST_TEST(outcome.failure(v).second.find("excludes") != std::string::npos, outcome.failure(v).second);
+      continue;
+    }
+    BOOST_TEST_REQUIRE(!outcome.errors[v], "node " << v << ": " << outcome.failure(v).second);
+    BOOST_TEST((bits_of(out[v]) == bits_of(expected)), "node " << v);
   }
 }
 
@@ -355,6 +396,73 @@ BOOST_AUTO_TEST_CASE(sub_communicators) {
   });
   BOOST_TEST_REQUIRE(outcome.all_succeeded());
   for (rank_t r = 0; r < 6; r += 2) BOOST_TEST((bits_of(out[r]) == evens), "rank " << r);
+}
+
+
+// Random meshes and tori of 2 and 3 dimensions with random degraded nodes (fully and
+// along dimensions) and broken links, routed either way: every included rank holds the
+// bits of one rank summing the included ranks' addends — whatever the shape, faults or
+// route — and excluded ranks are told why at once.
+BOOST_AUTO_TEST_CASE(grid_allreduce_on_random_degraded_grids_gives_the_bits_of_the_included_addends) {
+  std::mt19937_64 gen(55);
+  std::uniform_real_distribution<double> uniform(0, 1);
+  int degraded_runs = 0;
+  for (int trial = 0; trial < 14; ++trial) {
+    std::vector<std::size_t> extents(std::uniform_int_distribution<std::size_t>(2, 3)(gen));
+    do {
+      for (auto& e : extents) e = std::uniform_int_distribution<std::size_t>(1, 4)(gen);
+    } while (std::accumulate(extents.begin(), extents.end(), std::size_t{1}, std::multiplies<>()) > 16);
+    const topo::grid_shape shape(extents, uniform(gen) < 0.5);
+    topo::grid_faults faults;
+    for (rank_t v = 0; v < shape.size(); ++v) {
+      if (uniform(gen) < 0.2) faults.nodes.push_back(topo::degraded_node::fully(v));
+      else if (uniform(gen) < 0.1)
+        faults.nodes.push_back({v, std::uniform_int_distribution<std::uint64_t>(1, (1u << extents.size()) - 1)(gen)});
+      for (std::size_t d = 0; d < extents.size(); ++d)
+        if (auto w = shape.neighbour(v, d, +1); w && *w != v && uniform(gen) < 0.1) faults.broken_links.push_back({v, *w});
+    }
+    topo::routing_options options;
+    options.mode = uniform(gen) < 0.5 ? topo::forwarding::sub_networks : topo::forwarding::per_node;
+    const topo::grid_routing routing = topo::route_grid(topo::grid(shape, faults), options);
+    if (routing.included().empty()) continue;
+    degraded_runs += routing.included().size() < shape.size();
+    const std::size_t count = std::array{std::size_t{1}, std::size_t{300}, std::size_t{5000}}[trial % 3];
+    const reduce_op op = trial % 2 ? reduce_op::avg : reduce_op::sum;
+    BOOST_TEST_CONTEXT("trial " << trial << ", " << count << " values, " << to_string(op) << "\n" << routing.describe()) {
+      const auto check = [&](auto tag, int spread) {
+        using T = decltype(tag);
+        const auto addends = addends_of<T>(shape.size(), count, spread, 300 + trial);
+        std::vector<std::vector<T>> included;
+        for (rank_t v : routing.included()) included.push_back(addends[v]);
+        const auto [out, outcome] = grid_sum(routing, addends, count, [](std::size_t k) { return k; }, op);
+        check_grid_outcome(routing, out, outcome, local_sum(included, count, op));
+      };
+      check(float{}, 30);
+      if (trial % 4 == 0) check(double{}, 300);
+      if (trial % 4 == 1) check(bfloat16{}, 30);
+    }
+  }
+  BOOST_TEST(degraded_runs >= 5);
+}
+
+// The same 64 addends summed on a healthy 4×4 torus (16 ranks), on the same torus with
+// two nodes degraded (14 ranks hold them), and by one rank alone: identical bits.
+BOOST_AUTO_TEST_CASE(a_healthy_and_a_degraded_torus_give_identical_sums) {
+  constexpr std::size_t count = 1000, addends = 64;
+  const auto values = addends_of<float>(addends, count, 30, 17);
+  const auto expected = local_sum(values, count, reduce_op::avg);
+  for (const bool degraded : {false, true}) {
+    topo::grid_faults faults;
+    if (degraded) faults.nodes = {topo::degraded_node::fully(5), topo::degraded_node::fully(10)};
+    const topo::grid_routing routing = topo::route_grid(topo::torus({4, 4}, faults));
+    const std::vector<rank_t> nodes(routing.included().begin(), routing.included().end());
+    BOOST_TEST_REQUIRE(nodes.size() == (degraded ? 14u : 16u));
+    BOOST_TEST_CONTEXT((degraded ? "degraded" : "healthy")) {
+      const auto [out, outcome] =
+          grid_sum(routing, values, count, [&](std::size_t k) { return nodes[k % nodes.size()]; }, reduce_op::avg);
+      check_grid_outcome(routing, out, outcome, expected);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -13,6 +13,7 @@
 #include <qcoll/compressed_allreduce.hpp>
 #include <qcoll/grid_allreduce.hpp>
 #include <qcoll/reproducible.hpp>
+#include <qcoll/reproducible_grid.hpp>
 #include <qcoll/two_level_allreduce.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>

@@ -248,14 +248,25 @@ inline std::span<double> plane(std::span<double> sums, std::size_t count, std::s
   return sums.subspan(k * count, count);
 }
 
-/// out = the sum (op sum) or mean (avg) of the addends given here, this rank alone.
-template <class T>
-void sum_here(std::span<const std::span<const T>> addends, std::span<T> out, reduce_op op) {
+/// out = the sum (op sum) or mean (avg) over every rank of the addends given on each
+/// (this is rank `rank` of `ranks`) in two rounds: `max_round(span)` and `sum_round(span)`
+/// make a span of doubles the ranks' maximum and total, by any algorithm or route.
+template <class T, class MaxRound, class SumRound>
+void sum_in_rounds(std::span<const std::span<const T>> addends, std::span<T> out, reduce_op op, rank_t rank,
+                   std::size_t ranks, MaxRound&& max_round, SumRound&& sum_round) {
   const std::size_t count = out.size();
-  const agreement grid = agree_on_grid<T>(addends, count, op, 0, 1, [](std::span<double>) {});
+  const agreement grid = agree_on_grid<T>(addends, count, op, rank, ranks, max_round);
   const std::span<double> sums = on_grid<T>(addends, count, grid.exponents);
+  sum_round(sums);
   from_grid<T>(plane(sums, count, 0), plane(sums, count, carriers<T> - 1), grid.exponents,
                op == reduce_op::avg ? grid.addends : 1.0, out, 0);
+}
+
+/// The same with this rank's addends alone.
+template <class T>
+void sum_here(std::span<const std::span<const T>> addends, std::span<T> out, reduce_op op) {
+  const auto alone = [](std::span<double>) {};
+  sum_in_rounds<T>(addends, out, op, 0, 1, alone, alone);
 }
 
 /// Rank r's block (block_of(count, size, r)) of the sum or mean over every rank of
@@ -288,13 +299,9 @@ void sum_over(Communicator& comm, std::span<const std::span<const T>> addends, s
     comm.all_gather(std::span<const T>(mine.of(out)), out);
     return;
   }
-  const agreement grid = agree_on_grid<T>(addends, count, op, comm.rank(), comm.size(), [&comm](std::span<double> v) {
-    comm.allreduce(v, reduce_op::max);
-  });
-  const std::span<double> sums = on_grid<T>(addends, count, grid.exponents);
-  comm.allreduce(sums, reduce_op::sum);
-  from_grid<T>(plane(sums, count, 0), plane(sums, count, carriers<T> - 1), grid.exponents,
-               op == reduce_op::avg ? grid.addends : 1.0, out, 0);
+  sum_in_rounds<T>(
+      addends, out, op, comm.rank(), comm.size(), [&comm](std::span<double> v) { comm.allreduce(v, reduce_op::max); },
+      [&comm](std::span<double> v) { comm.allreduce(v, reduce_op::sum); });
 }
 
 /// Fails every rank of `comm` (abort) and this one with `why` for a bad call.
@@ -310,6 +317,9 @@ template <class Communicator>
 template <class T>
 concept reproducible_element =
     std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bfloat16> || std::same_as<T, float16>;
+
+template <reproducible_element T>
+class reproducible_grid_allreduce;
 
 /// A rank's addends of one reproducible sum (its micro-batches' gradients, say), summed
 /// with every other rank's by allreduce() onto one grid set by all of them: the result
@@ -381,6 +391,8 @@ class reproducible_accumulator {
   }
 
  private:
+  friend class reproducible_grid_allreduce<T>;
+
   /// The addends, each a span of count() values.
   std::vector<std::span<const T>> views() const {
     std::vector<std::span<const T>> all(addends());
