@@ -146,7 +146,7 @@ inline constexpr std::string_view collective_usage =
     "                           blocking call per layer (rows layers:V)\n"
     "  --reproducible 1         also run qcoll::reproducible_allreduce (sums independent of the algorithm and\n"
     "                           of the number of ranks) beside the exact allreduce (rows reproducible; the\n"
-    "                           compressed table, with or without --compressed)\n"
+    "                           compressed table, with or without --compressed; host or --device memory)\n"
     "  --two-level K            also run each variant (and identity: the exact two-level allreduce) as a\n"
     "                           two_level_allreduce, nodes of K consecutive ranks split from the job (rows\n"
     "                           2lvl:V, shards, and 2lead:V, leaders; netlab --ranks-per-node K puts each\n"
@@ -249,8 +249,8 @@ inline collective_options parse_collective_options(int argc, char** argv) {
     throw std::invalid_argument("-d " + o.dtype_name + " runs the exact table only (no --compressed)");
   if (!o.compressed.empty() && o.op != operation::allreduce)
     throw std::invalid_argument("--compressed needs -o allreduce");
-  if (o.reproducible && (o.op != operation::allreduce || o.dtype_name != "float" || !o.device.empty() || o.allocated))
-    throw std::invalid_argument("--reproducible 1 runs float allreduces on host memory (no -d, --device or -R 1)");
+  if (o.reproducible && (o.op != operation::allreduce || o.dtype_name != "float" || o.allocated))
+    throw std::invalid_argument("--reproducible 1 runs float allreduces (no -d or -R 1)");
   if (o.allocated && !o.compressed.empty()) throw std::invalid_argument("-R 1 runs the exact table only (no --compressed)");
   if (!o.chunk_values.empty() && o.compressed.empty()) throw std::invalid_argument("--chunk needs --compressed");
   if (!o.grid_extents.empty() && o.compressed.empty()) throw std::invalid_argument("--grid needs --compressed");

@@ -455,7 +455,13 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
       // on the grid as doubles (reduce-scattered, and the values gathered, from 256 KiB of
       // them); exact here, so checked as exact.
       bench::compressed_table::row_data row = measure(
-          [&] { qcoll::reproducible_allreduce(comm, data, qcoll::reduce_op::sum); }, false, nothing);
+          [&] {
+            if constexpr (device_built)
+              if (device.on)
+                return qcoll::reproducible_allreduce(comm, device.where(), device.span(), qcoll::reduce_op::sum);
+            qcoll::reproducible_allreduce(comm, data, qcoll::reduce_op::sum);
+          },
+          false, nothing);
       row.variant = "reproducible";
       row.chunk = "-";
       row.wire_bytes = qcoll::detail::reproducible::wire_bytes<float>(count, n);

@@ -4,6 +4,7 @@
 // headers, sizes, statuses, streams, memory spaces — not the CUDA kernels):
 // - the reduce kernel (NaN payloads aside: the GPU canonicalises them) and the
 //   16-bit conversions (NaNs included: both run core/half.hpp's rule);
+// - the reproducible sum's grid kernels (cover, add, round; float, bfloat16, float16);
 // - every quantizer's encode, decode and decode_accumulate through the public API
 //   on device memory (a device_stream first argument), against the same calls on
 //   host memory: frames byte for byte, residuals and memories bit for bit, over the
@@ -22,6 +23,7 @@
 #include <qcoll/device/emulated/runtime.hpp>  // QCOLL_DEVICE=emulated: CI runs this on the emulated device
 #include <qcoll/execution/device_memory.hpp>
 #include <qcoll/execution/kernels.hpp>
+#include <qcoll/kernels/cpu/grid.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
 #include <qcoll/quantizers/bfp.hpp>
 #include <qcoll/quantizers/identity.hpp>
@@ -30,6 +32,7 @@
 #include <qcoll/transports/inproc.hpp>
 
 #include "support/device_values.hpp"
+#include "support/grid_inputs.hpp"
 #include "support/half_inputs.hpp"
 #include "support/quantizer_inputs.hpp"
 
@@ -122,6 +125,48 @@ void conversions_match_the_cpu(const char* name) {
     ok = std::memcmp(&wide[i], &expected, sizeof expected) == 0;
   }
   check(ok, std::string(name) + " widening");
+}
+
+// ---- the reproducible sum's grid kernels: device against the CPU's, each element type
+
+template <class T>
+void grid_kernels_match_the_cpu(const char* name) {
+  namespace grid = qcoll::kernels::grid_detail;
+  const std::vector<float> floats = test::grid_inputs();
+  std::vector<T> values(floats.size());
+  for (std::size_t i = 0; i < floats.size(); ++i) values[i] = static_cast<T>(floats[i]);
+  const std::size_t n = values.size(), blocks = (n + grid::block - 1) / grid::block;
+  std::vector<double> exponents(blocks, grid::empty_block);
+  qcoll::kernels::cpu::grid_cover(std::span<const T>(values), std::span(exponents));
+  std::vector<double> sums(n);
+  qcoll::kernels::cpu::grid_add(std::span<const T>(values), std::span<const double>(exponents), std::span(sums), true);
+  qcoll::kernels::cpu::grid_add(std::span<const T>(values), std::span<const double>(exponents), std::span(sums), false);
+
+  const auto d_values = on_device(values);
+  auto d_exponents = on_device(std::vector<double>(blocks, grid::empty_block));
+  qcoll::execution::queue_grid_cover(device_stream{}, std::span<const T>(d_values.span()), d_exponents.span());
+  check(to_host(d_exponents) == exponents, std::string(name) + " grid_cover");
+  device_memory<double> d_sums(n);
+  for (const bool first : {true, false})
+    qcoll::execution::queue_grid_add(device_stream{}, std::span<const T>(d_values.span()),
+                                     std::span<const double>(d_exponents.span()), d_sums.span(), first);
+  // (A GPU's NaN sums carry its canonical NaN: the rounding below makes every NaN one.)
+  check(same_bits_or_both_nan(to_host(d_sums), sums), std::string(name) + " grid_add");
+  const auto d_sums_from_cpu = on_device(sums);
+  for (const std::size_t first_index : {std::size_t{0}, std::size_t{77}})
+    for (const double divide : {1.0, 3.0}) {
+      const std::size_t m = n - first_index;
+      std::vector<T> expected(m);
+      qcoll::kernels::cpu::grid_round(std::span<const double>(sums).subspan(first_index),
+                                      std::span<const double>(exponents), divide, std::span(expected), first_index);
+      device_memory<T> d_out(m);
+      qcoll::execution::queue_grid_round(device_stream{},
+                                         std::span<const double>(d_sums_from_cpu.span()).subspan(first_index),
+                                         std::span<const double>(d_exponents.span()), divide, d_out.span(), first_index);
+      const std::vector<T> got = to_host(d_out);
+      check(std::memcmp(got.data(), expected.data(), m * sizeof(T)) == 0,
+            std::string(name) + " grid_round from " + std::to_string(first_index) + " / " + std::to_string(divide));
+    }
 }
 
 // ---- quantizers: device calls against host calls
@@ -380,6 +425,9 @@ int main() {
       }
     conversions_match_the_cpu<qcoll::bfloat16>("bfloat16");
     conversions_match_the_cpu<qcoll::float16>("float16");
+    grid_kernels_match_the_cpu<float>("float");
+    grid_kernels_match_the_cpu<qcoll::bfloat16>("bfloat16");
+    grid_kernels_match_the_cpu<qcoll::float16>("float16");
     quantizers_match_the_cpu();
     residuals_carried_over_many_steps();
     unaligned_buffers_give_the_same_bits(qcoll::quantizers::one_bit(), "one_bit");

@@ -8,7 +8,7 @@
 #include <qcoll/kernels/cpu/dispatch.hpp>
 #include <qcoll/kernels/group/grid.hpp>
 
-#include "support/half_inputs.hpp"
+#include "support/grid_inputs.hpp"
 #include "support/quantizer_inputs.hpp"
 
 #include <bit>
@@ -26,56 +26,6 @@ namespace grid_kernel_test {
 
 namespace grid = kernels::grid_detail;
 constexpr std::size_t block = grid::block;
-
-/// Blocks of every kind the kernels branch on: wide and narrow spreads of normal values
-/// (reaching subnormals), zeros and non-finite values only (an empty block), subnormals
-/// only, every kind of float bit pattern, exact ties on the grid, and a block with its
-/// largest value subnormal past the last whole register.
-std::vector<float> grid_inputs() {
-  std::mt19937_64 gen(29);
-  std::uniform_real_distribution<double> mantissa(1.0, 2.0);
-  std::uniform_int_distribution<int> coin(0, 1), center(-150, 126), spread(0, 40);
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const float subnormal = std::numeric_limits<float>::denorm_min();
-  std::vector<float> values;
-  const auto sign = [&] { return coin(gen) ? 1.0 : -1.0; };
-  for (int b = 0; b < 60; ++b) {
-    std::vector<float> v(block);
-    switch (b % 6) {
-      case 0: {  // normal values around 2^c, within 2^s
-        const int c = center(gen), s = spread(gen);
-        for (float& x : v) x = static_cast<float>(sign() * std::ldexp(mantissa(gen), c - std::uniform_int_distribution<int>(0, s)(gen)));
-        if (b % 12 == 0) v[7] = -0.0f, v[8] = 0.0f, v[200] = b % 24 == 0 ? inf : nan;
-        break;
-      }
-      case 1:  // empty: zeros, and one block in two also NaN and ±Inf
-        for (std::size_t i = 0; i < block; ++i) v[i] = i % 2 ? -0.0f : 0.0f;
-        if (b % 12 == 1) v[3] = inf, v[100] = -inf, v[255] = nan;
-        break;
-      case 2:  // subnormals only
-        for (float& x : v) x = static_cast<float>(sign()) * subnormal * static_cast<float>(std::uniform_int_distribution<int>(0, 1 << 22)(gen));
-        break;
-      case 3: {  // bit patterns of the whole range
-        const auto all = test::narrowing_inputs();
-        for (float& x : v) x = all[std::uniform_int_distribution<std::size_t>(0, all.size() - 1)(gen)];
-        break;
-      }
-      case 4: {  // the largest value 1.5 · 2^(e−1), the others odd multiples of half a grid step
-        const int e = std::uniform_int_distribution<int>(-90, 120)(gen);
-        for (float& x : v)
-          x = static_cast<float>(sign() * std::ldexp(2.0 * std::uniform_int_distribution<int>(0, 1000)(gen) + 1, e - 31));
-        v[0] = static_cast<float>(std::ldexp(1.5, e - 1));
-        break;
-      }
-      case 5:  // small values, the largest a subnormal in the tail of the block
-        for (float& x : v) x = static_cast<float>(sign()) * subnormal * 3;
-        v[block - 1] = 1000 * subnormal;
-        break;
-    }
-    values.insert(values.end(), v.begin(), v.end());
-  }
-  return values;
-}
 
 double oracle_cover(std::span<const float> values, double exponent) {
   int e = static_cast<int>(exponent);
@@ -114,7 +64,7 @@ BOOST_AUTO_TEST_SUITE(grid_kernels)
 
 BOOST_AUTO_TEST_CASE(the_reference_follows_the_rules) {
   BOOST_TEST_REQUIRE(std::fegetround() == FE_TONEAREST);
-  const std::vector<float> values = grid_inputs();
+  const std::vector<float> values = test::grid_inputs();
   const std::vector<double> exponents = reference_exponents(values);
   std::size_t empty = 0;
   for (std::size_t b = 0; b < exponents.size(); ++b) {
@@ -152,7 +102,7 @@ BOOST_AUTO_TEST_CASE(the_reference_follows_the_rules) {
 
 BOOST_AUTO_TEST_CASE(every_backend_matches_the_reference) {
   const auto& reference = test::reference_kernels();
-  const std::vector<float> values = grid_inputs();
+  const std::vector<float> values = test::grid_inputs();
   const std::vector<double> exponents = reference_exponents(values);
   std::vector<double> expected_sums(values.size());
   reference.grid_add(values, exponents, expected_sums, true);

@@ -4,7 +4,9 @@
 // and gather), and each rank's block of them from reduce_scatter; 64 addends spread over
 // 1–16 ranks in any way give the same bits (allreduce and reduce_scatter);
 // NaN, ±Inf, signed zeros, denormals and values from 2^-120 to 2^120; the error against
-// an exact sum within the documented bound; mismatches are errors on every rank.
+// an exact sum within the documented bound; mismatches are errors on every rank; started
+// calls give the blocking bits; over random meshes and tori with random faults
+// (reproducible_grid.hpp) the bits of the included ranks' addends.
 
 #include <boost/test/unit_test.hpp>
 
@@ -380,6 +382,50 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_gives_each_rank_its_block_of_the_same_bits) 
     reproducible_reduce_scatter(comm, std::span<const float>(in), std::span<float>(out), reduce_op::sum);
   }, {.timeout = std::chrono::seconds(20)});
   for (rank_t r = 0; r < 3; ++r) BOOST_TEST(static_cast<bool>(wrong.failure(r).first), "rank " << r << " did not fail");
+}
+
+// Started calls: three reproducible sums in flight with an ordinary started allreduce
+// between them, then a reproducible reduce_scatter: each the bits of its blocking form;
+// ranks that pass different ops learn it from wait(), every one of them.
+BOOST_AUTO_TEST_CASE(started_calls_give_the_blocking_bits) {
+  constexpr rank_t n = 3;
+  constexpr std::size_t count = 40000;  // the gathering path
+  const auto addends = addends_of<float>(n, count, 30, 21);
+  const auto small = addends_of<double>(n, 300, 300, 22);
+  const auto expected = bits_of(local_sum(addends, count, reduce_op::avg));
+  const auto expected_small = bits_of(local_sum(small, 300, reduce_op::sum));
+  std::vector<std::vector<std::vector<std::uint8_t>>> got(n);
+  const auto outcome = test::run_ranks(n, [&](test::inproc_communicator& comm) {
+    const rank_t r = comm.rank();
+    std::vector<float> a = addends[r], b(count), ordinary(1000, 1.0f);
+    std::vector<double> c = small[r];
+    std::vector<float> block(block_of(count, n, r).size);
+    collective_handle first, second, plain, third, scatter;
+    start_reproducible_allreduce(comm, std::span(a), reduce_op::avg, first);
+    start_reproducible_allreduce(comm, std::span<const float>(addends[r]), std::span(b), reduce_op::avg, second);
+    comm.start_allreduce(std::span(ordinary), reduce_op::sum, plain);
+    start_reproducible_allreduce(comm, std::span(c), reduce_op::sum, third);
+    start_reproducible_reduce_scatter(comm, std::span<const float>(addends[r]), std::span(block), reduce_op::avg,
+                                      scatter);
+    for (collective_handle* h : {&first, &second, &plain, &third, &scatter}) h->wait();
+    got[r] = {bits_of(a), bits_of(b), bits_of(c), bits_of(block), bits_of(ordinary)};
+  });
+  BOOST_TEST_REQUIRE(outcome.all_succeeded());
+  const auto sum = local_sum(addends, count, reduce_op::avg);
+  for (rank_t r = 0; r < n; ++r) {
+    BOOST_TEST((got[r][0] == expected && got[r][1] == expected), "rank " << r);
+    BOOST_TEST((got[r][2] == expected_small), "rank " << r);
+    BOOST_TEST((got[r][3] == bits_of(block_for(sum, n, r))), "rank " << r);
+    BOOST_TEST((got[r][4] == bits_of(std::vector<float>(1000, 3.0f))), "rank " << r);
+  }
+  const auto mismatch = test::run_ranks(n, [](test::inproc_communicator& comm) {
+    std::vector<float> data(100, 1.0f);
+    collective_handle h;
+    start_reproducible_allreduce(comm, std::span(data), comm.rank() == 1 ? reduce_op::avg : reduce_op::sum, h);
+    h.wait();
+  });
+  for (rank_t r = 0; r < n; ++r)
+    BOOST_TEST(mismatch.failure(r).second.find("different ops") != std::string::npos, mismatch.failure(r).second);
 }
 
 // A sub-communicator sums its members' addends: the bits of its members' local sum.

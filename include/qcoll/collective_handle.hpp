@@ -2,7 +2,8 @@
 /// @file
 /// collective_handle: the caller-owned handle of an exact collective started without
 /// waiting (communicator::start_allreduce, start_reduce_scatter, start_all_gather,
-/// start_broadcast). It keeps the call's arguments until the progress thread runs it,
+/// start_broadcast, and collectives composed of those, such as
+/// start_reproducible_allreduce). It keeps the call's arguments until the progress thread runs it,
 /// so starting a call allocates nothing; one handle per call in flight, reusable once
 /// the call has finished. A call on device buffers also keeps an event, recorded on
 /// the caller's stream when the call starts: the call runs after the work queued there
@@ -60,6 +61,7 @@ class collective_handle : public detail::call_handle {
     rank_t root = 0;
     bool on_device = false;
     execution::device_entry device{};
+    void (*composed)() = nullptr;  // a composed call's function (started_calls::start_composed), type-erased
   };
 
   template <element T>
@@ -67,6 +69,15 @@ class collective_handle : public detail::call_handle {
                                    rank_t root) {
     require_idle("start");
     call_ = {kind, in.data(), in.size(), out.data(), out.size(), op, root};
+    return operation();
+  }
+  /// The same for a call composed of the communicator's own calls: `composed` is the
+  /// function run_composed calls, cast back to its type.
+  template <element T>
+  detail::pending_operation& queue_composed(void (*composed)(), std::span<const T> in, std::span<T> out, reduce_op op) {
+    require_idle("start");
+    call_ = {.kind = collective::allreduce, .in = in.data(), .in_count = in.size(), .out = out.data(),
+             .out_count = out.size(), .op = op, .composed = composed};
     return operation();
   }
   /// The same for a call on device buffers: records the start's event on where.stream.
@@ -127,6 +138,17 @@ class collective_handle : public detail::call_handle {
         static_assert(Kind == collective::broadcast, "collective_handle::run: a started collective needs its call here");
         comm.broadcast(out, handle.call_.root);
       }
+    });
+  }
+
+  /// The progress thread's side of a composed call: its function on `context`.
+  template <class Communicator, element T>
+  static std::error_code run_composed(void* context, void* subject, std::string& message) noexcept {
+    return detail::report(message, [&] {
+      const auto& handle = *static_cast<const collective_handle*>(subject);
+      using function = void (*)(Communicator&, std::span<const T>, std::span<T>, reduce_op);
+      reinterpret_cast<function>(handle.call_.composed)(*static_cast<Communicator*>(context), handle.in<T>(),
+                                                         handle.out<T>(), handle.call_.op);
     });
   }
 

@@ -509,7 +509,8 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   // Calls started without waiting (started_calls.hpp: start_allreduce, …, wait_all), and
   // the std::error_code forms of every call: the same calls, reporting instead of
   // throwing (error_code_forms.hpp).
-  using started::start_allreduce, started::start_reduce_scatter, started::start_all_gather, started::start_broadcast;
+  using started::start_allreduce, started::start_reduce_scatter, started::start_all_gather, started::start_broadcast,
+      started::start_composed;
   friend class collective_handle;  // runs started device calls (their entry carries the start's event)
   using forms::allreduce, forms::reduce_scatter, forms::all_gather, forms::broadcast, forms::barrier, forms::send,
       forms::recv, forms::send_recv, forms::split, forms::start_allreduce, forms::start_reduce_scatter,

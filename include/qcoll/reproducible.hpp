@@ -23,12 +23,16 @@
 /// reduce-scattered as integers and gathered as values: 1.5× a float allreduce's bytes.
 /// docs/reproducibility.md states the guarantee, the error bound and the cost.
 
+#include <qcoll/collective_handle.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/half.hpp>
 #include <qcoll/core/partition.hpp>
 #include <qcoll/core/types.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/format.hpp>
+#include <qcoll/execution/device_memory.hpp>
+#include <qcoll/execution/dispatch.hpp>
+#include <qcoll/execution/kernels.hpp>
 #include <qcoll/kernels/cpu/grid.hpp>
 #include <qcoll/kernels/group/grid.hpp>
 
@@ -199,36 +203,50 @@ struct agreement {
   double addends;
 };
 
-/// The first round: every block's exponent over `addends` (spans of `count` values) and
-/// every rank's — `max_round(span)` makes a span the ranks' maximum — with the op and its
-/// negation riding along (their maxima give every rank the largest and the smallest op:
-/// ranks that disagree all see it), and each rank's number of addends in a slot of its own.
-/// Every check is on data all ranks hold, so each fails on every rank or on none.
-template <class T, class MaxRound>
-agreement agree_on_grid(std::span<const std::span<const T>> addends, std::size_t count, reduce_op op, rank_t rank,
-                        std::size_t ranks, MaxRound&& max_round) {
-  const std::size_t blocks = (count + reproducible_block - 1) / reproducible_block;
+/// The first round's doubles, in scratch(0): `blocks` exponents (of empty blocks until
+/// covered), the op and its negation (their maxima give every rank the largest and the
+/// smallest op: ranks that disagree all see it), and each rank's number of addends in a
+/// slot of its own (this rank's set, the others' 0).
+inline std::span<double> first_round(std::size_t blocks, reduce_op op, rank_t rank, std::size_t ranks,
+                                     std::size_t addends) {
   std::vector<double>& round = scratch(0);
   round.assign(blocks + 2 + ranks, 0.0);
   std::fill_n(round.begin(), blocks, grid::empty_block);
   round[blocks] = static_cast<double>(op);
   round[blocks + 1] = -static_cast<double>(op);
-  round[blocks + 2 + rank] = static_cast<double>(addends.size());
-  const std::span<double> exponents = std::span<double>(round).first(blocks);
-  for (const auto& addend : addends) cover(addend, exponents);
-  max_round(std::span<double>(round));
-  if (round[blocks] != -round[blocks + 1])
+  round[blocks + 2 + rank] = static_cast<double>(addends);
+  return round;
+}
+
+/// After the ranks' max of the first round, its part after the exponents: checks the ops
+/// and the addends — on data every rank holds, so each check fails on every rank or on
+/// none — and returns how many addends there are in all.
+inline double check_first_round(std::span<const double> after_exponents, reduce_op op) {
+  if (after_exponents[0] != -after_exponents[1])
     throw_error(errc::invalid_argument, "reproducible sum: the ranks passed different ops ({} and {})",
-                to_string(static_cast<reduce_op>(-round[blocks + 1])), to_string(static_cast<reduce_op>(round[blocks])));
+                to_string(static_cast<reduce_op>(-after_exponents[1])), to_string(static_cast<reduce_op>(after_exponents[0])));
   if (op != reduce_op::sum && op != reduce_op::avg)
     throw_error(errc::invalid_argument, "reproducible sum: op {} (sum or avg)", to_string(op));
   double all = 0;
-  for (std::size_t r = 0; r < ranks; ++r) all += round[blocks + 2 + r];
+  for (const double addends : after_exponents.subspan(2)) all += addends;
   if (all > static_cast<double>(reproducible_max_addends))
     throw_error(errc::invalid_argument, "reproducible sum: {} addends in all, more than the {} whose integers sum exactly",
                 all, reproducible_max_addends);
   if (op == reduce_op::avg && all == 0) throw_error(errc::invalid_argument, "reproducible sum: the average of no addends");
-  return {exponents, all};
+  return all;
+}
+
+/// The first round: every block's exponent over `addends` (spans of `count` values) and
+/// every rank's — `max_round(span)` makes a span the ranks' maximum — then checked.
+template <class T, class MaxRound>
+agreement agree_on_grid(std::span<const std::span<const T>> addends, std::size_t count, reduce_op op, rank_t rank,
+                        std::size_t ranks, MaxRound&& max_round) {
+  const std::size_t blocks = (count + reproducible_block - 1) / reproducible_block;
+  const std::span<double> round = first_round(blocks, op, rank, ranks, addends.size());
+  const std::span<double> exponents = round.first(blocks);
+  for (const auto& addend : addends) cover(addend, exponents);
+  max_round(round);
+  return {exponents, check_first_round(round.subspan(blocks), op)};
 }
 
 /// The integers of `addends` on the grid, each value's summed, as carriers<T> planes of
@@ -309,6 +327,84 @@ template <class Communicator>
 [[noreturn]] void refuse(Communicator& comm, const std::string& why) {
   comm.abort(why);
   throw_error(errc::invalid_argument, "{}", why);
+}
+
+/// A host call's buffers must be host memory: else every rank fails (comm aborted).
+template <class Communicator, class T>
+void require_host(Communicator& comm, const char* call, std::span<const T> in, std::span<const T> out) {
+  if (const execution::named_buffer* wrong = execution::misplaced(execution::memory_space::host, {{"the input", in}, {"the output", out}}))
+    refuse(comm, qcoll::detail::format("{} on rank {}: {} is in device memory; this call takes host memory (its "
+                                       "device_stream form takes device memory)",
+                                       call, comm.rank(), wrong->name));
+}
+
+/// A device call's buffers must be device memory of where's device: else, and without a
+/// device runtime, every rank fails (comm aborted).
+template <class Communicator, class T>
+void require_device(Communicator& comm, const char* call, execution::device_stream where, std::span<const T> in,
+                    std::span<const T> out) {
+  std::string why;
+  try {
+    const device::runtime& runtime = execution::device_runtime(call);
+    int ordinal = -1;
+    if (runtime.stream_device(where.stream, &ordinal) != 0) {
+      why = qcoll::detail::format("the stream is not a stream of the {} device runtime", runtime.name);
+    } else if (const execution::device_misfit misfit =
+                   execution::misplaced_on_device(runtime, ordinal, {{"the input", in}, {"the output", out}});
+               misfit.buffer) {
+      why = misfit.ordinal < 0 ? qcoll::detail::format("{} is in host memory; a call on device memory takes device pointers",
+                                                       misfit.buffer->name)
+                               : qcoll::detail::format("{} is on device {}, but the stream is on device {}",
+                                                       misfit.buffer->name, misfit.ordinal, ordinal);
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!why.empty()) refuse(comm, qcoll::detail::format("{} on rank {}: {}", call, comm.rank(), why));
+}
+
+/// The reproducible sum of every rank's `in` (device memory) on where's stream: into `out`
+/// whole (`everything`), or rank r's block of it. The conversions run as device kernels
+/// (the device runtime's grid entries, the CPU's rules), the rounds as comm's device
+/// collectives; the first round's checks read its last 2 + ranks doubles back. Returns once
+/// the result is in place. float, bfloat16 and float16.
+template <class T, class Communicator>
+void sum_on_device(Communicator& comm, execution::device_stream where, std::span<const T> in, std::span<T> out,
+                   reduce_op op, bool everything) {
+  static_assert(!wide<T>, "reproducible sums on device memory take float, bfloat16 or float16 values (double: not yet)");
+  const std::size_t count = in.size(), ranks = comm.size();
+  const std::size_t blocks = (count + reproducible_block - 1) / reproducible_block;
+  const std::span<double> round = first_round(blocks, op, comm.rank(), ranks, 1);
+  const device::runtime& device = execution::device_runtime("reproducible sum");
+  const auto check = [&](int code, const char* what) { execution::check_device(device, code, what); };
+  // One allocation: the first round's doubles, then the carriers.
+  const execution::device_memory<double> scratch_on_device(round.size() + count);
+  const std::span<double> round_on_device(scratch_on_device.data(), round.size());
+  const std::span<double> exponents = round_on_device.first(blocks);
+  const std::span<double> sums(scratch_on_device.data() + round.size(), count);
+  check(device.copy(round_on_device.data(), round.data(), round.size_bytes(), where.stream), "reproducible sum");
+  execution::queue_grid_cover(where, in, exponents);
+  comm.allreduce(where, round_on_device, reduce_op::max);
+  const std::span<double> after_exponents = round.subspan(blocks);
+  check(device.copy(after_exponents.data(), round_on_device.data() + blocks, after_exponents.size_bytes(), where.stream),
+        "reproducible sum");
+  check(device.synchronize(where.stream), "reproducible sum");
+  const double addends = check_first_round(after_exponents, op);
+  const double divide = op == reduce_op::avg ? addends : 1.0;
+  execution::queue_grid_add(where, in, std::span<const double>(exponents), sums, true);
+  const block_range mine = block_of(count, ranks, comm.rank());
+  if (!everything || gathers<T>(count, ranks)) {
+    comm.reduce_scatter(where, std::span<const double>(sums), mine.of(sums), reduce_op::sum);
+    const std::span<T> block = everything ? mine.of(out) : out;
+    execution::queue_grid_round(where, std::span<const double>(mine.of(sums)), std::span<const double>(exponents),
+                                divide, block, mine.offset);
+    if (everything) comm.all_gather(where, std::span<const T>(block), out);
+  } else {
+    comm.allreduce(where, sums, reduce_op::sum);
+    execution::queue_grid_round(where, std::span<const double>(sums), std::span<const double>(exponents), divide, out,
+                                0);
+  }
+  check(device.synchronize(where.stream), "reproducible sum");  // the result in place, the scratch unused
 }
 
 }  // namespace detail::reproducible
@@ -414,14 +510,40 @@ class reproducible_accumulator {
 template <class Communicator, reproducible_element T>
 void reproducible_allreduce(Communicator& comm, std::span<const T> in, std::span<T> out, reduce_op op) {
   if (in.size() != out.size())
-    detail::throw_error(errc::invalid_argument, "reproducible_allreduce: an input of {} values and an output of {}",
-                        in.size(), out.size());
+    detail::reproducible::refuse(comm, qcoll::detail::format(
+                                           "reproducible_allreduce on rank {}: an input of {} values and an output of {}",
+                                           comm.rank(), in.size(), out.size()));
+  detail::reproducible::require_host(comm, "reproducible_allreduce", in, std::span<const T>(out));
   const std::span<const T> addend[1] = {in};
   detail::reproducible::sum_over<T>(comm, std::span<const std::span<const T>>(addend), out, op);
 }
 template <class Communicator, reproducible_element T>
 void reproducible_allreduce(Communicator& comm, std::span<T> data, reduce_op op) {
   reproducible_allreduce(comm, std::span<const T>(data), data, op);
+}
+
+/// reproducible_allreduce on device memory (docs/gpu.md): `in` and `out` live on the
+/// device of `where`'s stream; the call runs after the work queued there before it and
+/// returns once the result is in place, with the bits of the host call on the same
+/// values. The conversions run on the device; the rounds are comm's device collectives
+/// (GPU to GPU over cuda_peer, staged through pinned memory over host transports).
+/// float, bfloat16 and float16 (double: not yet on the device, a compile-time error).
+/// @par Errors
+/// As the host call; a buffer in host memory or on another device, or no device
+/// runtime, fails every rank (comm is aborted); device_error for a runtime failure.
+template <class Communicator, reproducible_element T>
+void reproducible_allreduce(Communicator& comm, execution::device_stream where, std::span<const T> in,
+                            std::span<T> out, reduce_op op) {
+  if (in.size() != out.size())
+    detail::reproducible::refuse(comm, qcoll::detail::format(
+                                           "reproducible_allreduce on rank {}: an input of {} values and an output of {}",
+                                           comm.rank(), in.size(), out.size()));
+  detail::reproducible::require_device(comm, "reproducible_allreduce", where, in, std::span<const T>(out));
+  detail::reproducible::sum_on_device<T>(comm, where, in, out, op, true);
+}
+template <class Communicator, reproducible_element T>
+void reproducible_allreduce(Communicator& comm, execution::device_stream where, std::span<T> data, reduce_op op) {
+  reproducible_allreduce(comm, where, std::span<const T>(data), data, op);
 }
 
 /// Rank r receives block r (block_of(in.size(), size(), r)) of the reproducible sum (or
@@ -437,8 +559,54 @@ void reproducible_reduce_scatter(Communicator& comm, std::span<const T> in, std:
     detail::reproducible::refuse(comm, qcoll::detail::format(
                                            "reproducible_reduce_scatter on rank {}: an output of {} values for a block of {}",
                                            comm.rank(), out.size(), mine.size));
+  detail::reproducible::require_host(comm, "reproducible_reduce_scatter", in, std::span<const T>(out));
   const std::span<const T> addend[1] = {in};
   detail::reproducible::scatter_sum<T>(comm, std::span<const std::span<const T>>(addend), in.size(), op, out);
+}
+
+/// reproducible_reduce_scatter on device memory, as reproducible_allreduce's device form.
+template <class Communicator, reproducible_element T>
+void reproducible_reduce_scatter(Communicator& comm, execution::device_stream where, std::span<const T> in,
+                                 std::span<T> out, reduce_op op) {
+  const block_range mine = block_of(in.size(), comm.size(), comm.rank());
+  if (out.size() != mine.size)
+    detail::reproducible::refuse(comm, qcoll::detail::format(
+                                           "reproducible_reduce_scatter on rank {}: an output of {} values for a block of {}",
+                                           comm.rank(), out.size(), mine.size));
+  detail::reproducible::require_device(comm, "reproducible_reduce_scatter", where, in, std::span<const T>(out));
+  detail::reproducible::sum_on_device<T>(comm, where, in, out, op, false);
+}
+
+namespace detail::reproducible {
+/// The blocking forms as plain functions, for started calls.
+template <class Communicator, class T>
+void allreduce_call(Communicator& comm, std::span<const T> in, std::span<T> out, reduce_op op) {
+  reproducible_allreduce(comm, in, out, op);
+}
+template <class Communicator, class T>
+void reduce_scatter_call(Communicator& comm, std::span<const T> in, std::span<T> out, reduce_op op) {
+  reproducible_reduce_scatter(comm, in, out, op);
+}
+}  // namespace detail::reproducible
+
+/// reproducible_allreduce and reproducible_reduce_scatter started on comm's progress
+/// thread (communicator::start_composed): they return at once and `handle` finishes
+/// them (handle.wait()); in start order with comm's other started calls. `in` and `out`
+/// stay valid and untouched until wait() returns. Errors as the blocking forms, reported
+/// by wait() (invalid_argument at once for a handle in flight).
+template <class Communicator, reproducible_element T>
+void start_reproducible_allreduce(Communicator& comm, std::span<const T> in, std::span<T> out, reduce_op op,
+                                  collective_handle& handle) {
+  comm.start_composed(&detail::reproducible::allreduce_call<Communicator, T>, in, out, op, handle);
+}
+template <class Communicator, reproducible_element T>
+void start_reproducible_allreduce(Communicator& comm, std::span<T> data, reduce_op op, collective_handle& handle) {
+  start_reproducible_allreduce(comm, std::span<const T>(data), data, op, handle);
+}
+template <class Communicator, reproducible_element T>
+void start_reproducible_reduce_scatter(Communicator& comm, std::span<const T> in, std::span<T> out, reduce_op op,
+                                       collective_handle& handle) {
+  comm.start_composed(&detail::reproducible::reduce_scatter_call<Communicator, T>, in, out, op, handle);
 }
 
 }  // namespace qcoll

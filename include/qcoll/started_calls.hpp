@@ -143,6 +143,21 @@ class started_calls {
     start_on_device<T, collective::broadcast>(handle, where, std::span<const T>(data), data, reduce_op::sum, root);
   }
 
+  /// Starts a collective composed of this communicator's own blocking calls —
+  /// `composed(communicator, in, out, op)` — on the progress thread, like the calls above
+  /// (in start order with them; `handle` finishes it; `in` and `out` stay the caller's
+  /// to keep valid until then). How collectives built from others start without waiting
+  /// (qcoll::start_reproducible_allreduce).
+  /// @par Errors
+  /// invalid_argument at once for a handle already in flight; whatever `composed`
+  /// throws, by handle.wait().
+  template <element T>
+  void start_composed(void (*composed)(derived&, std::span<const T>, std::span<T>, reduce_op), std::span<const T> in,
+                      std::span<T> out, reduce_op op, collective_handle& handle) {
+    submit(handle.queue_composed(reinterpret_cast<void (*)()>(composed), in, out, op),
+           &collective_handle::run_composed<derived, T>, &handle);
+  }
+
   /// Blocks until every call started without waiting has run (their outcomes stay
   /// with their plans and handles).
   void wait_all() { self().quiesce(); }

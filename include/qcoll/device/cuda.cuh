@@ -7,6 +7,7 @@
 
 #include <qcoll/device/runtime.hpp>
 #include <qcoll/kernels/cuda/convert.cuh>
+#include <qcoll/kernels/cuda/grid.cuh>
 #include <qcoll/kernels/cuda/quantizers.cuh>
 #include <qcoll/kernels/cuda/reduce.cuh>
 
@@ -171,6 +172,34 @@ inline int narrow(dtype to, const float* in, void* out, std::size_t n, stream_ha
   }
 }
 
+/// Runs `launch(values)` with `values` the typed pointer of a f32, bf16 or f16 buffer.
+template <class Pointer, class Launch>
+int with_float_type(dtype type, Pointer values, Launch&& launch) {
+  using byte_pointer = std::remove_pointer_t<Pointer>;
+  constexpr bool readonly = std::is_const_v<byte_pointer>;
+  switch (type) {
+    case dtype::f32: return launch(static_cast<std::conditional_t<readonly, const float*, float*>>(values));
+    case dtype::bf16: return launch(static_cast<std::conditional_t<readonly, const bfloat16*, bfloat16*>>(values));
+    case dtype::f16: return launch(static_cast<std::conditional_t<readonly, const float16*, float16*>>(values));
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+inline int grid_cover(dtype in, const void* x, std::size_t n, double* exponents, stream_handle stream) {
+  return with_float_type(in, x, [&](auto values) { return cuda::grid_cover(values, n, exponents, stream_of(stream)); });
+}
+inline int grid_add(dtype in, const void* x, std::size_t n, const double* exponents, double* sums, bool first,
+                    stream_handle stream) {
+  return with_float_type(
+      in, x, [&](auto values) { return cuda::grid_add(values, n, exponents, sums, first, stream_of(stream)); });
+}
+inline int grid_round(dtype out_type, const double* sums, std::size_t n, const double* exponents,
+                      std::size_t first_index, double divide, void* out, stream_handle stream) {
+  return with_float_type(out_type, out, [&](auto values) {
+    return cuda::grid_round(sums, n, exponents, first_index, divide, values, stream_of(stream));
+  });
+}
+
 inline int device_count(int* count) {
   const cudaError_t result = cudaGetDeviceCount(count);
   if (result != cudaSuccess) {
@@ -328,6 +357,9 @@ inline constexpr runtime make_cuda_runtime() noexcept {
       .divide = &e::divide,
       .widen = &e::widen,
       .narrow = &e::narrow,
+      .grid_cover = &e::grid_cover,
+      .grid_add = &e::grid_add,
+      .grid_round = &e::grid_round,
       .device_count = &e::device_count,
       .current_device = &e::current_device,
       .set_device = &e::set_device,

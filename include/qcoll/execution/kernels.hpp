@@ -74,6 +74,33 @@ void queue_widen(device_stream where, std::span<const Half> in, std::span<float>
   const auto& device = device_runtime("widen");
   check_device(device, device.widen(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "widen");
 }
+/// The reproducible sum's grid conversions on device memory (kernels/cpu/grid.hpp's
+/// forms): f32, bf16 or f16 values; exponents one per block of grid_detail::block values.
+template <element T>
+void queue_grid_cover(device_stream where, std::span<const T> values, std::span<double> exponents) {
+  const auto& device = device_runtime("grid_cover");
+  check_device(device, device.grid_cover(dtype_of<T>::value, values.data(), values.size(), exponents.data(), where.stream),
+               "grid_cover");
+}
+template <element T>
+void queue_grid_add(device_stream where, std::span<const T> values, std::span<const double> exponents,
+                    std::span<double> sums, bool first) {
+  const auto& device = device_runtime("grid_add");
+  check_device(device,
+               device.grid_add(dtype_of<T>::value, values.data(), values.size(), exponents.data(), sums.data(), first,
+                               where.stream),
+               "grid_add");
+}
+template <element T>
+void queue_grid_round(device_stream where, std::span<const double> sums, std::span<const double> exponents,
+                      double divide, std::span<T> out, std::size_t first_index) {
+  const auto& device = device_runtime("grid_round");
+  check_device(device,
+               device.grid_round(dtype_of<T>::value, sums.data(), out.size(), exponents.data(), first_index, divide,
+                                 out.data(), where.stream),
+               "grid_round");
+}
+
 template <half_element Half>
 void queue_narrow(device_stream where, std::span<const float> in, std::span<Half> out) {
   const auto& device = device_runtime("narrow");

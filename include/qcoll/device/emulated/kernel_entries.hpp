@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// The emulated device's kernel entries of the device runtime's table (encode, decode,
-/// reduce, divide, widen, narrow): each checks its arguments as the CUDA launcher does
+/// reduce, divide, widen, narrow, the reproducible sum's grid conversions): each checks its arguments as the CUDA launcher does
 /// and queues its kernels.hpp work on the stream, naming the memory it touches so that
 /// memory.hpp's registry refuses a range outside an allocation. A new quantizer's
 /// emulated kernels go here and in kernels.hpp; runtime.hpp fills the table with them.
@@ -141,6 +141,36 @@ inline int narrow(dtype to, const float* in, void* out, std::size_t n, stream_ha
     if (to == dtype::bf16) kernel_work::narrow<bfloat16>(in, out, n);
     else kernel_work::narrow<float16>(in, out, n);
   });
+}
+
+/// Bytes of the exponents of n values' blocks.
+inline std::size_t exponent_bytes(std::size_t n) noexcept {
+  return (n + kernels::grid_detail::block - 1) / kernels::grid_detail::block * sizeof(double);
+}
+
+inline int grid_cover(dtype in, const void* x, std::size_t n, double* exponents, stream_handle stream) {
+  if (in != dtype::f32 && in != dtype::bf16 && in != dtype::f16) return invalid_value;
+  return queue(stream, emulated_fault::kernel, {{x, bytes_of(in, n)}, {exponents, exponent_bytes(n)}},
+               [=] { kernel_work::grid_cover(in, x, n, exponents); });
+}
+
+inline int grid_add(dtype in, const void* x, std::size_t n, const double* exponents, double* sums, bool first,
+                    stream_handle stream) {
+  if (in != dtype::f32 && in != dtype::bf16 && in != dtype::f16) return invalid_value;
+  return queue(stream, emulated_fault::kernel,
+               {{x, bytes_of(in, n)}, {exponents, exponent_bytes(n)}, {sums, n * sizeof(double)}},
+               [=] { kernel_work::grid_add(in, x, n, exponents, sums, first); });
+}
+
+inline int grid_round(dtype out_type, const double* sums, std::size_t n, const double* exponents,
+                      std::size_t first_index, double divide, void* out, stream_handle stream) {
+  if (out_type != dtype::f32 && out_type != dtype::bf16 && out_type != dtype::f16) return invalid_value;
+  constexpr std::size_t block = kernels::grid_detail::block;
+  const double* first_exponent = exponents + first_index / block;  // the blocks out's values fall in
+  const std::size_t blocks = n == 0 ? 0 : (first_index + n - 1) / block - first_index / block + 1;
+  return queue(stream, emulated_fault::kernel,
+               {{sums, n * sizeof(double)}, {first_exponent, blocks * sizeof(double)}, {out, bytes_of(out_type, n)}},
+               [=] { kernel_work::grid_round(out_type, sums, n, exponents, first_index, divide, out); });
 }
 
 }  // namespace qcoll::device::emulated_detail

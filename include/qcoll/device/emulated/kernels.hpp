@@ -14,6 +14,7 @@
 #include <qcoll/core/wire.hpp>
 #include <qcoll/kernels/cpu/convert.hpp>
 #include <qcoll/kernels/cpu/dispatch.hpp>
+#include <qcoll/kernels/cpu/grid.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
 #include <qcoll/kernels/simt/bfp.hpp>
 #include <qcoll/kernels/simt/k_level.hpp>
@@ -173,6 +174,38 @@ struct kernel_work {
   template <half_element Half>
   static void narrow(const float* in, void* out, std::size_t n) {
     kernels::cpu::narrow(std::span(in, n), std::span(static_cast<Half*>(out), n));
+  }
+
+  /// The grid conversions for values of `type` (f32, bf16, f16), as the CPU's.
+  template <class Work>
+  static void with_type(dtype type, Work&& work) {
+    if (type == dtype::f32) work(float{});
+    else if (type == dtype::bf16) work(bfloat16{});
+    else work(float16{});
+  }
+  static void grid_cover(dtype in, const void* x, std::size_t n, double* exponents) {
+    with_type(in, [&](auto tag) {
+      using T = decltype(tag);
+      const std::size_t blocks = (n + kernels::grid_detail::block - 1) / kernels::grid_detail::block;
+      kernels::cpu::grid_cover(std::span(static_cast<const T*>(x), n), std::span(exponents, blocks));
+    });
+  }
+  static void grid_add(dtype in, const void* x, std::size_t n, const double* exponents, double* sums, bool first) {
+    with_type(in, [&](auto tag) {
+      using T = decltype(tag);
+      const std::size_t blocks = (n + kernels::grid_detail::block - 1) / kernels::grid_detail::block;
+      kernels::cpu::grid_add(std::span(static_cast<const T*>(x), n), std::span(exponents, blocks), std::span(sums, n),
+                             first);
+    });
+  }
+  static void grid_round(dtype out_type, const double* sums, std::size_t n, const double* exponents,
+                         std::size_t first_index, double divide, void* out) {
+    with_type(out_type, [&](auto tag) {
+      using T = decltype(tag);
+      const std::size_t blocks = (first_index + n + kernels::grid_detail::block - 1) / kernels::grid_detail::block;
+      kernels::cpu::grid_round(std::span(sums, n), std::span(exponents, blocks), divide,
+                               std::span(static_cast<T*>(out), n), first_index);
+    });
   }
 };
 
