@@ -574,4 +574,14 @@ c10::intrusive_ptr<c10d::Work> compressed_communicator::allreduce(std::int64_t k
                         });
 }
 
+c10::intrusive_ptr<c10d::Work> compressed_communicator::average(const at::Tensor& tensor) {
+  const call_device where = device_of("average", {tensor}, /*current_only=*/false);
+  if (!tensor.is_contiguous())
+    qcoll::detail::throw_error(errc::invalid_argument, "qcoll average: the bucket must be contiguous");
+  return worker_.submit(c10d::OpType::ALLREDUCE, {tensor}, "average", where,
+                        [tensor = at::Tensor(tensor)](group& g, const placement& on) mutable {
+                          g.allreduce(tensor, qcoll::reduce_op::avg, on);
+                        });
+}
+
 }  // namespace qcoll_torch

@@ -135,6 +135,9 @@ class compressed_communicator {
   /// `key`: a host plan for a CPU tensor, a plan on device memory for a CUDA tensor
   /// (ordered on the tensor's device's current stream, as the backend's calls).
   c10::intrusive_ptr<c10d::Work> allreduce(std::int64_t key, const at::Tensor& tensor, const compression& settings);
+  /// The exact average of `tensor` in place, as the group's all_reduce with AVG: the
+  /// reproducible sum when the communicator was joined with settings.reproducible.
+  c10::intrusive_ptr<c10d::Work> average(const at::Tensor& tensor);
   int rank() { return worker_.members().rank(); }
   int size() { return worker_.members().size(); }
   const char* transport_name() { return worker_.members().transport_name(); }

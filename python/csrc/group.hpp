@@ -35,8 +35,10 @@ namespace qcoll_torch {
 struct group_settings {
   qcoll::rendezvous::transport_kind transport = qcoll::rendezvous::transport_kind::automatic;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-  /// all_reduce's sum and avg of floating-point tensors through qcoll::reproducible_allreduce
-  /// (the same bits whatever the algorithm and the order of the ranks; docs/reproducibility.md).
+  /// all_reduce's and reduce_scatter's sum and avg of floating-point tensors through
+  /// qcoll's reproducible sums (the same bits whatever the algorithm and the order of the
+  /// ranks; docs/reproducibility.md): CPU tensors, and CUDA tensors of float32, bfloat16
+  /// and float16.
   bool reproducible = false;
 };
 

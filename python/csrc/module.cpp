@@ -88,14 +88,18 @@ PYBIND11_MODULE(_qcoll_torch, m) {
 
   py::class_<qcoll_torch::compressed_communicator>(m, "CompressedCommunicator")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, const std::string& transport) {
-             const qcoll_torch::group_settings settings = settings_of(transport, timeout);
+                       std::chrono::milliseconds timeout, const std::string& transport, bool reproducible) {
+             const qcoll_torch::group_settings settings = settings_of(transport, timeout, reproducible);
              py::gil_scoped_release unlocked;
              return std::make_unique<qcoll_torch::compressed_communicator>(store, rank, size, settings);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("transport") = "env")
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("transport") = "env",
+           py::arg("reproducible") = false)
       .def("allreduce", &qcoll_torch::compressed_communicator::allreduce, py::arg("key"), py::arg("tensor"),
            py::arg("compression"), py::call_guard<py::gil_scoped_release>())
+      .def("average", &qcoll_torch::compressed_communicator::average, py::arg("tensor"),
+           py::call_guard<py::gil_scoped_release>(),
+           "The exact average of the tensor in place (reproducible when joined with reproducible=True)")
       .def_property_readonly("rank", &qcoll_torch::compressed_communicator::rank)
       .def_property_readonly("size", &qcoll_torch::compressed_communicator::size)
       .def_property_readonly("transport", &qcoll_torch::compressed_communicator::transport_name)

@@ -249,3 +249,37 @@ def bytes_through_the_host(rank, size):
     torch.cuda.synchronize(device)
     assert torch.equal(tensor, torch.full_like(tensor, float(size * size))), "the two sums are wrong"
     return qcoll.torch.bytes_sent() - before
+
+
+def reproducible_sums_on_cuda(rank, size):
+    """A reproducible group's all_reduce and reduce_scatter of CUDA tensors (float32,
+    bfloat16, float16; SUM and AVG): the bits of qcoll.torch.reproducible_sum of every
+    rank's tensors on the CPU. float64 CUDA tensors are refused, saying so."""
+    import qcoll.torch
+
+    device = device_of_rank(rank)
+    group = dist.new_group(list(range(size)), pg_options=qcoll.torch.Options(reproducible=True))
+
+    def addend(r, dtype, count):
+        g = torch.Generator().manual_seed(2000 + r)
+        scale = torch.pow(2.0, torch.randint(-20, 21, (count,), generator=g).double())
+        return (torch.randn(count, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for op, average in ((dist.ReduceOp.SUM, False), (dist.ReduceOp.AVG, True)):
+            for count in (4099, 1 << 18):  # one allreduce of the integers; reduce-scatter and gather
+                tensor = addend(rank, dtype, count).to(device)
+                dist.all_reduce(tensor, op=op, group=group)
+                expected = qcoll.torch.reproducible_sum([addend(r, dtype, count) for r in range(size)], average)
+                assert torch.equal(tensor.cpu().view(torch.uint8), expected.view(torch.uint8)), f"{dtype} {op} {count}"
+            count = 1024 * size
+            block = torch.empty(1024, dtype=dtype, device=device)
+            dist.reduce_scatter_tensor(block, addend(rank, dtype, count).to(device), op=op, group=group)
+            whole = qcoll.torch.reproducible_sum([addend(r, dtype, count) for r in range(size)], average)
+            assert torch.equal(block.cpu().view(torch.uint8), whole[rank * 1024:(rank + 1) * 1024].view(torch.uint8))
+    try:
+        dist.all_reduce(torch.ones(10, dtype=torch.float64, device=device), group=group)
+        raise AssertionError("a float64 CUDA tensor was summed")
+    except RuntimeError as e:
+        assert "float64 CUDA tensors" in str(e), str(e)
+    return True

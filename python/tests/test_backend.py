@@ -80,6 +80,13 @@ def reproducible_sums(rank, size):
             dist.all_reduce(tensor, op=op, group=group)
             expected = qcoll.torch.reproducible_sum([_spread_addend(r, dtype) for r in range(size)], average)
             assert torch.equal(tensor.view(torch.uint8), expected.view(torch.uint8)), f"{dtype} {op}"
+            # reduce_scatter: this rank's block of the same bits
+            count = 1024 * size
+            block = torch.empty(1024, dtype=dtype)
+            dist.reduce_scatter_tensor(block, _spread_addend(rank, dtype, count), op=op, group=group)
+            whole = qcoll.torch.reproducible_sum([_spread_addend(r, dtype, count) for r in range(size)], average)
+            mine = whole[rank * 1024:(rank + 1) * 1024]
+            assert torch.equal(block.view(torch.uint8), mine.view(torch.uint8)), f"reduce_scatter {dtype} {op}"
     # the group's other calls are the ordinary ones
     ones = torch.ones(10)
     dist.all_reduce(ones, op=dist.ReduceOp.MAX, group=group)

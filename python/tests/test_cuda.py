@@ -2,7 +2,8 @@
 every collective, dtype and op against the reference and the CPU call's bits, over
 shm, tcp and the CUDA peer transport (GPU to GPU: what auto picks on one host); stream
 order (kernels queued before the call, and after it); futures; errors at submission;
-the hook on CUDA gradients bit for bit as the CPU hook; DDP on CUDA. Skipped where
+the hook on CUDA gradients bit for bit as the CPU hook; reproducible sums of CUDA
+tensors with the CPU's bits; DDP on CUDA. Skipped where
 torch sees no GPU; where it does but this build of the bridge cannot run CUDA tensors,
 only the test of that refusal runs."""
 
@@ -60,6 +61,12 @@ def test_mixed_non_contiguous_and_other_device_tensors_are_clear_errors():
         assert "non-contiguous" in messages["non_contiguous"], f"rank {rank}: {messages['non_contiguous']}"
         if "other_device" in messages:
             assert "current device" in messages["other_device"], f"rank {rank}: {messages['other_device']}"
+
+
+@runs_cuda
+@pytest.mark.parametrize("transport", ["shm", "cuda_peer"])
+def test_reproducible_sums_of_cuda_tensors_have_the_cpu_bits(transport):
+    run_ranks(2, cuda_checks.reproducible_sums_on_cuda, env={"QCOLL_TRANSPORT": transport}, timeout=600)
 
 
 @runs_cuda

@@ -1,6 +1,7 @@
-"""The DDP communication hook: inside DDP training, on the qcoll backend and on gloo,
+"""The DDP communication hooks: inside DDP training, on the qcoll backend and on gloo,
 every rank ends with bitwise the same parameters and the loss falls; bfloat16
-gradients; torchrun runs the backend and the hook. (The bytes the hook saves are
+gradients; the reproducible hook's parameters do not depend on the allreduce algorithm;
+torchrun runs the backend and the hook. (The bytes the hook saves are
 measured by test_example.py.)"""
 
 from __future__ import annotations
@@ -55,6 +56,42 @@ def test_the_hook_trains_and_every_rank_ends_with_the_same_parameters(backend, q
     assert results[0][0] == results[1][0], "the ranks' parameters differ"
     losses = results[0][1]
     assert losses[-1] < 0.9 * losses[0], f"the loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+def reproducible_training(rank, size, hooked):
+    """Ten DDP steps on 3 ranks, gradients averaged by the reproducible hook (or, not
+    hooked, by the qcoll backend's ordinary all_reduce); the final parameters' bytes."""
+    import qcoll.torch.hooks as hooks
+
+    model = _model()
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+    if hooked:
+        ddp.register_comm_hook(hooks.ReproducibleState(), hooks.reproducible_allreduce)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.2, momentum=0.9)
+    generator = torch.Generator().manual_seed(100 + rank)
+    inputs = torch.randn(64, 64, generator=generator)
+    targets = inputs[:, :10].argmax(1)
+    for _ in range(10):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(ddp(inputs), targets).backward()
+        optimizer.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).view(torch.uint8).numpy().tobytes()
+
+
+# The reproducible hook: whichever allreduce algorithm the hook's communicator runs, the
+# same parameters, bit for bit; the ordinary all_reduce's differ between algorithms
+# (the control: what the hook removes).
+def test_the_reproducible_hook_gives_the_same_bits_whatever_the_algorithm():
+    def run(algorithm, hooked):
+        results = run_ranks(3, reproducible_training, hooked, env={"QCOLL_ALLREDUCE_ALGO": algorithm})
+        assert results[0] == results[1] == results[2], "the ranks' parameters differ"
+        return results[0]
+
+    algorithms = ["ring", "recursive_doubling", "halving_doubling"]
+    hooked = {a: run(a, True) for a in algorithms}
+    assert len(set(hooked.values())) == 1, "the reproducible hook's parameters depend on the algorithm"
+    ordinary = {a: run(a, False) for a in ("ring", "recursive_doubling")}
+    assert len(set(ordinary.values())) == 2, "control: the ordinary all_reduce gave the same bits for both algorithms"
 
 
 def test_bfloat16_gradients_go_through_the_hook():

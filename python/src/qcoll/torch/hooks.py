@@ -1,4 +1,5 @@
-"""DDP communication hooks that reduce gradients through qcoll's compressed allreduce.
+"""DDP communication hooks that reduce gradients through qcoll's compressed allreduce,
+or through its reproducible sum.
 
     import qcoll.torch.hooks as hooks
     state = hooks.CompressedState(quantizer="one_bit")
@@ -27,6 +28,13 @@ residuals live there, per bucket as on the CPU; only the compressed frames cross
 host), with the same results, bit for bit, as the CPU hook's on the same gradients. The
 call is ordered after the work queued on the bucket's device's current stream, and the
 returned future is CUDA-aware, as with ProcessGroupNCCL (docs/pytorch.md).
+
+    state = hooks.ReproducibleState()
+    ddp_model.register_comm_hook(state, hooks.reproducible_allreduce)
+
+averages each bucket exactly with qcoll's reproducible sum instead: the same bits
+whatever the allreduce algorithm, the transport and the order of the ranks, on the CPU
+or the GPU (docs/reproducibility.md).
 """
 
 
@@ -40,10 +48,42 @@ from torch.distributed import distributed_c10d
 
 from .. import _qcoll_torch as _extension
 
-__all__ = ["CompressedState", "compressed_allreduce"]
+__all__ = ["CompressedState", "compressed_allreduce", "ReproducibleState", "reproducible_allreduce"]
 
 
-class CompressedState:
+class _JoinedState:
+    """What every hook state has: a qcoll communicator of its own, joined at the first
+    call (which every rank makes) through the process group's store."""
+
+    _reproducible = False
+
+    def __init__(self, process_group, transport, timeout):
+        self.process_group = process_group
+        self.transport = transport
+        self.timeout = timeout
+        self._communicator = None
+
+    def communicator(self):
+        """The hook's qcoll communicator, joined at the first call (collective)."""
+        if self._communicator is None:
+            group = self.process_group or dist.group.WORLD
+            _, store = distributed_c10d._world.pg_map[group]
+            self._communicator = _extension.CompressedCommunicator(
+                dist.PrefixStore(f"qcoll_hook/{_next_join(group)}", store),
+                dist.get_rank(group),
+                dist.get_world_size(group),
+                self.timeout,
+                self.transport,
+                self._reproducible,
+            )
+        return self._communicator
+
+    def bytes_sent(self) -> int:
+        """Bytes this rank's hook has sent, measured where they leave its transport."""
+        return 0 if self._communicator is None else self._communicator.bytes_sent()
+
+
+class CompressedState(_JoinedState):
     """The hook's state: its settings, its communicator and (inside it) the residuals.
 
     quantizer: "one_bit", "k_level", "bfp" or "identity".
@@ -73,28 +113,23 @@ class CompressedState:
         # Settings the quantizer refuses are refused here, naming the value, not at the
         # first backward().
         _extension.check_compression(self.compression)
-        self.process_group = process_group
-        self.transport = transport
-        self.timeout = timeout
-        self._communicator = None
+        super().__init__(process_group, transport, timeout)
 
-    def communicator(self):
-        """The hook's qcoll communicator, joined at the first call (collective)."""
-        if self._communicator is None:
-            group = self.process_group or dist.group.WORLD
-            _, store = distributed_c10d._world.pg_map[group]
-            self._communicator = _extension.CompressedCommunicator(
-                dist.PrefixStore(f"qcoll_hook/{_next_join(group)}", store),
-                dist.get_rank(group),
-                dist.get_world_size(group),
-                self.timeout,
-                self.transport,
-            )
-        return self._communicator
 
-    def bytes_sent(self) -> int:
-        """Bytes this rank's hook has sent, measured where they leave its transport."""
-        return 0 if self._communicator is None else self._communicator.bytes_sent()
+class ReproducibleState(_JoinedState):
+    """The reproducible hook's state: its communicator. Buckets of float32, bfloat16 and
+    float16 gradients, on the CPU or a GPU (float64: the CPU only).
+
+    process_group: whose ranks and store to use (default: the world).
+    transport: "env" (QCOLL_TRANSPORT, else auto), "shm", "tcp" or "auto".
+    timeout: the deadline of the join and of each step of a call.
+    """
+
+    _reproducible = True
+
+    def __init__(self, process_group=None, transport: str = "env",
+                 timeout: datetime.timedelta = datetime.timedelta(minutes=30)):
+        super().__init__(process_group, transport, timeout)
 
 
 # Per process group, how many hook communicators this process has joined on it: the
@@ -112,4 +147,12 @@ def compressed_allreduce(state: CompressedState, bucket: dist.GradBucket) -> tor
     """Averages the bucket's gradients across ranks through qcoll's compressed allreduce
     (on the GPU for a CUDA bucket)."""
     work = state.communicator().allreduce(bucket.index(), bucket.buffer(), state.compression)
+    return work.get_future().then(lambda done: done.value()[0])
+
+
+def reproducible_allreduce(state: ReproducibleState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Averages the bucket's gradients across ranks with qcoll's reproducible sum: the same
+    bits whatever the allreduce algorithm, the transport and the order of the ranks
+    (docs/reproducibility.md; on the GPU for a CUDA bucket)."""
+    work = state.communicator().average(bucket.buffer())
     return work.get_future().then(lambda done: done.value()[0])
