@@ -156,6 +156,11 @@ BOOST_AUTO_TEST_CASE(buffers_in_the_wrong_memory_fail_every_rank) {
     reproducible_allreduce(comm, comm.rank() == 0 ? d.span() : std::span<float>(host), reduce_op::sum);
   });
   for (rank_t r = 0; r < 2; ++r) BOOST_TEST(static_cast<bool>(device_to_host_call.failure(r).first), "rank " << r);
+  // The accumulator keeps host copies: device memory is refused when added.
+  reproducible_accumulator<float> acc(count);
+  device_memory<float> d(count);
+  BOOST_CHECK_EXCEPTION(acc.add(std::span<const float>(d.span())), qcoll::error,
+                        [](const qcoll::error& e) { return e.code() == errc::invalid_argument; });
   BOOST_TEST(device_to_host_call.failure(0).first == errc::invalid_argument);
   BOOST_TEST(device_to_host_call.failure(0).second.find("device memory") != std::string::npos,
              device_to_host_call.failure(0).second);

@@ -509,6 +509,15 @@ BOOST_AUTO_TEST_CASE(a_healthy_and_a_degraded_torus_give_identical_sums) {
       check_grid_outcome(routing, out, outcome, expected);
     }
   }
+  // A rank passing another size fails every rank, none waiting for its deadline.
+  const topo::grid_routing square = topo::route_grid(topo::torus({2, 2}));
+  const auto wrong = test::run_ranks<topo::fully_connected>(4, [&](test::inproc_communicator& comm) {
+    reproducible_grid_allreduce<float> sum(comm, square, 100);
+    std::vector<float> data(comm.rank() == 1 ? 99 : 100, 1.0f);
+    sum.allreduce(comm, std::span(data), reduce_op::sum);
+  }, {.timeout = std::chrono::seconds(20)});
+  for (rank_t r = 0; r < 4; ++r) BOOST_TEST(static_cast<bool>(wrong.failure(r).first), "rank " << r << " did not fail");
+  BOOST_TEST(wrong.failure(1).second.find("99 values in") != std::string::npos, wrong.failure(1).second);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -431,12 +431,13 @@ class reproducible_accumulator {
   /// Addends this rank holds.
   std::size_t addends() const noexcept { return kept_.size() / std::max<std::size_t>(count_, 1) + empty_adds_; }
 
-  /// Keeps a copy of `values` (count() of them) as one addend.
-  /// @throws qcoll::error (invalid_argument) for another size.
+  /// Keeps a copy of `values` (count() of them, host memory) as one addend.
+  /// @throws qcoll::error (invalid_argument) for another size, or device memory.
   void add(std::span<const T> values) {
     if (values.size() != count_)
       detail::throw_error(errc::invalid_argument, "reproducible_accumulator::add: {} values for {}", values.size(),
                           count_);
+    execution::require_space("reproducible_accumulator::add", execution::memory_space::host, {{"the values", values}});
     if (count_ == 0) ++empty_adds_;
     kept_.insert(kept_.end(), values.begin(), values.end());
   }
@@ -460,6 +461,8 @@ class reproducible_accumulator {
       detail::reproducible::refuse(
           comm, qcoll::detail::format("reproducible_accumulator::allreduce on rank {}: an output of {} values for {}",
                                       comm.rank(), out.size(), count_));
+    detail::reproducible::require_host(comm, "reproducible_accumulator::allreduce", std::span<const T>(),
+                                       std::span<const T>(out));
     detail::reproducible::sum_over<T>(comm, views(), out, op);
   }
 
@@ -474,6 +477,8 @@ class reproducible_accumulator {
       detail::reproducible::refuse(
           comm, qcoll::detail::format("reproducible_accumulator::reduce_scatter on rank {}: an output of {} values for a block of {}",
                                       comm.rank(), out.size(), mine.size));
+    detail::reproducible::require_host(comm, "reproducible_accumulator::reduce_scatter", std::span<const T>(),
+                                       std::span<const T>(out));
     detail::reproducible::scatter_sum<T>(comm, views(), count_, op, out);
   }
 

@@ -97,10 +97,11 @@ class reproducible_grid_allreduce {
   /// reproducible_allreduce over those ranks. Collective over the included ranks.
   /// @par Errors
   /// As reproducible_allreduce and a grid allreduce plan's call: invalid_argument at once
-  /// on an excluded rank, and for sizes other than count().
+  /// on an excluded rank; sizes other than count() or buffers in device memory fail
+  /// every rank (comm is aborted).
   template <class Communicator>
   void allreduce(Communicator& comm, std::span<const T> in, std::span<T> out, reduce_op op) {
-    check_sizes(in.size(), out.size());
+    check_call(comm, in, out);
     const std::span<const T> addend[1] = {in};
     run(comm, std::span<const std::span<const T>>(addend), out, op);
   }
@@ -112,16 +113,25 @@ class reproducible_grid_allreduce {
   /// of its allreduce over those ranks, however many addends each holds.
   template <class Communicator>
   void allreduce(Communicator& comm, const reproducible_accumulator<T>& addends, std::span<T> out, reduce_op op) {
-    check_sizes(addends.count(), out.size());
+    if (addends.count() != count_) refuse_size(comm, addends.count(), out.size());
+    check_call(comm, std::span<const T>(), out);
     const auto views = addends.views();
     run(comm, std::span<const std::span<const T>>(views), out, op);
   }
 
  private:
-  void check_sizes(std::size_t in, std::size_t out) const {
-    if (in != count_ || out != count_)
-      detail::throw_error(errc::invalid_argument,
-                          "reproducible_grid_allreduce: {} values in and {} out for a plan of {}", in, out, count_);
+  /// A call with other sizes than the plan's, or buffers not in host memory, fails
+  /// every rank (comm aborted). `in` empty: an accumulator's call.
+  template <class Communicator>
+  void check_call(Communicator& comm, std::span<const T> in, std::span<T> out) const {
+    if ((in.data() != nullptr && in.size() != count_) || out.size() != count_) refuse_size(comm, in.size(), out.size());
+    detail::reproducible::require_host(comm, "reproducible_grid_allreduce", in, std::span<const T>(out));
+  }
+  template <class Communicator>
+  [[noreturn]] void refuse_size(Communicator& comm, std::size_t in, std::size_t out) const {
+    detail::reproducible::refuse(
+        comm, qcoll::detail::format("reproducible_grid_allreduce on rank {}: {} values in and {} out for a plan of {}",
+                                    comm.rank(), in, out, count_));
   }
 
   template <class Communicator>
