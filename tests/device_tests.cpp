@@ -23,6 +23,7 @@
 #include <qcoll/execution/device_memory.hpp>
 
 #include "support/device_values.hpp"
+#include "support/per_rank.hpp"
 #include "support/ranks.hpp"
 #include "support/sanitizers.hpp"
 
@@ -90,19 +91,7 @@ std::vector<T> inputs(std::size_t n, rank_t rank, unsigned salt = 0) {
   return v;
 }
 
-/// Per-rank records, asserted on the main thread after the ranks joined.
-struct per_rank {
-  std::mutex mutex;
-  std::vector<std::string> mismatches;
-  void differ(const std::string& what) {
-    std::lock_guard lock(mutex);
-    mismatches.push_back(what);
-  }
-  void check() {
-    for (const auto& m : mismatches) BOOST_ERROR(m);
-    BOOST_TEST(mismatches.empty());
-  }
-};
+using test::per_rank;
 
 template <class Fn>
 void ranks(std::size_t n, Fn&& fn, communicator_options options = {}) {

@@ -17,11 +17,11 @@
 #include <qcoll/transports/inproc.hpp>
 
 #include "support/device_values.hpp"
+#include "support/per_rank.hpp"
 #include "support/ranks.hpp"
 
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,24 +57,12 @@ std::vector<T> host_sum(std::size_t count, rank_t n, reduce_op op) {
   return out;
 }
 
-/// Records mismatches on the ranks' threads; asserted on the main one.
-struct mismatches {
-  std::mutex mutex;
-  std::vector<std::string> found;
-  void add(const std::string& what) {
-    std::lock_guard lock(mutex);
-    found.push_back(what);
-  }
-  void check() {
-    for (const auto& m : found) BOOST_ERROR(m);
-    BOOST_TEST(found.empty());
-  }
-};
+using test::per_rank;
 
 /// On one rank of `comm`: allreduce (out of place and in place) and reduce_scatter of
 /// `count` values on device buffers, against the host sum's bits.
 template <class T, class Communicator>
-void device_calls_give_the_host_bits(Communicator& comm, std::size_t count, reduce_op op, mismatches& wrong) {
+void device_calls_give_the_host_bits(Communicator& comm, std::size_t count, reduce_op op, per_rank& wrong) {
   const rank_t n = comm.size(), r = comm.rank();
   const std::vector<T> expected = host_sum<T>(count, n, op);
   const std::string what = std::to_string(n) + " ranks, " + std::to_string(count) + " " +
@@ -82,20 +70,20 @@ void device_calls_give_the_host_bits(Communicator& comm, std::size_t count, redu
   const device_memory<T> in = test::on_device(values_of<T>(count, r));
   device_memory<T> out(count);
   reproducible_allreduce(comm, device_stream{}, std::span<const T>(in.span()), out.span(), op);
-  if (!same_bits(test::to_host(out), expected)) wrong.add(what + ": allreduce");
+  if (!same_bits(test::to_host(out), expected)) wrong.differ(what + ": allreduce");
   device_memory<T> data = test::on_device(values_of<T>(count, r));
   reproducible_allreduce(comm, device_stream{}, data.span(), op);
-  if (!same_bits(test::to_host(data), expected)) wrong.add(what + ": allreduce in place");
+  if (!same_bits(test::to_host(data), expected)) wrong.differ(what + ": allreduce in place");
   const block_range mine = block_of(count, n, r);
   device_memory<T> block(mine.size);
   reproducible_reduce_scatter(comm, device_stream{}, std::span<const T>(in.span()), block.span(), op);
   if (!same_bits(test::to_host(block),
                  std::vector<T>(expected.begin() + mine.offset, expected.begin() + mine.offset + mine.size)))
-    wrong.add(what + ": reduce_scatter");
+    wrong.differ(what + ": reduce_scatter");
 }
 
 template <class Communicator>
-void every_case(Communicator& comm, mismatches& wrong) {
+void every_case(Communicator& comm, per_rank& wrong) {
   for (const std::size_t count : {std::size_t{1}, std::size_t{4097}, std::size_t{40001}})
     for (const reduce_op op : {reduce_op::sum, reduce_op::avg}) {
       device_calls_give_the_host_bits<float>(comm, count, op, wrong);
@@ -112,7 +100,7 @@ BOOST_AUTO_TEST_SUITE(reproducible_on_device)
 
 BOOST_AUTO_TEST_CASE(device_sums_have_the_host_bits) {
   for (const rank_t n : {rank_t{1}, rank_t{2}, rank_t{3}, rank_t{4}}) {
-    mismatches wrong;
+    per_rank wrong;
     const auto outcome = test::run_ranks(n, [&](test::inproc_communicator& comm) { every_case(comm, wrong); });
     for (rank_t r = 0; r < n; ++r) BOOST_TEST(!outcome.errors[r], "rank " << r << ": " << outcome.failure(r).second);
     wrong.check();
@@ -122,7 +110,7 @@ BOOST_AUTO_TEST_CASE(device_sums_have_the_host_bits) {
 BOOST_AUTO_TEST_CASE(over_cuda_peer_too) {
   const transports::cuda_peer::options settings{.slot_bytes = 16384, .slots = 3};
   for (const rank_t n : {rank_t{2}, rank_t{3}}) {
-    mismatches wrong;
+    per_rank wrong;
     const auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport control) {
       communicator<peer_transport> comm(peer_transport(std::move(control), settings), topologies::fully_connected(n),
                                         {.timeout = std::chrono::seconds(30)});

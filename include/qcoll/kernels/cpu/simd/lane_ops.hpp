@@ -96,7 +96,7 @@ inline xsimd::batch<double, Arch> load_as_doubles(const float* floats) noexcept 
   } else if constexpr (std::is_base_of_v<xsimd::avx, Arch>) {
     return _mm256_cvtps_pd(_mm_loadu_ps(floats));
   } else if constexpr (std::is_base_of_v<xsimd::sse2, Arch>) {
-    return _mm_cvtps_pd(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(floats))));
+    return _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(floats))));  // unaligned
   } else
 #endif
   {
@@ -118,7 +118,7 @@ inline void store_as_floats(xsimd::batch<double, Arch> lanes, float* floats) noe
     _mm_storeu_ps(floats, _mm256_cvtpd_ps(lanes));
     return;
   } else if constexpr (std::is_base_of_v<xsimd::sse2, Arch>) {
-    _mm_store_sd(reinterpret_cast<double*>(floats), _mm_castps_pd(_mm_cvtpd_ps(lanes)));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(floats), _mm_castps_si128(_mm_cvtpd_ps(lanes)));  // unaligned
     return;
   }
 #endif
