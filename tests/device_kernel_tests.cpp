@@ -4,7 +4,7 @@
 // headers, sizes, statuses, streams, memory spaces — not the CUDA kernels):
 // - the reduce kernel (NaN payloads aside: the GPU canonicalises them) and the
 //   16-bit conversions (NaNs included: both run core/half.hpp's rule);
-// - the reproducible sum's grid kernels (cover, add, round; float, bfloat16, float16);
+// - the reproducible sum's grid kernels (cover, add, round; every element type);
 // - every quantizer's encode, decode and decode_accumulate through the public API
 //   on device memory (a device_stream first argument), against the same calls on
 //   host memory: frames byte for byte, residuals and memories bit for bit, over the
@@ -136,9 +136,10 @@ void grid_kernels_match_the_cpu(const char* name) {
   std::vector<T> values(floats.size());
   for (std::size_t i = 0; i < floats.size(); ++i) values[i] = static_cast<T>(floats[i]);
   const std::size_t n = values.size(), blocks = (n + grid::block - 1) / grid::block;
+  const std::size_t carriers = std::is_same_v<T, double> ? 2 : 1;  // doubles: high, then low carriers
   std::vector<double> exponents(blocks, grid::empty_block);
   qcoll::kernels::cpu::grid_cover(std::span<const T>(values), std::span(exponents));
-  std::vector<double> sums(n);
+  std::vector<double> sums(carriers * n);
   qcoll::kernels::cpu::grid_add(std::span<const T>(values), std::span<const double>(exponents), std::span(sums), true);
   qcoll::kernels::cpu::grid_add(std::span<const T>(values), std::span<const double>(exponents), std::span(sums), false);
 
@@ -146,7 +147,7 @@ void grid_kernels_match_the_cpu(const char* name) {
   auto d_exponents = on_device(std::vector<double>(blocks, grid::empty_block));
   qcoll::execution::queue_grid_cover(device_stream{}, std::span<const T>(d_values.span()), d_exponents.span());
   check(to_host(d_exponents) == exponents, std::string(name) + " grid_cover");
-  device_memory<double> d_sums(n);
+  device_memory<double> d_sums(carriers * n);
   for (const bool first : {true, false})
     qcoll::execution::queue_grid_add(device_stream{}, std::span<const T>(d_values.span()),
                                      std::span<const double>(d_exponents.span()), d_sums.span(), first);
@@ -157,11 +158,14 @@ void grid_kernels_match_the_cpu(const char* name) {
     for (const double divide : {1.0, 3.0}) {
       const std::size_t m = n - first_index;
       std::vector<T> expected(m);
-      qcoll::kernels::cpu::grid_round(std::span<const double>(sums).subspan(first_index),
+      const auto low = [&](std::span<const double> all) {
+        return carriers == 2 ? all.subspan(n + first_index, m) : std::span<const double>();
+      };
+      qcoll::kernels::cpu::grid_round(std::span<const double>(sums).subspan(first_index, m), low(sums),
                                       std::span<const double>(exponents), divide, std::span(expected), first_index);
       device_memory<T> d_out(m);
-      qcoll::execution::queue_grid_round(device_stream{},
-                                         std::span<const double>(d_sums_from_cpu.span()).subspan(first_index),
+      const std::span<const double> on_device_sums(d_sums_from_cpu.span());
+      qcoll::execution::queue_grid_round(device_stream{}, on_device_sums.subspan(first_index, m), low(on_device_sums),
                                          std::span<const double>(d_exponents.span()), divide, d_out.span(), first_index);
       const std::vector<T> got = to_host(d_out);
       check(std::memcmp(got.data(), expected.data(), m * sizeof(T)) == 0,
@@ -428,6 +432,7 @@ int main() {
     grid_kernels_match_the_cpu<float>("float");
     grid_kernels_match_the_cpu<qcoll::bfloat16>("bfloat16");
     grid_kernels_match_the_cpu<qcoll::float16>("float16");
+    grid_kernels_match_the_cpu<double>("double");
     quantizers_match_the_cpu();
     residuals_carried_over_many_steps();
     unaligned_buffers_give_the_same_bits(qcoll::quantizers::one_bit(), "one_bit");

@@ -1,7 +1,7 @@
 // Reproducible sums on device buffers (reproducible.hpp's device_stream forms), on the
 // emulated device in CI and on a GPU through tools/gpu-check: ranks as threads over the
 // in-process transport (the rounds staged through pinned memory) and over cuda_peer
-// (GPU to GPU); 1–4 ranks, float, bfloat16 and float16, sizes on both paths (one
+// (GPU to GPU); 1–4 ranks, float, double, bfloat16 and float16, sizes on both paths (one
 // allreduce of the integers, or reduce-scatter and gather), sum and avg, in place and
 // not, reduce_scatter: every rank holds the bits one rank gets summing every rank's
 // values on the host. A host buffer given to the device call, or a device buffer to the
@@ -38,7 +38,11 @@ std::vector<T> values_of(std::size_t n, rank_t rank) {
   std::uniform_real_distribution<double> mantissa(0.5, 1.0);
   std::uniform_int_distribution<int> exponent(-20, 20), coin(0, 1);
   std::vector<T> v(n);
-  for (T& x : v) x = static_cast<T>(static_cast<float>((coin(gen) ? 1 : -1) * std::ldexp(mantissa(gen), exponent(gen))));
+  for (T& x : v) {
+    const double value = (coin(gen) ? 1 : -1) * std::ldexp(mantissa(gen), exponent(gen));
+    if constexpr (std::same_as<T, double>) x = value;
+    else x = static_cast<T>(static_cast<float>(value));
+  }
   return v;
 }
 
@@ -88,6 +92,7 @@ void every_case(Communicator& comm, per_rank& wrong) {
     for (const reduce_op op : {reduce_op::sum, reduce_op::avg}) {
       device_calls_give_the_host_bits<float>(comm, count, op, wrong);
       device_calls_give_the_host_bits<bfloat16>(comm, count, op, wrong);
+      device_calls_give_the_host_bits<double>(comm, count, op, wrong);
     }
   device_calls_give_the_host_bits<float16>(comm, 40001, reduce_op::avg, wrong);
 }

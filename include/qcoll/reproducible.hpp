@@ -165,7 +165,7 @@ void reproducible_allreduce(Communicator& comm, std::span<T> data, reduce_op op)
 /// returns once the result is in place, with the bits of the host call on the same
 /// values. The conversions run on the device; the rounds are comm's device collectives
 /// (GPU to GPU over cuda_peer, staged through pinned memory over host transports).
-/// float, bfloat16 and float16 (double: not yet on the device, a compile-time error).
+/// Every element type (double: its two carriers' planes, as on the host).
 /// @par Errors
 /// As the host call; a buffer in host memory or on another device, or no device
 /// runtime, fails every rank (comm is aborted); device_error for a runtime failure.

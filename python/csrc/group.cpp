@@ -83,16 +83,6 @@ std::span<const T> values_of(const at::Tensor& tensor) {
   return {reinterpret_cast<const T*>(tensor.data_ptr()), static_cast<std::size_t>(tensor.numel())};
 }
 
-/// Reproducible sums take CUDA tensors of float32, bfloat16 and float16; float64 not yet
-/// (every rank passes the dtype, so every rank fails alike).
-template <class T>
-inline constexpr bool reproducible_on_device = !std::same_as<std::remove_const_t<T>, double>;
-[[noreturn]] inline void refuse_reproducible_float64_on_device() {
-  qcoll::detail::throw_error(errc::invalid_argument,
-                             "qcoll: a reproducible sum of float64 CUDA tensors is not supported yet (float32, "
-                             "bfloat16 and float16 are; or move the tensor to the CPU)");
-}
-
 template <class Transport>
 class group_over final : public group {
  public:
@@ -110,10 +100,7 @@ class group_over final : public group {
     if (reproducible_ && (op == qcoll::reduce_op::sum || op == qcoll::reduce_op::avg)) {
       return with_span(tensor, [&](auto data) {
         if (!where.on_device()) return qcoll::reproducible_allreduce(comm_, data, op);
-        if constexpr (reproducible_on_device<typename decltype(data)::element_type>)
-          on_device(where, true, [&](auto& comm) { qcoll::reproducible_allreduce(comm, *where.stream, data, op); });
-        else
-          refuse_reproducible_float64_on_device();
+        on_device(where, true, [&](auto& comm) { qcoll::reproducible_allreduce(comm, *where.stream, data, op); });
       });
     }
     with_span(tensor, [&](auto data) {
@@ -140,11 +127,8 @@ class group_over final : public group {
       return with_span(out, [&](auto mine) {
         const auto all = values_of<typename decltype(mine)::element_type>(in);
         if (!where.on_device()) return qcoll::reproducible_reduce_scatter(comm_, all, mine, op);
-        if constexpr (reproducible_on_device<typename decltype(mine)::element_type>)
-          on_device(where, true,
-                    [&](auto& comm) { qcoll::reproducible_reduce_scatter(comm, *where.stream, all, mine, op); });
-        else
-          refuse_reproducible_float64_on_device();
+        on_device(where, true,
+                  [&](auto& comm) { qcoll::reproducible_reduce_scatter(comm, *where.stream, all, mine, op); });
       });
     }
     with_span(out, [&](auto mine) {

@@ -37,8 +37,7 @@ struct group_settings {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   /// all_reduce's and reduce_scatter's sum and avg of floating-point tensors through
   /// qcoll's reproducible sums (the same bits whatever the algorithm and the order of the
-  /// ranks; docs/reproducibility.md): CPU tensors, and CUDA tensors of float32, bfloat16
-  /// and float16.
+  /// ranks; docs/reproducibility.md), CPU and CUDA tensors.
   bool reproducible = false;
 };
 

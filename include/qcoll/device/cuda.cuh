@@ -172,7 +172,7 @@ inline int narrow(dtype to, const float* in, void* out, std::size_t n, stream_ha
   }
 }
 
-/// Runs `launch(values)` with `values` the typed pointer of a f32, bf16 or f16 buffer.
+/// Runs `launch(values)` with `values` the typed pointer of a f32, bf16, f16 or f64 buffer.
 template <class Pointer, class Launch>
 int with_float_type(dtype type, Pointer values, Launch&& launch) {
   using byte_pointer = std::remove_pointer_t<Pointer>;
@@ -181,6 +181,7 @@ int with_float_type(dtype type, Pointer values, Launch&& launch) {
     case dtype::f32: return launch(static_cast<std::conditional_t<readonly, const float*, float*>>(values));
     case dtype::bf16: return launch(static_cast<std::conditional_t<readonly, const bfloat16*, bfloat16*>>(values));
     case dtype::f16: return launch(static_cast<std::conditional_t<readonly, const float16*, float16*>>(values));
+    case dtype::f64: return launch(static_cast<std::conditional_t<readonly, const double*, double*>>(values));
     default: return cudaErrorInvalidValue;
   }
 }
@@ -193,10 +194,11 @@ inline int grid_add(dtype in, const void* x, std::size_t n, const double* expone
   return with_float_type(
       in, x, [&](auto values) { return cuda::grid_add(values, n, exponents, sums, first, stream_of(stream)); });
 }
-inline int grid_round(dtype out_type, const double* sums, std::size_t n, const double* exponents,
+inline int grid_round(dtype out_type, const double* sums, const double* low, std::size_t n, const double* exponents,
                       std::size_t first_index, double divide, void* out, stream_handle stream) {
+  if (n > 0 && (out_type == dtype::f64) != (low != nullptr)) return cudaErrorInvalidValue;
   return with_float_type(out_type, out, [&](auto values) {
-    return cuda::grid_round(sums, n, exponents, first_index, divide, values, stream_of(stream));
+    return cuda::grid_round(sums, low, n, exponents, first_index, divide, values, stream_of(stream));
   });
 }
 

@@ -88,13 +88,14 @@ struct runtime {
   int (*widen)(dtype from, const void* in, float* out, std::size_t n, stream_handle);
   int (*narrow)(dtype to, const float* in, void* out, std::size_t n, stream_handle);
   // The reproducible sum's conversions (kernels/group/grid.hpp's rules) of n values of
-  // type f32, bf16 or f16: raise exponents[b] to cover block b of x; sums[i] = (first) or
-  // += x[i] on its block's grid; out[i] = sums[i] back from the grid of block
+  // type f32, bf16, f16 or f64: raise exponents[b] to cover block b of x; sums[i] =
+  // (first) or += x[i] on its block's grid (f64: two carriers, sums[i] and sums[n + i]);
+  // out[i] = sums[i] (f64: with low[i]; else low is null) back from the grid of block
   // (first_index + i) / block, divided by `divide`, rounded into out_type.
   int (*grid_cover)(dtype in, const void* x, std::size_t n, double* exponents, stream_handle);
   int (*grid_add)(dtype in, const void* x, std::size_t n, const double* exponents, double* sums, bool first,
                   stream_handle);
-  int (*grid_round)(dtype out_type, const double* sums, std::size_t n, const double* exponents,
+  int (*grid_round)(dtype out_type, const double* sums, const double* low, std::size_t n, const double* exponents,
                     std::size_t first_index, double divide, void* out, stream_handle);
 
   // ---- devices and memory

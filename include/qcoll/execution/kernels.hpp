@@ -75,7 +75,8 @@ void queue_widen(device_stream where, std::span<const Half> in, std::span<float>
   check_device(device, device.widen(dtype_of<Half>::value, in.data(), out.data(), in.size(), where.stream), "widen");
 }
 /// The reproducible sum's grid conversions on device memory (kernels/cpu/grid.hpp's
-/// forms): f32, bf16 or f16 values; exponents one per block of grid_detail::block values.
+/// forms): f32, bf16, f16 or f64 values (f64: two carrier planes, `sums` 2n long, and
+/// `low` for the round); exponents one per block of grid_detail::block values.
 template <element T>
 void queue_grid_cover(device_stream where, std::span<const T> values, std::span<double> exponents) {
   const auto& device = device_runtime("grid_cover");
@@ -92,12 +93,12 @@ void queue_grid_add(device_stream where, std::span<const T> values, std::span<co
                "grid_add");
 }
 template <element T>
-void queue_grid_round(device_stream where, std::span<const double> sums, std::span<const double> exponents,
-                      double divide, std::span<T> out, std::size_t first_index) {
+void queue_grid_round(device_stream where, std::span<const double> sums, std::span<const double> low,
+                      std::span<const double> exponents, double divide, std::span<T> out, std::size_t first_index) {
   const auto& device = device_runtime("grid_round");
   check_device(device,
-               device.grid_round(dtype_of<T>::value, sums.data(), out.size(), exponents.data(), first_index, divide,
-                                 out.data(), where.stream),
+               device.grid_round(dtype_of<T>::value, sums.data(), low.data(), out.size(),
+                                 exponents.data(), first_index, divide, out.data(), where.stream),
                "grid_round");
 }
 

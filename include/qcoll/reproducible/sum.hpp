@@ -47,13 +47,11 @@ namespace grid = kernels::grid_detail;
 /// The element types a reproducible sum takes, and how each is carried: float-family
 /// values take one integer-valued double per value (P = 30; kernels/group/grid.hpp, the
 /// CPU kernel table's grid kernels); doubles take two, a 60-bit integer as high and low
-/// 30-bit halves (P = 60; here, one value at a time). A sum of count values is carriers<T>
+/// 30-bit halves (P = 60; kernels/cpu/grid.hpp, one value at a time). A sum of count values is carriers<T>
 /// planes of count doubles, plane k holding carrier k of every value, so each plane
 /// splits into the ranks' blocks as the values do.
 template <class T>
 inline constexpr bool wide = std::same_as<T, double>;
-template <class T>
-inline constexpr int grid_bits = wide<T> ? 60 : grid::bits;
 template <class T>
 inline constexpr std::size_t carriers = wide<T> ? 2 : 1;
 
@@ -81,32 +79,12 @@ constexpr double wire_bytes(std::size_t count, std::size_t ranks) noexcept {
          (gathers<T>(count, ranks) ? share * (carried + static_cast<double>(sizeof(T) * count)) : 2 * share * carried);
 }
 
-/// x · 2^k, exactly when the result is a normal double: one multiply when 2^k is normal,
-/// else std::ldexp (blocks at the ends of double's range).
-inline double scaled_by(double x, int k) noexcept {
-  return k >= -1022 && k <= 1023 ? x * grid::power_of_two(k) : std::ldexp(x, k);
-}
-
-// The conversions: float-family values through the dispatched kernels; doubles here.
+// The conversions (kernels/cpu/grid.hpp): float-family values through the dispatched
+// kernels, doubles one value at a time — the rules of kernels/group/grid.hpp either way.
 
 template <class T>
 void cover(std::span<const T> values, std::span<double> exponents) noexcept {
-  if constexpr (!wide<T>) {
-    kernels::cpu::grid_cover(values, exponents);
-  } else {
-    for (std::size_t b = 0; b < exponents.size(); ++b) {
-      const std::size_t first = b * reproducible_block, last = std::min(values.size(), first + reproducible_block);
-      int e = static_cast<int>(exponents[b]);
-      for (std::size_t i = first; i < last; ++i) {
-        const double x = values[i];
-        const auto field = static_cast<int>((std::bit_cast<std::uint64_t>(x) >> 52) & 0x7ff);
-        if (field == 0x7ff) continue;                         // NaN, ±Inf: added as themselves
-        if (field != 0) e = std::max(e, field - 1022);        // 1.f · 2^(field − 1023) < 2^(field − 1022)
-        else if (x != 0) e = std::max(e, std::ilogb(x) + 1);  // a denormal
-      }
-      exponents[b] = e;
-    }
-  }
+  kernels::cpu::grid_cover(values, exponents);
 }
 
 /// sums = (first) or += (else) `values` on their blocks' grids: the planes of
@@ -116,31 +94,7 @@ void cover(std::span<const T> values, std::span<double> exponents) noexcept {
 template <class T>
 void add_on_grid(std::span<const T> values, std::span<const double> exponents, std::span<double> sums,
                  bool first) noexcept {
-  if constexpr (!wide<T>) {
-    kernels::cpu::grid_add(values, exponents, sums, first);
-  } else {
-    const std::size_t count = values.size();
-    const auto put = [first](double& sum, double carrier) { sum = first ? carrier : sum + carrier; };
-    for (std::size_t b = 0; b < exponents.size(); ++b) {
-      const std::size_t from = b * reproducible_block, last = std::min(count, from + reproducible_block);
-      const int shift = grid_bits<T> - static_cast<int>(exponents[b]);
-      for (std::size_t i = from; i < last; ++i) {
-        const double x = values[i];
-        if (exponents[b] == grid::empty_block || !std::isfinite(x) || x == 0) {
-          // ±0 (signed as the float path's) and non-finite values, added as they are.
-          put(sums[i], x);
-          put(sums[count + i], -0.0);
-          continue;
-        }
-        const double scaled = scaled_by(x, shift);  // |scaled| ≤ 2^60; from 2^52 up already an integer
-        const double rounded = std::fabs(scaled) < 4503599627370496.0 ? grid::nearest_integer(scaled) : scaled;
-        const auto q = static_cast<std::int64_t>(rounded);
-        const std::int64_t low = q & ((std::int64_t{1} << 30) - 1);  // q = high · 2^30 + low, 0 ≤ low < 2^30
-        put(sums[i], rounded == 0 ? rounded : static_cast<double>((q - low) >> 30));
-        put(sums[count + i], rounded == 0 ? -0.0 : static_cast<double>(low));
-      }
-    }
-  }
+  kernels::cpu::grid_add(values, exponents, sums, first);
 }
 
 /// out[i] = the summed integers on the grid (`high`, and for doubles `low`, the planes'
@@ -149,28 +103,7 @@ void add_on_grid(std::span<const T> values, std::span<const double> exponents, s
 template <class T>
 void from_grid(std::span<const double> high, std::span<const double> low, std::span<const double> exponents,
                double divide, std::span<T> out, std::size_t first_index) {
-  if constexpr (!wide<T>) {
-    kernels::cpu::grid_round(high, exponents, divide, out, first_index);
-  } else {
-    for (std::size_t i = 0; i < out.size();) {
-      const std::size_t b = (first_index + i) / reproducible_block;
-      const std::size_t last = std::min(out.size(), (b + 1) * reproducible_block - first_index);
-      const bool empty = exponents[b] == grid::empty_block;
-      const int shift = static_cast<int>(exponents[b]) - grid_bits<T>;
-      // An empty block holds ±0 and non-finite sums only: scaled by 1. Otherwise 2^shift
-      // (a block at the ends of double's range: ldexp).
-      const bool plain = !empty && (shift < -1022 || shift > 1023);
-      const double scale = empty ? 1.0 : plain ? 0.0 : grid::power_of_two(shift);
-      for (; i < last; ++i) {
-        // (high · 2^30 and low are exact doubles; their sum, the integer, rounds once.)
-        const double integer = high[i] * 1073741824.0 + low[i];
-        double value = plain ? std::ldexp(integer, shift) : integer * scale;
-        if (std::isnan(value)) value = std::numeric_limits<double>::quiet_NaN();  // one NaN for all
-        if (divide != 1) value /= divide;
-        out[i] = value;
-      }
-    }
-  }
+  kernels::cpu::grid_round(high, low, exponents, divide, out, first_index);
 }
 
 /// A thread's scratch, kept at its largest size: calls allocate (and fault in) nothing
@@ -353,21 +286,20 @@ void require_device(Communicator& comm, const char* call, execution::device_stre
 /// whole (`everything`), or rank r's block of it. The conversions run as device kernels
 /// (the device runtime's grid entries, the CPU's rules), the rounds as comm's device
 /// collectives; the first round's checks read its last 2 + ranks doubles back. Returns once
-/// the result is in place. float, bfloat16 and float16.
+/// the result is in place.
 template <class T, class Communicator>
 void sum_on_device(Communicator& comm, execution::device_stream where, std::span<const T> in, std::span<T> out,
                    reduce_op op, bool everything) {
-  static_assert(!wide<T>, "reproducible sums on device memory take float, bfloat16 or float16 values (double: not yet)");
   const std::size_t count = in.size(), ranks = comm.size();
   const std::size_t blocks = (count + reproducible_block - 1) / reproducible_block;
   const std::span<double> round = first_round(blocks, op, comm.rank(), ranks, 1);
   const device::runtime& device = execution::device_runtime("reproducible sum");
   const auto check = [&](int code, const char* what) { execution::check_device(device, code, what); };
-  // One allocation: the first round's doubles, then the carriers.
-  const execution::device_memory<double> scratch_on_device(round.size() + count);
+  // One allocation: the first round's doubles, then the carriers' planes.
+  const execution::device_memory<double> scratch_on_device(round.size() + carriers<T> * count);
   const std::span<double> round_on_device(scratch_on_device.data(), round.size());
   const std::span<double> exponents = round_on_device.first(blocks);
-  const std::span<double> sums(scratch_on_device.data() + round.size(), count);
+  const std::span<double> sums(scratch_on_device.data() + round.size(), carriers<T> * count);
   check(device.copy(round_on_device.data(), round.data(), round.size_bytes(), where.stream), "reproducible sum");
   execution::queue_grid_cover(where, in, exponents);
   comm.allreduce(where, round_on_device, reduce_op::max);
@@ -379,16 +311,24 @@ void sum_on_device(Communicator& comm, execution::device_stream where, std::span
   const double divide = op == reduce_op::avg ? addends : 1.0;
   execution::queue_grid_add(where, in, std::span<const double>(exponents), sums, true);
   const block_range mine = block_of(count, ranks, comm.rank());
+  const auto low_of = [&](std::span<double> values) {  // doubles' low carriers; none for the others
+    return wide<T> ? std::span<const double>(values) : std::span<const double>();
+  };
   if (!everything || gathers<T>(count, ranks)) {
-    comm.reduce_scatter(where, std::span<const double>(sums), mine.of(sums), reduce_op::sum);
+    for (std::size_t k = 0; k < carriers<T>; ++k) {
+      const std::span<double> all = plane(sums, count, k);
+      comm.reduce_scatter(where, std::span<const double>(all), mine.of(all), reduce_op::sum);
+    }
     const std::span<T> block = everything ? mine.of(out) : out;
-    execution::queue_grid_round(where, std::span<const double>(mine.of(sums)), std::span<const double>(exponents),
-                                divide, block, mine.offset);
+    execution::queue_grid_round(where, std::span<const double>(mine.of(plane(sums, count, 0))),
+                                low_of(mine.of(plane(sums, count, carriers<T> - 1))),
+                                std::span<const double>(exponents), divide, block, mine.offset);
     if (everything) comm.all_gather(where, std::span<const T>(block), out);
   } else {
     comm.allreduce(where, sums, reduce_op::sum);
-    execution::queue_grid_round(where, std::span<const double>(sums), std::span<const double>(exponents), divide, out,
-                                0);
+    execution::queue_grid_round(where, std::span<const double>(plane(sums, count, 0)),
+                                low_of(plane(sums, count, carriers<T> - 1)), std::span<const double>(exponents),
+                                divide, out, 0);
   }
   check(device.synchronize(where.stream), "reproducible sum");  // the result in place, the scratch unused
 }

@@ -149,28 +149,28 @@ inline std::size_t exponent_bytes(std::size_t n) noexcept {
 }
 
 inline int grid_cover(dtype in, const void* x, std::size_t n, double* exponents, stream_handle stream) {
-  if (in != dtype::f32 && in != dtype::bf16 && in != dtype::f16) return invalid_value;
   return queue(stream, emulated_fault::kernel, {{x, bytes_of(in, n)}, {exponents, exponent_bytes(n)}},
                [=] { kernel_work::grid_cover(in, x, n, exponents); });
 }
 
 inline int grid_add(dtype in, const void* x, std::size_t n, const double* exponents, double* sums, bool first,
                     stream_handle stream) {
-  if (in != dtype::f32 && in != dtype::bf16 && in != dtype::f16) return invalid_value;
+  const std::size_t carriers = in == dtype::f64 ? 2 : 1;
   return queue(stream, emulated_fault::kernel,
-               {{x, bytes_of(in, n)}, {exponents, exponent_bytes(n)}, {sums, n * sizeof(double)}},
+               {{x, bytes_of(in, n)}, {exponents, exponent_bytes(n)}, {sums, carriers * n * sizeof(double)}},
                [=] { kernel_work::grid_add(in, x, n, exponents, sums, first); });
 }
 
-inline int grid_round(dtype out_type, const double* sums, std::size_t n, const double* exponents,
+inline int grid_round(dtype out_type, const double* sums, const double* low, std::size_t n, const double* exponents,
                       std::size_t first_index, double divide, void* out, stream_handle stream) {
-  if (out_type != dtype::f32 && out_type != dtype::bf16 && out_type != dtype::f16) return invalid_value;
+  if (n > 0 && (out_type == dtype::f64) != (low != nullptr)) return invalid_value;
   constexpr std::size_t block = kernels::grid_detail::block;
   const double* first_exponent = exponents + first_index / block;  // the blocks out's values fall in
   const std::size_t blocks = n == 0 ? 0 : (first_index + n - 1) / block - first_index / block + 1;
   return queue(stream, emulated_fault::kernel,
-               {{sums, n * sizeof(double)}, {first_exponent, blocks * sizeof(double)}, {out, bytes_of(out_type, n)}},
-               [=] { kernel_work::grid_round(out_type, sums, n, exponents, first_index, divide, out); });
+               {{sums, n * sizeof(double)}, {low, low ? n * sizeof(double) : 0}, {first_exponent, blocks * sizeof(double)},
+                {out, bytes_of(out_type, n)}},
+               [=] { kernel_work::grid_round(out_type, sums, low, n, exponents, first_index, divide, out); });
 }
 
 }  // namespace qcoll::device::emulated_detail

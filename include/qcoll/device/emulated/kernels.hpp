@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace qcoll::device::emulated_detail {
@@ -176,12 +177,13 @@ struct kernel_work {
     kernels::cpu::narrow(std::span(in, n), std::span(static_cast<Half*>(out), n));
   }
 
-  /// The grid conversions for values of `type` (f32, bf16, f16), as the CPU's.
+  /// The grid conversions for values of `type` (f32, bf16, f16, f64), as the CPU's.
   template <class Work>
   static void with_type(dtype type, Work&& work) {
     if (type == dtype::f32) work(float{});
     else if (type == dtype::bf16) work(bfloat16{});
-    else work(float16{});
+    else if (type == dtype::f16) work(float16{});
+    else work(double{});
   }
   static void grid_cover(dtype in, const void* x, std::size_t n, double* exponents) {
     with_type(in, [&](auto tag) {
@@ -194,16 +196,17 @@ struct kernel_work {
     with_type(in, [&](auto tag) {
       using T = decltype(tag);
       const std::size_t blocks = (n + kernels::grid_detail::block - 1) / kernels::grid_detail::block;
-      kernels::cpu::grid_add(std::span(static_cast<const T*>(x), n), std::span(exponents, blocks), std::span(sums, n),
-                             first);
+      const std::size_t carriers = std::is_same_v<T, double> ? 2 : 1;
+      kernels::cpu::grid_add(std::span(static_cast<const T*>(x), n), std::span(exponents, blocks),
+                             std::span(sums, carriers * n), first);
     });
   }
-  static void grid_round(dtype out_type, const double* sums, std::size_t n, const double* exponents,
-                         std::size_t first_index, double divide, void* out) {
+  static void grid_round(dtype out_type, const double* sums, const double* low, std::size_t n,
+                         const double* exponents, std::size_t first_index, double divide, void* out) {
     with_type(out_type, [&](auto tag) {
       using T = decltype(tag);
       const std::size_t blocks = (first_index + n + kernels::grid_detail::block - 1) / kernels::grid_detail::block;
-      kernels::cpu::grid_round(std::span(sums, n), std::span(exponents, blocks), divide,
+      kernels::cpu::grid_round(std::span(sums, n), std::span(low, low ? n : 0), std::span(exponents, blocks), divide,
                                std::span(static_cast<T*>(out), n), first_index);
     });
   }

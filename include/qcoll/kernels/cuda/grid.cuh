@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <type_traits>
 
 namespace qcoll::kernels::cuda {
 
@@ -24,6 +25,14 @@ inline unsigned blocks_for(std::size_t items, std::size_t per_block) noexcept {
   return static_cast<unsigned>(wanted < max_blocks ? (wanted > 0 ? wanted : 1) : max_blocks);
 }
 
+/// The block's exponent raised to cover value i (float-family values widened; doubles by
+/// their own rule).
+template <class In>
+__device__ inline int covered_at(int e, const In* x, std::size_t i) {
+  return grid_detail::covered(e, widened(x, i));
+}
+__device__ inline int covered_at(int e, const double* x, std::size_t i) { return grid_detail::covered_wide(e, x[i]); }
+
 template <class In>
 __global__ void cover(const In* x, std::size_t n, double* exponents) {
   __shared__ int largest[threads];
@@ -31,7 +40,7 @@ __global__ void cover(const In* x, std::size_t n, double* exponents) {
   for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
     const std::size_t i = b * grid_detail::block + threadIdx.x;
     const int start = static_cast<int>(exponents[b]);
-    largest[threadIdx.x] = i < n ? grid_detail::covered(start, widened(x, i)) : start;
+    largest[threadIdx.x] = i < n ? covered_at(start, x, i) : start;
     __syncthreads();
     for (unsigned half = threads / 2; half > 0; half /= 2) {
       if (threadIdx.x < half && largest[threadIdx.x + half] > largest[threadIdx.x])
@@ -47,8 +56,14 @@ template <class In>
 __global__ void add_values(const In* x, std::size_t n, const double* exponents, double* sums, bool first) {
   const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const double q = grid_detail::on_grid(widened(x, i), grid_detail::to_grid(exponents[i / grid_detail::block]));
-    sums[i] = first ? q : add(sums[i], q);
+    if constexpr (std::is_same_v<In, double>) {  // two carriers: sums[i] and sums[n + i]
+      const grid_detail::wide_carriers q = grid_detail::on_wide_grid(x[i], exponents[i / grid_detail::block]);
+      sums[i] = first ? q.high : add(sums[i], q.high);
+      sums[n + i] = first ? q.low : add(sums[n + i], q.low);
+    } else {
+      const double q = grid_detail::on_grid(widened(x, i), grid_detail::to_grid(exponents[i / grid_detail::block]));
+      sums[i] = first ? q : add(sums[i], q);
+    }
   }
 }
 
@@ -61,13 +76,16 @@ __device__ inline void store_value(float16* out, std::size_t i, float value) {
 }
 
 template <class Out>
-__global__ void round_values(const double* sums, std::size_t n, const double* exponents, std::size_t first_index,
-                             double divide, Out* out) {
+__global__ void round_values(const double* sums, const double* low, std::size_t n, const double* exponents,
+                             std::size_t first_index, double divide, Out* out) {
   const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    store_value(out, i,
-                grid_detail::rounded(sums[i], grid_detail::from_grid(exponents[(first_index + i) / grid_detail::block]),
-                                     divide));
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const double exponent = exponents[(first_index + i) / grid_detail::block];
+    if constexpr (std::is_same_v<Out, double>)
+      out[i] = grid_detail::rounded_wide(sums[i], low[i], exponent, divide);
+    else
+      store_value(out, i, grid_detail::rounded(sums[i], grid_detail::from_grid(exponent), divide));
+  }
 }
 
 }  // namespace grid_kernels_detail
@@ -81,7 +99,7 @@ cudaError_t grid_cover(const In* x, std::size_t n, double* exponents, cudaStream
   return cudaGetLastError();
 }
 
-/// sums[i] = (first) or += x[i] on its block's grid.
+/// sums[i] = (first) or += x[i] on its block's grid (doubles: sums[i] and sums[n + i]).
 template <class In>
 cudaError_t grid_add(const In* x, std::size_t n, const double* exponents, double* sums, bool first,
                      cudaStream_t stream = nullptr) {
@@ -91,14 +109,15 @@ cudaError_t grid_add(const In* x, std::size_t n, const double* exponents, double
   return cudaGetLastError();
 }
 
-/// out[i] = sums[i] back from the grid of block (first_index + i) / block, divided by `divide`.
+/// out[i] = sums[i] (doubles: with low[i]) back from the grid of block (first_index + i) /
+/// block, divided by `divide`.
 template <class Out>
-cudaError_t grid_round(const double* sums, std::size_t n, const double* exponents, std::size_t first_index,
-                       double divide, Out* out, cudaStream_t stream = nullptr) {
+cudaError_t grid_round(const double* sums, const double* low, std::size_t n, const double* exponents,
+                       std::size_t first_index, double divide, Out* out, cudaStream_t stream = nullptr) {
   if (n == 0) return cudaSuccess;
   namespace d = grid_kernels_detail;
-  d::round_values<<<d::blocks_for(n, d::threads), d::threads, 0, stream>>>(sums, n, exponents, first_index, divide,
-                                                                           out);
+  d::round_values<<<d::blocks_for(n, d::threads), d::threads, 0, stream>>>(sums, low, n, exponents, first_index,
+                                                                           divide, out);
   return cudaGetLastError();
 }
 

@@ -165,6 +165,13 @@ QCOLL_HOST_DEVICE inline int count_leading_zeros(std::uint32_t value) noexcept {
   return __builtin_clz(value);
 #endif
 }
+QCOLL_HOST_DEVICE inline int count_leading_zeros(std::uint64_t value) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __clzll(static_cast<long long>(value));
+#else
+  return __builtin_clzll(value);
+#endif
+}
 QCOLL_HOST_DEVICE inline float magnitude(float value) noexcept {
 #if defined(__CUDA_ARCH__)
   return fabsf(value);

@@ -6,6 +6,8 @@
 /// The SIMD kernels (cpu/simd/grid.hpp) vectorise the same operations in the same order
 /// and use these for their tails.
 ///
+/// Doubles' rules (P = 60, two carriers) are at the end.
+///
 /// @par The rules (float, bfloat16 and float16 addends, widened exactly to float)
 /// - A block is `block` consecutive values of the buffer; its exponent e is the smallest
 ///   integer with |x| < 2^e for every finite nonzero x of the block (from the bits), or
@@ -96,6 +98,62 @@ QCOLL_HOST_DEVICE inline float rounded(double sum, double scale, double divide) 
   if (value != value) value = static_cast<double>(quiet_nan());
   if (divide != 1.0) value = qcoll::kernels::divide(value, divide);
   return static_cast<float>(value);
+}
+
+// ---- double addends: P = 60, each integer carried as high · 2^30 + low (0 ≤ low < 2^30),
+// two integer-valued doubles, in two planes.
+
+/// The grid's bits below a block's exponent, for double addends.
+inline constexpr int wide_bits = 60;
+
+/// The bits of a double, and a double from bits.
+QCOLL_HOST_DEVICE inline std::uint64_t bits_of_double(double value) noexcept {
+  std::uint64_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+/// The block's exponent raised to cover x (a double): e with |x| < 2^e.
+QCOLL_HOST_DEVICE inline int covered_wide(int e, double x) noexcept {
+  const std::uint64_t magnitude = bits_of_double(x) & ~sign_bit;
+  const auto field = static_cast<int>(magnitude >> 52);
+  if (field == 0x7ff || magnitude == 0) return e;
+  const int cover = field != 0 ? field - 1022 : (64 - count_leading_zeros(magnitude)) - 1074;
+  return cover > e ? cover : e;
+}
+
+/// x · 2^k, exactly whenever the result is a normal double (or rounded once, as
+/// std::ldexp, when it is subnormal): one multiply when 2^k is normal, else two.
+QCOLL_HOST_DEVICE inline double scaled(double x, int k) noexcept {
+  if (k >= -1022 && k <= 1023) return mul(x, power_of_two(k));
+  const int first = k / 2;
+  return mul(mul(x, power_of_two(first)), power_of_two(k - first));
+}
+
+/// x on the grid of `exponent` as the two carriers {high, low}: ±0 and non-finite
+/// values (and every value of an empty block) as {x, −0}, so they add as themselves.
+struct wide_carriers {
+  double high, low;
+};
+QCOLL_HOST_DEVICE inline wide_carriers on_wide_grid(double x, double exponent) noexcept {
+  const std::uint64_t magnitude = bits_of_double(x) & ~sign_bit;
+  if (exponent == empty_block || (magnitude >> 52) == 0x7ff || magnitude == 0) return {x, -0.0};
+  const double s = scaled(x, wide_bits - static_cast<int>(exponent));  // |s| ≤ 2^60
+  // From 2^52 up s is already an integer.
+  const double rounded = (bits_of_double(s) & ~sign_bit) < bits_of_double(4503599627370496.0) ? nearest_integer(s) : s;
+  if (rounded == 0) return {rounded, -0.0};  // signed as the float path's
+  const auto q = static_cast<std::int64_t>(rounded);
+  const std::int64_t low = q & ((std::int64_t{1} << 30) - 1);
+  return {static_cast<double>((q - low) / (std::int64_t{1} << 30)), static_cast<double>(low)};
+}
+
+/// Summed carriers back into a double: high · 2^30 + low (one rounding), times the
+/// grid's unit (once more), every NaN the same quiet one, divided by `divide` unless 1.
+QCOLL_HOST_DEVICE inline double rounded_wide(double high, double low, double exponent, double divide) noexcept {
+  const double integer = add(mul(high, 1073741824.0), low);
+  double value = exponent == empty_block ? integer : scaled(integer, static_cast<int>(exponent) - wide_bits);
+  if (value != value) value = static_cast<double>(quiet_nan());
+  return divide != 1.0 ? qcoll::kernels::divide(value, divide) : value;
 }
 
 }  // namespace grid_detail

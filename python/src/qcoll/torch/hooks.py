@@ -117,8 +117,8 @@ class CompressedState(_JoinedState):
 
 
 class ReproducibleState(_JoinedState):
-    """The reproducible hook's state: its communicator. Buckets of float32, bfloat16 and
-    float16 gradients, on the CPU or a GPU (float64: the CPU only).
+    """The reproducible hook's state: its communicator. Buckets of any floating dtype,
+    on the CPU or a GPU.
 
     process_group: whose ranks and store to use (default: the world).
     transport: "env" (QCOLL_TRANSPORT, else auto), "shm", "tcp" or "auto".
