@@ -2,7 +2,7 @@
 join the qcoll backend and check CUDA tensors (cuda_checks.py, which test_cuda.py runs
 under pytest): every collective, dtype and op against the reference and the CPU call's
 bits, on both ranks; stream order; errors at submission; the hook on CUDA gradients bit
-for bit as the CPU hook's; DDP on CUDA with the hook. Each check runs in a fresh pair of
+for bit as the CPU hook's; DDP on CUDA with the hook; reproducible sums of CUDA tensors. Each check runs in a fresh pair of
 processes, so one failure does not hide the others. Prints a line per check and rank,
 then "cuda tensor check: ok" and exits 0, or says what went wrong and exits 1 (77: no
 CUDA device)."""
@@ -127,6 +127,8 @@ def main():
         ("hook_matches_cpu", "the hook on CUDA gradients: the CPU hook's bits, every quantizer and dtype",
          same_on_every_rank),
         ("ddp_training", "DDP on CUDA with the one_bit hook, over the qcoll backend", trains_alike),
+        ("reproducible_sums_on_cuda", "a reproducible group's all_reduce and reduce_scatter of CUDA tensors: the "
+                                      "CPU's reproducible_sum bits (auto: cuda_peer)", same_on_every_rank),
     ]
     failed = False
     deadline = time.monotonic() + BUDGET_S
