@@ -137,8 +137,9 @@ class reproducible_grid_allreduce {
   template <class Communicator>
   void run(Communicator& comm, std::span<const std::span<const T>> addends, std::span<T> out, reduce_op op) {
     if (comm.size() != ranks_)
-      detail::throw_error(errc::invalid_argument, "reproducible_grid_allreduce: made for {} ranks, called on {}",
-                          ranks_, comm.size());
+      detail::reproducible::refuse(comm, qcoll::detail::format(
+                                             "reproducible_grid_allreduce on rank {}: made for {} ranks, called on {}",
+                                             comm.rank(), ranks_, comm.size()));
     detail::reproducible::sum_in_rounds<T>(
         addends, out, op, comm.rank(), comm.size(),
         [&](std::span<double> v) { comm.allreduce(maxima_, v, reduce_op::sum); },  // (combined by maximum)
