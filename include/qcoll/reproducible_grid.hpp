@@ -101,7 +101,7 @@ class reproducible_grid_allreduce {
   /// every rank (comm is aborted).
   template <class Communicator>
   void allreduce(Communicator& comm, std::span<const T> in, std::span<T> out, reduce_op op) {
-    check_call(comm, in, out);
+    check_call(comm, in.size(), in, out);
     const std::span<const T> addend[1] = {in};
     run(comm, std::span<const std::span<const T>>(addend), out, op);
   }
@@ -113,25 +113,22 @@ class reproducible_grid_allreduce {
   /// of its allreduce over those ranks, however many addends each holds.
   template <class Communicator>
   void allreduce(Communicator& comm, const reproducible_accumulator<T>& addends, std::span<T> out, reduce_op op) {
-    if (addends.count() != count_) refuse_size(comm, addends.count(), out.size());
-    check_call(comm, std::span<const T>(), out);
+    check_call(comm, addends.count(), std::span<const T>(), out);
     const auto views = addends.views();
     run(comm, std::span<const std::span<const T>>(views), out, op);
   }
 
  private:
-  /// A call with other sizes than the plan's, or buffers not in host memory, fails
-  /// every rank (comm aborted). `in` empty: an accumulator's call.
+  /// A call whose addends (`in_count` values each; `in`, if not an accumulator's) or
+  /// output differ from the plan's size, or lie outside host memory, fails every rank
+  /// (comm aborted).
   template <class Communicator>
-  void check_call(Communicator& comm, std::span<const T> in, std::span<T> out) const {
-    if ((in.data() != nullptr && in.size() != count_) || out.size() != count_) refuse_size(comm, in.size(), out.size());
+  void check_call(Communicator& comm, std::size_t in_count, std::span<const T> in, std::span<T> out) const {
+    if (in_count != count_ || out.size() != count_)
+      detail::reproducible::refuse(
+          comm, qcoll::detail::format("reproducible_grid_allreduce on rank {}: {} values in and {} out for a plan of {}",
+                                      comm.rank(), in_count, out.size(), count_));
     detail::reproducible::require_host(comm, "reproducible_grid_allreduce", in, std::span<const T>(out));
-  }
-  template <class Communicator>
-  [[noreturn]] void refuse_size(Communicator& comm, std::size_t in, std::size_t out) const {
-    detail::reproducible::refuse(
-        comm, qcoll::detail::format("reproducible_grid_allreduce on rank {}: {} values in and {} out for a plan of {}",
-                                    comm.rank(), in, out, count_));
   }
 
   template <class Communicator>

@@ -204,15 +204,23 @@ void sum_here(std::span<const std::span<const T>> addends, std::span<T> out, red
   sum_in_rounds<T>(addends, out, op, 0, 1, alone, alone);
 }
 
+/// The rounds over `comm`: a span of doubles made the ranks' maximum, or their total.
+template <class Communicator>
+auto max_over(Communicator& comm) {
+  return [&comm](std::span<double> values) { comm.allreduce(values, reduce_op::max); };
+}
+template <class Communicator>
+auto total_over(Communicator& comm) {
+  return [&comm](std::span<double> values) { comm.allreduce(values, reduce_op::sum); };
+}
+
 /// Rank r's block (block_of(count, size, r)) of the sum or mean over every rank of
 /// `comm` of the addends given on each, into `block`: each carrier plane reduce-scattered
 /// in place, then rounded.
 template <class T, class Communicator>
 void scatter_sum(Communicator& comm, std::span<const std::span<const T>> addends, std::size_t count, reduce_op op,
                  std::span<T> block) {
-  const agreement grid = agree_on_grid<T>(addends, count, op, comm.rank(), comm.size(), [&comm](std::span<double> v) {
-    comm.allreduce(v, reduce_op::max);
-  });
+  const agreement grid = agree_on_grid<T>(addends, count, op, comm.rank(), comm.size(), max_over(comm));
   const std::span<double> sums = on_grid<T>(addends, count, grid.exponents);
   const block_range mine = block_of(count, comm.size(), comm.rank());
   for (std::size_t k = 0; k < carriers<T>; ++k) {
@@ -234,9 +242,7 @@ void sum_over(Communicator& comm, std::span<const std::span<const T>> addends, s
     comm.all_gather(std::span<const T>(mine.of(out)), out);
     return;
   }
-  sum_in_rounds<T>(
-      addends, out, op, comm.rank(), comm.size(), [&comm](std::span<double> v) { comm.allreduce(v, reduce_op::max); },
-      [&comm](std::span<double> v) { comm.allreduce(v, reduce_op::sum); });
+  sum_in_rounds<T>(addends, out, op, comm.rank(), comm.size(), max_over(comm), total_over(comm));
 }
 
 /// Fails every rank of `comm` (abort) and this one with `why` for a bad call.
