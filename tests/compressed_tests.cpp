@@ -71,6 +71,7 @@ struct run_settings {
   bool started = false;  // start_allreduce + wait instead of the blocking call
   std::vector<std::size_t> tensors{};  // a fused plan over these sizes, called with separate tensors
   bool momentum = false;               // the owner applies optimizers::momentum{0.9}
+  bool reproducible = false;           // the owners sum on the shared grid
 };
 
 constexpr float model_momentum = 0.9f;
@@ -93,7 +94,8 @@ std::vector<rank_record<typename Q::value_type>> run_calls(
       owner_update<T> update;
       if (settings.momentum) update = optimizers::momentum{.momentum = model_momentum};
       compressed_allreduce_plan<Q> plan(comm, std::span<const std::size_t>(sizes), make_quantizer(r),
-                                        {.chunk_values = settings.chunk_values}, update);
+                                        {.chunk_values = settings.chunk_values, .reproducible = settings.reproducible},
+                                        update);
       rank_record<T>& record = records[r];
       record.formula_bytes = plan.bytes_sent_per_call();
       record.stripe = plan.stripe(r);
@@ -156,7 +158,9 @@ std::vector<rank_record<typename Q::value_type>> run_calls(
 /// before it in `order` (rank order on the direct route, the topology's ring on the
 /// ring route); avg divides; with momentum the owner's velocity v ← 0.9·v + sum
 /// replaces the sum; the owner re-encodes with its server residual; everybody gets
-/// the decoded bits.
+/// the decoded bits. On the grid (reproducible): chunks are whole grid blocks too, and
+/// the owner sums every rank's decoded contribution with a reproducible_accumulator, a
+/// block at a time from its stripe's start (a block also ends where a piece does).
 template <class Q>
 struct sequential_model {
   using T = typename Q::value_type;
@@ -169,6 +173,7 @@ struct sequential_model {
   std::vector<rank_t> order;
   std::vector<std::size_t> tensor_ends;  // where each tensor ends
   bool momentum = false;
+  bool on_grid = false;
   std::vector<std::vector<T>> velocity;  // per owner, over its stripe
   // Quantizers that remember between encodes: per rank, per encode (by its first value).
   std::vector<std::map<std::size_t, std::vector<T>>> worker_memory, server_memory;
@@ -187,13 +192,14 @@ struct sequential_model {
   }
 
   sequential_model(std::vector<Q> q, std::size_t count_, std::size_t requested_chunk, std::vector<rank_t> order_,
-                   const std::vector<std::size_t>& tensors = {}, bool momentum_ = false)
-      : quantizers(std::move(q)), count(count_), order(std::move(order_)), momentum(momentum_) {
+                   const std::vector<std::size_t>& tensors = {}, bool momentum_ = false, bool on_grid_ = false)
+      : quantizers(std::move(q)), count(count_), order(std::move(order_)), momentum(momentum_), on_grid(on_grid_) {
     for (const std::size_t size : tensors) tensor_ends.push_back((tensor_ends.empty() ? 0 : tensor_ends.back()) + size);
     if (tensor_ends.empty()) tensor_ends.push_back(count);
     const std::size_t n = quantizers.size();
     const std::size_t g = quantizers[0].group_size() == 0 ? 1 : quantizers[0].group_size();
-    chunk_values = std::max<std::size_t>(1, (requested_chunk + g - 1) / g) * g;
+    const std::size_t unit = on_grid ? std::lcm(g, reproducible_block) : g;
+    chunk_values = std::max<std::size_t>(1, (requested_chunk + unit - 1) / unit) * unit;
     const std::size_t groups = (count + g - 1) / g;
     for (std::size_t j = 0; j < n; ++j) {
       const block_range b = block_of(groups, n, j);
@@ -228,10 +234,14 @@ struct sequential_model {
                  {2 * calls, values.offset});
         }
         std::vector<T> sum(values.size);
-        check(quantizers[j].decode(frames[j], sum));
-        const std::size_t position = std::find(order.begin(), order.end(), j) - order.begin();
-        for (std::size_t k = 1; k < n; ++k)
-          check(quantizers[j].decode_accumulate(frames[order[(position + n - k) % n]], sum));
+        if (on_grid) {
+          sum_on_grid(quantizers[j], frames, begin, sum);
+        } else {
+          check(quantizers[j].decode(frames[j], sum));
+          const std::size_t position = std::find(order.begin(), order.end(), j) - order.begin();
+          for (std::size_t k = 1; k < n; ++k)
+            check(quantizers[j].decode_accumulate(frames[order[(position + n - k) % n]], sum));
+        }
         if (op == reduce_op::avg)
           for (T& v : sum) v /= static_cast<T>(n);
         for (std::size_t i = 0; momentum && i < sum.size(); ++i) {
@@ -248,6 +258,21 @@ struct sequential_model {
     }
     ++calls;
     return out;
+  }
+
+  /// sum = the decoded frames' sum on the grid; sum[0] is value `begin` of the stripe.
+  static void sum_on_grid(const Q& q, const std::vector<std::vector<std::byte>>& frames, std::size_t begin,
+                          std::span<T> sum) {
+    std::vector<std::vector<T>> decoded(frames.size(), std::vector<T>(sum.size()));
+    for (std::size_t r = 0; r < frames.size(); ++r) check(q.decode(frames[r], decoded[r]));
+    for (std::size_t at = 0; at < sum.size();) {  // a block (stripe-relative) at a time
+      const std::size_t end = std::min(sum.size(), (begin + at) / reproducible_block * reproducible_block +
+                                                       reproducible_block - begin);
+      reproducible_accumulator<T> blocks(end - at);
+      for (const auto& d : decoded) blocks.add(std::span(d).subspan(at, end - at));
+      blocks.sum(sum.subspan(at, end - at));
+      at = end;
+    }
   }
 
   static void check(std::error_code e) {
@@ -281,15 +306,20 @@ void check_against_model(std::size_t n, std::size_t count, std::size_t calls, Ma
   BOOST_TEST_CONTEXT(Q::name << " n=" << n << " count=" << count << " route=" << name_of(settings.route)
                              << " op=" << to_string(settings.op) << " chunk=" << settings.chunk_values
                              << " in_place=" << settings.in_place << " started=" << settings.started
-                             << " tensors=" << settings.tensors.size() << " momentum=" << settings.momentum) {
-    const auto inputs = random_calls<float>(calls, n, count, n * 7919 + count);
+                             << " tensors=" << settings.tensors.size() << " momentum=" << settings.momentum
+                             << " reproducible=" << settings.reproducible) {
+    auto inputs = random_calls<float>(calls, n, count, n * 7919 + count);
+    if (settings.reproducible)  // magnitudes 2^0 … 2^-40 apart within a grid block: the grid rounds
+      for (auto& call : inputs)
+        for (auto& rank : call)
+          for (std::size_t i = 0; i < count; ++i) rank[i] = std::ldexp(rank[i], -static_cast<int>(i / 37 * 7 % 41));
     const auto records = run_calls<Q>(inputs, make_quantizer, settings);
     std::vector<Q> quantizers;
     for (std::size_t r = 0; r < n; ++r) quantizers.push_back(make_quantizer(r));
     const bool direct = records[0].route == stripe_route::direct;
     sequential_model<Q> model(quantizers, count, settings.chunk_values,
                               ring_order(direct ? route_kind::direct : settings.route, n), settings.tensors,
-                              settings.momentum);
+                              settings.momentum, settings.reproducible);
     for (std::size_t c = 0; c < calls; ++c) {
       const std::vector<float> expected = model.call(inputs[c], settings.op);
       for (std::size_t r = 0; r < n; ++r) {
@@ -570,6 +600,100 @@ BOOST_AUTO_TEST_CASE(a_plan_on_a_sub_communicator_equals_a_world_of_its_size) {
         BOOST_TEST(test::bitwise_equal<float>(on_sub[first + h][call], alone[h][call]),
                    "parent rank " << first + h << ", call " << call);
     }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(compressed_reproducible)
+
+// On the grid every quantizer matches the model, whose owners sum the decoded
+// contributions with a reproducible_accumulator a block at a time: groups that do not
+// divide the grid's blocks (stripes start mid-block), chunks rounded to whole blocks,
+// fused tensors that cut blocks, avg and momentum, 1–8 ranks, every route.
+BOOST_AUTO_TEST_CASE(owners_sum_on_the_grid_as_the_model_does) {
+  using namespace quantizers;
+  for (std::size_t n : {1, 2, 3, 5, 8})
+    for (route_kind route : all_routes) {
+      check_against_model<one_bit>(n, 5001, 2, [](rank_t) { return one_bit_with(64); },
+                                   {.route = route, .op = reduce_op::avg, .chunk_values = 300, .reproducible = true});
+      check_against_model<k_level>(
+          n, 3001, 2,
+          [](rank_t r) {
+            return k_level({.levels = 16, .group_size = 104, .rounding = rounding::stochastic, .seed = 5 + r});
+          },
+          {.route = route, .chunk_values = 1000, .reproducible = true});
+      check_against_model<bfp>(n, 2000, 2, [](rank_t) { return bfp{}; },
+                               {.route = route, .tensors = {700, 3, 1297}, .momentum = true, .reproducible = true});
+    }
+}
+
+// The bits depend on neither the route (direct, the ring, a shuffled ring), nor the
+// chunk size, nor which rank holds which inputs — over three calls, so the residuals
+// follow their inputs. Without the grid the shuffled ring's sums differ (the control).
+BOOST_AUTO_TEST_CASE(the_bits_depend_on_neither_route_nor_chunks_nor_rank_order) {
+  const std::size_t n = 6, count = 40000, calls = 3;
+  auto inputs = random_calls<float>(calls, n, count, 4242);
+  for (auto& call : inputs)  // ranks' magnitudes 2^-8 … 2^7 apart: their sums round
+    for (std::size_t r = 0; r < n; ++r)
+      for (float& v : call[r]) v = std::ldexp(v, static_cast<int>(3 * r) - 8);
+  const std::size_t permutation[n] = {3, 0, 5, 1, 4, 2};
+  auto permuted = inputs;
+  for (std::size_t c = 0; c < calls; ++c)
+    for (std::size_t r = 0; r < n; ++r) permuted[c][r] = inputs[c][permutation[r]];
+  const auto q = [](rank_t) { return quantizers::one_bit{}; };
+  const auto reference = run_calls<quantizers::one_bit>(
+      inputs, q, {.op = reduce_op::avg, .chunk_values = std::size_t{1} << 30, .reproducible = true});
+  const struct {
+    route_kind route;
+    std::size_t chunk;
+    bool permute;
+  } cases[] = {{route_kind::shuffled_ring, 2048, false},
+               {route_kind::ring, 5000, false},
+               {route_kind::direct, 256, true},
+               {route_kind::shuffled_ring, 70000, true}};
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT("route=" << name_of(c.route) << " chunk=" << c.chunk << " permuted=" << c.permute) {
+      const auto records = run_calls<quantizers::one_bit>(
+          c.permute ? permuted : inputs, q,
+          {.route = c.route, .op = reduce_op::avg, .chunk_values = c.chunk, .reproducible = true});
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t call = 0; call < calls; ++call)
+          BOOST_TEST(bitwise_equal(records[r].outputs[call], reference[0].outputs[call]));
+    }
+  }
+  const auto direct = run_calls<quantizers::one_bit>(inputs, q, {.op = reduce_op::avg});
+  const auto shuffled = run_calls<quantizers::one_bit>(inputs, q, {.route = route_kind::shuffled_ring, .op = reduce_op::avg});
+  BOOST_TEST(!bitwise_equal(direct[0].outputs[0], shuffled[0].outputs[0]));
+}
+
+// 16-bit buffers on the grid: the float plan's bits on the widened inputs, rounded once.
+BOOST_AUTO_TEST_CASE(sixteen_bit_buffers_give_the_float_plans_bits_rounded_once) {
+  const std::size_t n = 3, count = 7001;
+  const auto inputs = random_calls<float>(1, n, count, 77)[0];
+  std::vector<std::vector<float>> as_float(n);
+  std::vector<std::vector<bfloat16>> as_half(n);
+  auto errors = transports::inproc::run_ranks(n, [&](transports::inproc::transport endpoint) {
+    communicator comm(std::move(endpoint), topologies::ring(ring_order(route_kind::shuffled_ring, n)));
+    const rank_t r = comm.rank();
+    const compressed_allreduce_options options{.chunk_values = 1024, .reproducible = true};
+    std::vector<bfloat16> half(count);
+    for (std::size_t i = 0; i < count; ++i) half[i] = bfloat16(inputs[r][i]);
+    as_float[r].resize(count);
+    for (std::size_t i = 0; i < count; ++i) as_float[r][i] = static_cast<float>(half[i]);
+    compressed_allreduce_plan<quantizers::one_bit> float_plan(comm, count, quantizers::one_bit{}, options);
+    compressed_allreduce_plan<quantizers::one_bit, bfloat16> half_plan(comm, count, quantizers::one_bit{}, options);
+    comm.allreduce(float_plan, std::span(as_float[r]), reduce_op::sum);
+    comm.allreduce(half_plan, std::span(half), reduce_op::sum);
+    as_half[r] = half;
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (std::size_t r = 0; r < n; ++r) {
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < count; ++i)
+      differ += std::bit_cast<std::uint16_t>(as_half[r][i]) != std::bit_cast<std::uint16_t>(bfloat16(as_float[r][i]));
+    BOOST_TEST(differ == 0u, "rank " << r << ": " << differ << " values are not the float plan's rounded once");
   }
 }
 
@@ -1624,6 +1748,21 @@ BOOST_AUTO_TEST_CASE(ranks_that_disagree_are_told_so) {
     BOOST_TEST(code == errc::type_mismatch);
     BOOST_TEST(message.find("bf16") != std::string::npos);
   }
+
+  // One rank's plan sums on the grid, the others' do not (with chunks that are whole
+  // blocks either way, so the frames alone would not tell): every rank is told.
+  outcome = each_rank(3, [](auto& comm, rank_t r) {
+    std::vector<float> data(5000, 1.0f);
+    compressed_allreduce_plan plan(comm, data.size(), quantizers::one_bit{},
+                                   {.chunk_values = 2048, .reproducible = r == 2});
+    comm.allreduce(plan, std::span(data), reduce_op::sum);
+  });
+  for (const auto& [code, message] : outcome) {
+    BOOST_TEST_INFO(message);
+    BOOST_TEST(code == errc::operation_mismatch);
+  }
+  const auto said = outcome[0].second + outcome[1].second;
+  BOOST_TEST(said.find("reproducible") != std::string::npos, said);
 }
 
 // A group holding NaN decodes to NaN on every rank (and keeps its residual); the

@@ -452,22 +452,22 @@ BOOST_AUTO_TEST_CASE(every_collective_equals_the_host_transport) {
 
 // Both plans over cuda_peer on device memory, frames moving GPU to GPU, give the host
 // plans' bits over the host transport: the compressed allreduce on both routes (direct
-// and ring) with error feedback across calls, 16-bit values, and the grid allreduce on
-// a degraded torus.
+// and ring) with error feedback across calls, 16-bit values, owners summing on the
+// shared grid, and the grid allreduce on a degraded torus.
 BOOST_AUTO_TEST_CASE(both_plans_equal_the_host_plans) {
   using namespace quantizers;
   const transports::cuda_peer::options settings{.slot_bytes = 16384, .slots = 3};
-  const auto compressed = [](auto q, auto value) {
-    return [q](auto& comm, bool on_device, results& into) {
+  const auto compressed = [](auto q, auto value, bool on_grid = false) {
+    return [q, on_grid](auto& comm, bool on_device, results& into) {
       using Q = std::remove_cvref_t<decltype(q)>;
       using T = decltype(value);
       for (const std::size_t count : {std::size_t{1}, std::size_t{4099}, std::size_t{70001}})
         three_plan_calls<T>(comm, on_device, count, reduce_op::avg, into, [&](auto& c) {
           if constexpr (std::same_as<std::remove_cvref_t<decltype(c)>, peer_communicator>)
-            return compressed_allreduce_plan<Q, T, execution::device_space>(execution::device_stream{}, c, count, q,
-                                                                            {.chunk_values = 8192});
+            return compressed_allreduce_plan<Q, T, execution::device_space>(
+                execution::device_stream{}, c, count, q, {.chunk_values = 8192, .reproducible = on_grid});
           else
-            return compressed_allreduce_plan<Q, T>(c, count, q, {.chunk_values = 8192});
+            return compressed_allreduce_plan<Q, T>(c, count, q, {.chunk_values = 8192, .reproducible = on_grid});
         });
     };
   };
@@ -477,6 +477,7 @@ BOOST_AUTO_TEST_CASE(both_plans_equal_the_host_plans) {
     host_and_device(n, settings, compressed(k_level({.levels = 5, .group_size = 512}), float{}));
   }
   host_and_device(3, settings, compressed(one_bit{}, bfloat16{}), fully_connected);
+  host_and_device(3, settings, compressed(k_level({.levels = 5, .group_size = 104}), float{}, true));
   // The grid plan: a 2 × 3 torus with node 4 down.
   const topologies::torus grid({2, 3}, {.nodes = {topologies::degraded_node::fully(4)}});
   const topologies::grid_routing routing = topologies::route_grid(grid);

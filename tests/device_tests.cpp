@@ -688,6 +688,16 @@ BOOST_AUTO_TEST_CASE(compressed_plans_equal_the_host_plans) {
   compressed_plan_case(3, 10007, reduce_op::sum, identity<double>{}, "identity<double>", true, false);
   compressed_plan_case<one_bit, bfloat16>(3, 100003, reduce_op::avg, one_bit{}, "one_bit", false, false);
   compressed_plan_case<k_level, float16>(2, 100003, reduce_op::sum, k_level{}, "k_level", true, true);
+  // The owners summing on the grid (the device runtime's grid kernels), stripes that start
+  // mid-block (groups of 104), doubles' two carriers, 16-bit buffers.
+  const compressed_allreduce_options on_grid{.chunk_values = 4096, .reproducible = true};
+  compressed_plan_case(3, 100003, reduce_op::avg, one_bit{}, "one_bit on the grid", true, false, on_grid);
+  compressed_plan_case(4, 30011, reduce_op::sum, k_level({.levels = 5, .group_size = 104}), "k_level on the grid",
+                       false, true, on_grid);
+  compressed_plan_case(3, 10007, reduce_op::sum, identity<double>{}, "identity<double> on the grid", true, false,
+                       on_grid);
+  compressed_plan_case<one_bit, bfloat16>(2, 100003, reduce_op::avg, one_bit{}, "one_bit on the grid", false, false,
+                                          on_grid);
 }
 
 BOOST_AUTO_TEST_CASE(fused_and_started_plans) {

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <numeric>
 #include <span>
 #include <string>
 #include <system_error>
@@ -52,6 +53,14 @@ struct compressed_allreduce_options {
   // 64 Ki 8.2×, 4 Ki 1.9×, one chunk per stripe 9.3×); loopback is flat from 64 Ki to
   // 1 Mi. 256 Ki still gives 4 chunks per stripe at 16 MiB. docs/compressed-performance.md.
   std::size_t chunk_values = std::size_t{1} << 18;
+  /// Each stripe's owner sums the decoded contributions on a shared grid
+  /// (docs/reproducibility.md) instead of adding them in arrival order: the result is
+  /// then the same bits whatever the route (direct or any ring), the transport, the
+  /// chunking and the ranks' order. Costs the owner (n − 1) scratch copies of its
+  /// stripe's values and the grid's conversions; chunks become whole grid blocks (a
+  /// multiple of reproducible_block values too). Every rank's plan must agree (a rank
+  /// whose plan does not fails the call on every rank). See Reproducible sums below.
+  bool reproducible = false;
 };
 
 /// The sizes of `tensors`, for a fused plan over them.
@@ -98,6 +107,18 @@ std::vector<std::size_t> sizes_of(const std::vector<std::span<T>>& tensors) {
 /// both exactly as they were (and the stochastic-rounding sequence too), so it can
 /// be repeated on a new communicator without losing gradient mass; a rank whose
 /// call succeeded while another's failed can roll_back_last_call() to join the retry.
+///
+/// @par Reproducible sums
+/// With options.reproducible, what every rank decodes is a function of the multiset of
+/// the ranks' decoded contributions, summed on a grid of one power of two per block of
+/// reproducible_block values (from each stripe's start, cut where a tensor ends), so it
+/// does not depend on the route, transport, chunk size or which rank holds which
+/// addends (stochastic rounding is keyed by value, not rank). It does depend on the
+/// number of ranks: each rank encodes its own partial sum with its own residual, so 8
+/// ranks holding 8 micro-batches each encode differently from 64 ranks holding one (the
+/// exact reproducible sums, qcoll/reproducible.hpp, do not). The grid rounds each decoded
+/// contribution to 2^(e − 30) (e: its block's largest exponent); that rounding is not fed
+/// back into a residual — it is below the quantizer's own error by far.
 ///
 /// @par Thread safety
 /// A plan is used by one thread at a time, and by one call at a time: starting a
@@ -171,6 +192,13 @@ class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
                                  rank, topology.size());
     if (options.chunk_values == 0)
       qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: chunk_values must be positive");
+    static_assert(reproducible_element<residual_type>, "a quantizer's values (float, double) have a grid");
+    if (options.reproducible) {
+      // Chunks of whole grid blocks, so the chunk size does not move the blocks.
+      const std::size_t unit = std::lcm(std::max<std::size_t>(quantizer.group_size(), 1), reproducible_block);
+      options.chunk_values = (options.chunk_values + unit - 1) / unit * unit;
+    }
+    reproducible_ = options.reproducible;
     rank_ = rank;
     size_ = topology.size();
     route_ = algorithms::route_for(topology);
@@ -182,13 +210,17 @@ class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
     const std::size_t state_per_value = update.state_per_value();
     state_.update = std::move(update);
     this->install(
-        algorithms::compressed_schedule_builder(layout_, rank_, route_, ring_order_, updates, state_per_value).build());
+        algorithms::compressed_schedule_builder(layout_, rank_, route_, ring_order_, updates, state_per_value,
+                                                reproducible_)
+            .build());
   }
 
   std::size_t count() const noexcept { return layout_.count(); }
   rank_t rank() const noexcept { return rank_; }
   rank_t size() const noexcept { return size_; }
   stripe_route route() const noexcept { return route_; }
+  /// Whether the owners sum on a shared grid (options.reproducible).
+  bool reproducible() const noexcept { return reproducible_; }
   /// Values per chunk, after rounding to whole groups.
   std::size_t chunk_values() const noexcept { return layout_.chunk_values(); }
   /// The values rank `owner` sums and re-encodes (whole groups; empty when there
@@ -252,7 +284,9 @@ class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
 
   // ---- what a communicator uses (allreduce_plan) ----
 
-  std::uint32_t header_root() const noexcept { return 0; }
+  /// Every message says whether its plan sums on the grid: ranks that disagree fail the
+  /// call on its first message.
+  std::uint32_t header_root() const noexcept { return reproducible_ ? 1 : 0; }
   void refuse_if_excluded(const group_view&) const noexcept {}
   /// Fails the call when the plan was made for another rank, size or topology.
   template <transport Transport>
@@ -275,6 +309,7 @@ class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
   rank_t rank_ = 0;
   rank_t size_ = 1;
   stripe_route route_ = stripe_route::direct;
+  bool reproducible_ = false;
   std::vector<rank_t> ring_order_;  // the ring the frames travel (route::ring)
 };
 static_assert(allreduce_plan<compressed_allreduce_plan<quantizers::identity<float>>, archetypes::transport>);

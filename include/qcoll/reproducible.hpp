@@ -42,11 +42,6 @@
 
 namespace qcoll {
 
-/// The element types a reproducible sum takes.
-template <class T>
-concept reproducible_element =
-    std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bfloat16> || std::same_as<T, float16>;
-
 template <reproducible_element T>
 class reproducible_grid_allreduce;
 

@@ -463,23 +463,32 @@ using job_transport = transports::stream::endpoint;  // shm and tcp are both str
 using endpoint_ref = transports::reference<job_transport>;
 static_assert(transport<endpoint_ref>);
 
-/// A topologies::ring in rank order, or (one_way) only its links from each rank to
-/// the next. A three-rank topologies::ring links every pair, so its plans go direct;
-/// the one-way ring makes the forwarded route run with three ranks too. One type for
-/// both: every topology type instantiates the algorithms again (compile time).
+/// A topologies::ring in rank order (or reversed), or (one_way) only its links from
+/// each rank to the next. A three-rank topologies::ring links every pair, so its plans
+/// go direct; the one-way ring makes the forwarded route run with three ranks too. One
+/// type for all: every topology type instantiates the algorithms again (compile time).
 class test_ring {
  public:
   static constexpr std::size_t max_fan_out = topologies::ring::max_fan_out;
-  test_ring(rank_t size, bool one_way) : ring_(size), one_way_(one_way) {}
+  test_ring(rank_t size, bool one_way, bool reversed = false)
+      : ring_(order(size, reversed)), one_way_(one_way), reversed_(reversed) {}
   rank_t size() const noexcept { return ring_.size(); }
   bool linked(rank_t a, rank_t b) const {
-    return one_way_ ? a != b && a < size() && b == (a + 1) % size() : ring_.linked(a, b);
+    const rank_t next = reversed_ ? (a + size() - 1) % size() : (a + 1) % size();
+    return one_way_ ? a != b && a < size() && b == next : ring_.linked(a, b);
   }
   std::span<const rank_t> ring_order() const noexcept { return ring_.ring_order(); }
 
  private:
+  static std::vector<rank_t> order(rank_t size, bool reversed) {
+    std::vector<rank_t> ranks(size);
+    for (rank_t k = 0; k < size; ++k) ranks[k] = reversed ? (size - k) % size : k;
+    return ranks;
+  }
+
   topologies::ring ring_;
   bool one_way_;
+  bool reversed_;
 };
 static_assert(ring_topology<test_ring>);
 
@@ -534,11 +543,14 @@ constexpr double least_cosine() {
 
 /// The same calls through the direct route (comm, fully connected) and the forwarded
 /// one (ring_comm) with the same inputs and chunking: their results and residuals
-/// must be bitwise identical, since the frames and the order of the sums are.
+/// must be bitwise identical, since the frames and the order of the sums are — or, with
+/// plans summing on the grid (`on_grid`), since the order of the sums does not matter
+/// (ring_comm's ring then runs the other way).
 template <class Comm, class RingComm>
 class compressed_checks {
  public:
-  compressed_checks(Comm& comm, RingComm& ring_comm) : comm_(comm), ring_comm_(ring_comm) {}
+  compressed_checks(Comm& comm, RingComm& ring_comm, bool on_grid = false)
+      : comm_(comm), ring_comm_(ring_comm), on_grid_(on_grid) {}
 
   /// Three calls of `op` on one pair of plans: in place (blocking), started and
   /// waited for (out of place), then blocking out of place; residuals persist.
@@ -546,12 +558,12 @@ class compressed_checks {
   void run(const Q& quantizer, std::size_t count, std::size_t chunk_values, reduce_op op) {
     constexpr bool exact = std::is_same_v<Q, quantizers::identity<float>>;
     const rank_t n = comm_.size(), me = comm_.rank();
-    const compressed_allreduce_options options{.chunk_values = chunk_values};
+    const compressed_allreduce_options options{.chunk_values = chunk_values, .reproducible = on_grid_};
     compressed_allreduce_plan direct(comm_, count, quantizer, options);
     compressed_allreduce_plan ring(ring_comm_, count, quantizer, options);
     const auto name = [&](unsigned call) {
-      return fmt::format("{} {} of {} values (chunks of {}), call {}", Q::name, to_string(op), count, chunk_values,
-                         call);
+      return fmt::format("{} {} of {} values (chunks of {}){}, call {}", Q::name, to_string(op), count, chunk_values,
+                         on_grid_ ? " on the grid" : "", call);
     };
     if (direct.route() != stripe_route::direct) fail(fmt::format("{}: the plan is not direct", name(0)));
     if ((ring.route() == stripe_route::ring) != (n > 2))
@@ -648,6 +660,7 @@ class compressed_checks {
 
   Comm& comm_;
   RingComm& ring_comm_;
+  bool on_grid_;
   std::vector<double> hashes_;      // each call's result hash, as two 32-bit halves
   std::vector<std::string> names_;  // each call's description
   std::size_t cases_ = 0;
@@ -680,8 +693,15 @@ void compressed(endpoint_ref transport, communicator_options options, std::size_
     checks.run(quantizers::bfp{}, count, chunk_values, op);  // 8-bit mantissas
   }
   checks.check_identical_on_all_ranks();
+  // Owners summing on the grid: the direct route and a ring the other way round agree.
+  communicator reversed_comm(transport, test_ring(comm.size(), comm.size() == 3, true), options);
+  compressed_checks on_grid(comm, reversed_comm, true);
+  on_grid.run(quantizers::one_bit{}, largest, compressed_allreduce_options{}.chunk_values, reduce_op::avg);
+  on_grid.run(quantizers::k_level(k_level), 100003, 8192, reduce_op::sum);
+  on_grid.check_identical_on_all_ranks();
   fmt::print("rank {}: compressed ok ({} cases, {} calls, routes direct and {}, up to {} values)\n", comm.rank(),
-             checks.cases(), checks.calls(), checks.ring_route_seen() ? "ring" : "direct (two ranks)", largest);
+             checks.cases() + on_grid.cases(), checks.calls() + on_grid.calls(),
+             checks.ring_route_seen() ? "ring" : "direct (two ranks)", largest);
 }
 
 /// The grid allreduce on a 2×4 torus of the job's 8 ranks with node 6 fully degraded,

@@ -19,6 +19,7 @@
 #include <qcoll/algorithms/ring.hpp>
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/partition.hpp>
+#include <qcoll/reproducible/sum.hpp>
 #include <qcoll/topologies/graph.hpp>
 
 #include <algorithm>
@@ -180,6 +181,12 @@ class stripe_layout {
 /// 2·call + 1 (the owner's re-encode). With an owner update, the owner applies it
 /// to its sum before re-encoding; its state is `owner_state_per_value` values per
 /// value of the own stripe.
+///
+/// `on_grid`: the owner sums the decoded contributions on one grid per block of
+/// reproducible_block values from its stripe's start (a block also ends where a piece
+/// does), so the sum — the same bits in any order — does not depend on the route; every
+/// other rank's decoded contribution goes to a scratch slot of the stripe's size first.
+/// Chunks that are whole blocks keep it independent of the chunking too.
 class compressed_schedule_builder {
  public:
   /// Phase-2 messages have a tag of their own: a fast owner's phase-2 chunk may
@@ -191,10 +198,15 @@ class compressed_schedule_builder {
 
   compressed_schedule_builder(const stripe_layout& layout, rank_t rank, stripe_route route,
                               std::span<const rank_t> ring_order, bool owner_update = false,
-                              std::size_t owner_state_per_value = 0)
+                              std::size_t owner_state_per_value = 0, bool on_grid = false)
       : layout_(layout), rank_(rank), size_(static_cast<rank_t>(layout.parts())), route_(route),
-        ring_(ring_order, rank), owner_update_(owner_update), owner_state_per_value_(owner_state_per_value) {
+        ring_(ring_order, rank), owner_update_(owner_update), owner_state_per_value_(owner_state_per_value),
+        on_grid_(on_grid) {
     if (owner_update_) s_.owner_state_values = layout.stripe(rank).size * owner_state_per_value_;
+    if (on_grid_) {
+      s_.scratch_stride = layout.stripe(rank).size;
+      s_.scratch_values = (size_ - 1) * s_.scratch_stride;
+    }
     s_.sequence_stride = 2;
     s_.divisor = size_;
     s_.buffer_bytes[static_cast<int>(frame_buffer::outgoing)] = layout.total_frame_bytes();
@@ -267,11 +279,28 @@ class compressed_schedule_builder {
   }
   /// The sum starts as this rank's own decoded contribution, in the output.
   void start_sum(std::size_t c) { decode_chunk(contribution(rank_, c), rank_, rank_, c, false); }
-  /// Between the phases: the owner (divides, applies its update rule and) re-encodes
-  /// its sum with the server residual, then keeps the decoded bits, exactly what
-  /// every other rank will decode.
+  /// Adds the message `chunk` from `from`, chunk c of the own stripe, to the sum — on the
+  /// grid: decoded into scratch slot `slot` (1 … n − 1) until finish_sum adds them all.
+  void add_contribution(frame_slice chunk, rank_t from, std::size_t slot, std::size_t c) {
+    if (!on_grid_) return decode_chunk(chunk, from, rank_, c, true);
+    for (const auto& p : layout_.pieces(rank_, c))
+      s_.decode_to_scratch(frame_of(chunk, p), from, p.values, (slot - 1) * s_.scratch_stride + within_stripe(p));
+  }
+  /// On the grid: the output's values = their sum with the scratch slots', a block at a
+  /// time — the piece's first values up to a block's end (stripe-relative), then the rest.
+  void sum_on_grid(const stripe_layout::piece& p) {
+    const std::size_t into = within_stripe(p) % reproducible_block;
+    const std::size_t head = into == 0 ? 0 : std::min(p.values.size, reproducible_block - into);
+    if (head != 0) s_.sum_on_grid({p.values.offset, head}, within_stripe(p), size_);
+    if (p.values.size > head)
+      s_.sum_on_grid({p.values.offset + head, p.values.size - head}, within_stripe(p) + head, size_);
+  }
+  /// Between the phases: the owner (sums on the grid,) (divides, applies its update rule
+  /// and) re-encodes its sum with the server residual, then keeps the decoded bits,
+  /// exactly what every other rank will decode.
   void finish_sum(std::size_t c) {
     for (const auto& p : layout_.pieces(rank_, c)) {
+      if (on_grid_) sum_on_grid(p);
       s_.average(p.values);
       if (owner_update_) s_.update(p.values, within_stripe(p) * owner_state_per_value_);
       s_.encode(p.values, false, layout_.count() + within_stripe(p), 1, frame_of(aggregate(rank_, c), p));
@@ -317,7 +346,7 @@ class compressed_schedule_builder {
         for (std::size_t r = 1; r < n; ++r) {
           const std::size_t index = incoming_index(r, c);
           s_.complete_receive(index, before(r), incoming(index));
-          decode_chunk(incoming(index), before(r), own, c, true);
+          add_contribution(incoming(index), before(r), r, c);
         }
         finish_sum(c);
         for (std::size_t r = 1; r < n; ++r)
@@ -386,7 +415,7 @@ class compressed_schedule_builder {
     for_each_incoming([&](std::size_t step, rank_t d, std::size_t c) {
       s_.complete_receive(index, prev, incoming(index));
       if (d == own)
-        decode_chunk(incoming(index), back(step), own, c, true);
+        add_contribution(incoming(index), back(step), step, c);
       else
         s_.send(forwards + index, next, contribution_tag, incoming(index));
       ++index;
@@ -428,6 +457,7 @@ class compressed_schedule_builder {
   ring_view ring_;
   bool owner_update_;
   std::size_t owner_state_per_value_;
+  bool on_grid_;
   std::vector<std::size_t> incoming_begin_;  // byte offset of each received frame, in receive order, and the end
   quantized_schedule s_;
 };

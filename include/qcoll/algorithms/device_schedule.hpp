@@ -84,6 +84,10 @@ struct quantized_state<Q, execution::device_space> {
   execution::device_memory<std::byte> frames[3];   // by frame_buffer
   execution::pinned_memory<std::byte> staged[3];   // the frames' host copies, what the transport moves
   execution::device_memory<value_type> work;       // the call's values, in place
+  execution::device_memory<value_type> scratch;    // decoded frames a sum_on_grid adds
+  execution::device_memory<double> grid;           // a sum_on_grid's exponents and carriers
+  execution::device_memory<double> empty_blocks;   // grid::empty_block, a sum's exponents' start
+  std::vector<std::span<const value_type>> addends;  // a sum_on_grid's, kept to allocate nothing
   execution::device_memory<std::uint32_t> statuses;  // one per decode step
   execution::pinned_memory<std::uint32_t> verdicts;  // their copies, read by the host
   std::vector<execution::device_event> downloads;    // one per encode step: its frame is on the host
@@ -117,7 +121,7 @@ struct quantized_state<Q, execution::device_space> {
     schedule.give_encodes_memory([&](std::size_t n) { return encode_memory_size(quantizer, n); });
     // Which download each send waits for: the last of any frame inside its message (a
     // fused chunk's message is several frames); none for a frame that was received.
-    std::size_t encodes = 0, decodes = 0, values = 0;
+    std::size_t encodes = 0, decodes = 0, values = 0, summed = 0, most_addends = 0;
     std::map<std::pair<int, std::size_t>, std::size_t> encoded;  // (buffer, offset) -> encode index
     decode_peers.clear();
     decodes_before.clear();
@@ -140,8 +144,13 @@ struct quantized_state<Q, execution::device_space> {
         encoded.erase(encoded.lower_bound({buffer, s.frame.offset}),
                       encoded.lower_bound({buffer, s.frame.offset + s.frame.bytes}));
       }
-      if (s.verb == step_verb::encode || s.verb == step_verb::decode || s.verb == step_verb::average)
+      if (s.verb == step_verb::encode || (s.verb == step_verb::decode && !s.into_scratch) ||
+          s.verb == step_verb::average || s.verb == step_verb::sum_on_grid)
         values = std::max(values, s.values.offset + s.values.size);
+      if (s.verb == step_verb::sum_on_grid) {
+        summed = std::max(summed, s.values.size);
+        most_addends = std::max(most_addends, s.addends);
+      }
     }
     on_device([&] {
       for (auto& r : residual) r = execution::device_memory<value_type>(Q::keeps_residual ? schedule.residual_values : 0);
@@ -151,6 +160,9 @@ struct quantized_state<Q, execution::device_space> {
         staged[b] = execution::pinned_memory<std::byte>(schedule.buffer_bytes[b]);
       }
       work = execution::device_memory<value_type>(values);
+      scratch = execution::device_memory<value_type>(schedule.scratch_values);
+      grid = execution::device_memory<double>(detail::reproducible::device_scratch_doubles<value_type>(summed));
+      empty_blocks = execution::device_memory<double>((summed + reproducible_block - 1) / reproducible_block);
       statuses = execution::device_memory<std::uint32_t>(decodes);
       verdicts = execution::pinned_memory<std::uint32_t>(decodes);
       downloads.clear();
@@ -159,6 +171,12 @@ struct quantized_state<Q, execution::device_space> {
       exit = execution::device_event("a plan on device memory");
     });
     for (auto& r : residual) fill(r.span(), value_type{});
+    if (!empty_blocks.span().empty()) {
+      const std::vector<double> empty(empty_blocks.size(), kernels::grid_detail::empty_block);
+      copy_and_wait(empty_blocks.data(), empty.data(), empty_blocks.span().size_bytes());
+    }
+    addends.clear();
+    addends.reserve(most_addends);
     forget_memory();
     committed = 0;
     calls = 0;
@@ -177,8 +195,11 @@ struct quantized_state<Q, execution::device_space> {
   void fill(std::span<value_type> values, value_type value) {
     if (values.empty()) return;
     const std::vector<value_type> host(values.size(), value);
-    execution::check_device(*runtime, runtime->copy(values.data(), host.data(), values.size_bytes(), stream.get()),
-                            "a plan on device memory");
+    copy_and_wait(values.data(), host.data(), values.size_bytes());
+  }
+  /// Copies host memory to the device (or back) on the state's stream, and waits for it.
+  void copy_and_wait(void* to, const void* from, std::size_t bytes) {
+    execution::check_device(*runtime, runtime->copy(to, from, bytes, stream.get()), "a plan on device memory");
     execution::check_device(*runtime, runtime->synchronize(stream.get()), "a plan on device memory");
   }
 
@@ -293,8 +314,9 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::dev
       }
       case step_verb::decode: {
         std::uint32_t* status = state.statuses.data() + decodes;
-        queued(state.quantizer.queue_decode(runtime, stream, state.frame(s.frame), values.subspan(s.values.offset, s.values.size),
-                                            s.accumulate, status),
+        const std::span<T> into = s.into_scratch ? state.scratch.span().subspan(s.scratch_offset, s.values.size)
+                                                  : values.subspan(s.values.offset, s.values.size);
+        queued(state.quantizer.queue_decode(runtime, stream, state.frame(s.frame), into, s.accumulate, status),
                "decoding on the device");
         queued(runtime.copy(state.verdicts.data() + decodes, status, sizeof *status, stream), "reading a decode's verdict");
         ++decodes;
@@ -306,6 +328,20 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::dev
                                 stream),
                  "averaging on the device");
         break;
+      case step_verb::sum_on_grid: {
+        const std::span<T> sum = values.subspan(s.values.offset, s.values.size);
+        state.addends.assign(1, sum);
+        for (std::size_t k = 1; k < s.addends; ++k)
+          state.addends.push_back(
+              state.scratch.span().subspan(s.scratch_offset + (k - 1) * schedule.scratch_stride, s.values.size));
+        try {
+          detail::reproducible::queue_sum_here<T>({stream}, state.addends, sum, state.grid.span(),
+                                                  state.empty_blocks.span());
+        } catch (const std::exception& e) {
+          step.fail(errc::device_error, "summing on the grid on the device: {}", e.what());
+        }
+        break;
+      }
       case step_verb::update:
         step.fail(errc::invalid_argument, "internal error: an owner update on a plan on device memory");
       case step_verb::complete_send: {

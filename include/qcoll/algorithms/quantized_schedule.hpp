@@ -20,6 +20,7 @@
 #include <qcoll/execution/kernels.hpp>
 #include <qcoll/execution/memory.hpp>
 #include <qcoll/optimizers/owner_update.hpp>
+#include <qcoll/reproducible/sum.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -74,9 +75,11 @@ enum class step_verb : std::uint8_t {
   encode,            ///< encode `values` (of the input, or of the output) into `frame`, with error feedback
   send,              ///< post a send of `frame` to `peer`, and move what is queued
   complete_receive,  ///< wait for request `request`'s receive from `peer`
-  decode,            ///< decode `frame` from `peer` into `values` of the output (or add it)
+  decode,            ///< decode `frame` from `peer` into `values` of the output (or add it), or into the scratch
   average,           ///< avg only: divide `values` of the output by the schedule's divisor
   update,            ///< apply the owner's update rule to `values` of the output (state at `residual_offset`)
+  sum_on_grid,       ///< `values` of the output = their sum with `addends` − 1 scratch slots, on one grid
+                     ///< per block of reproducible_block values from values.offset (docs/reproducibility.md)
   complete_send,     ///< wait for request `request`'s send to `peer`
 };
 
@@ -84,6 +87,7 @@ struct schedule_step {
   step_verb verb = step_verb::encode;
   bool from_input = false;  ///< encode: read the input (else the output, the work buffer)
   bool accumulate = false;  ///< decode: add to the output instead of overwriting it
+  bool into_scratch = false;  ///< decode: into the scratch at `scratch_offset` instead of the output
   transports::tag_t tag = 0;
   rank_t peer = 0;          ///< communicator rank; decode: whose frame it is (for errors)
   block_range values{};     ///< of the whole buffer
@@ -92,6 +96,8 @@ struct schedule_step {
   std::size_t sequence = 0;         ///< encode: its index in the call's stochastic-rounding sequence
   std::size_t memory_offset = 0;    ///< encode: where its part of the quantizer's memory starts (if it keeps one)
   std::size_t request = 0;          ///< post_receive, send, complete_*: the request slot
+  std::size_t scratch_offset = 0;   ///< decode into_scratch; sum_on_grid: its first scratch slot's values
+  std::size_t addends = 0;          ///< sum_on_grid: the output's values and addends − 1 slots
 };
 
 /// This rank's part of one call of a quantized collective, in the order it runs.
@@ -104,6 +110,8 @@ struct quantized_schedule {
   std::size_t owner_state_values = 0;       ///< values of state the update steps use
   std::size_t memory_values = 0;            ///< values of quantizer memory the encodes use (remembers_between_encodes)
   std::size_t requests = 0;                 ///< request slots the steps name
+  std::size_t scratch_values = 0;           ///< values of scratch decodes may go to
+  std::size_t scratch_stride = 0;           ///< sum_on_grid: from one scratch slot to the next
   /// Encode i of call c draws its stochastic rounding at sequence c · stride + i.
   std::size_t sequence_stride = 1;
   std::size_t divisor = 1;       ///< what avg divides by
@@ -162,6 +170,13 @@ struct quantized_schedule {
   void decode(frame_slice frame, rank_t from, block_range into, bool accumulate) {
     steps.push_back({.verb = step_verb::decode, .accumulate = accumulate, .peer = from, .values = into, .frame = frame});
   }
+  void decode_to_scratch(frame_slice frame, rank_t from, block_range values, std::size_t scratch_offset) {
+    steps.push_back({.verb = step_verb::decode, .into_scratch = true, .peer = from, .values = values, .frame = frame,
+                     .scratch_offset = scratch_offset});
+  }
+  void sum_on_grid(block_range values, std::size_t first_slot, std::size_t addends) {
+    steps.push_back({.verb = step_verb::sum_on_grid, .values = values, .scratch_offset = first_slot, .addends = addends});
+  }
   void average(block_range values) { steps.push_back({.verb = step_verb::average, .values = values}); }
   void update(block_range values, std::size_t state_offset) {
     steps.push_back({.verb = step_verb::update, .values = values, .residual_offset = state_offset});
@@ -194,6 +209,8 @@ struct quantized_state {
   unsigned committed = 0;
   std::uint64_t calls = 0;  // successful calls: keys stochastic rounding
   std::vector<std::byte> buffers[3];
+  std::vector<value_type> scratch;                     // decoded frames a sum_on_grid adds
+  std::vector<std::span<const value_type>> addends;   // a sum_on_grid's, kept to allocate nothing
   call_statistics last_call{};
 
   /// Sizes the residuals, the memory and the buffers for `schedule` (residuals start
@@ -205,6 +222,10 @@ struct quantized_state {
     for (auto& o : owner_state) o.assign(schedule.owner_state_values, value_type{});
     forget_memory();
     for (int b = 0; b < 3; ++b) buffers[b].assign(schedule.buffer_bytes[b], std::byte{});
+    scratch.assign(schedule.scratch_values, value_type{});
+    addends.clear();
+    for (const schedule_step& s : schedule.steps)
+      if (s.verb == step_verb::sum_on_grid) addends.reserve(s.addends);
     committed = 0;
     calls = 0;
   }
@@ -253,8 +274,20 @@ void run_schedule(primitives<Transport>& step, quantized_state<Q, execution::hos
         ++counted.messages_received;
         break;
       case step_verb::decode:
-        decode_or_fail(step, state.quantizer, state.frame(s.frame), out.of(s.values), s.accumulate, s.peer);
+        decode_or_fail(step, state.quantizer, state.frame(s.frame),
+                       s.into_scratch ? block_range{s.scratch_offset, s.values.size}.of(std::span(state.scratch))
+                                      : out.of(s.values),
+                       s.accumulate, s.peer);
         break;
+      case step_verb::sum_on_grid: {
+        const std::span<T> sum = out.of(s.values);
+        state.addends.assign(1, sum);
+        for (std::size_t k = 1; k < s.addends; ++k)
+          state.addends.push_back(block_range{s.scratch_offset + (k - 1) * schedule.scratch_stride, s.values.size}.of(
+              std::span<const T>(state.scratch)));
+        detail::reproducible::sum_here<T>(state.addends, sum, reduce_op::sum);
+        break;
+      }
       case step_verb::average:
         if (op == reduce_op::avg) execution::finish_avg(out.of(s.values), schedule.divisor);
         break;

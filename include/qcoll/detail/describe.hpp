@@ -24,8 +24,11 @@ inline std::string describe_call(const transports::message_header& h) {
       return qcoll::detail::format("broadcast(count={}, {}, root={}) #{}", h.count, to_string(h.type), h.root,
                          h.sequence);
     case collective::allreduce:
-    case collective::reduce_scatter:
-    case collective::compressed_allreduce: break;
+    case collective::reduce_scatter: break;
+    case collective::compressed_allreduce:
+      if (h.root == 0) break;  // a plan summing on the shared grid says so
+      return qcoll::detail::format("compressed_allreduce(count={}, {}, {}, reproducible) #{}", h.count,
+                                   to_string(h.type), to_string(h.op), h.sequence);
     case collective::grid_allreduce:
       return qcoll::detail::format("grid_allreduce(count={}, {}, {}, plan {:08x}) #{}", h.count, to_string(h.type),
                          to_string(h.op), h.root, h.sequence);

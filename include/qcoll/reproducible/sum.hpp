@@ -34,6 +34,11 @@
 
 namespace qcoll {
 
+/// The element types a reproducible sum takes.
+template <class T>
+concept reproducible_element =
+    std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bfloat16> || std::same_as<T, float16>;
+
 /// Values that share one grid (one exponent in the max round).
 inline constexpr std::size_t reproducible_block = kernels::grid_detail::block;
 /// At most this many addends in one sum (ranks × the addends each adds): their integers
@@ -202,6 +207,33 @@ template <class T>
 void sum_here(std::span<const std::span<const T>> addends, std::span<T> out, reduce_op op) {
   const auto alone = [](std::span<double>) {};
   sum_in_rounds<T>(addends, out, op, 0, 1, alone, alone);
+}
+
+/// Device scratch a queue_sum_here of up to `count` values takes: exponents, then carrier planes.
+template <class T>
+constexpr std::size_t device_scratch_doubles(std::size_t count) noexcept {
+  return (count + reproducible_block - 1) / reproducible_block + carriers<T> * count;
+}
+
+/// sum_here's sum of `addends` (device memory of where's device, each out.size() values)
+/// into `out` (which may be addends[0]), queued on where's stream: the same kernels' rules,
+/// so the CPU's bits. `scratch`: device_scratch_doubles<T>(out.size()) doubles or more;
+/// `empty`: device memory of at least as many blocks' grid::empty_block.
+template <class T>
+void queue_sum_here(execution::device_stream where, std::span<const std::span<const T>> addends, std::span<T> out,
+                    std::span<double> scratch, std::span<const double> empty) {
+  const std::size_t count = out.size(), blocks = (count + reproducible_block - 1) / reproducible_block;
+  if (count == 0) return;
+  const device::runtime& device = execution::device_runtime("reproducible sum");
+  const std::span<double> exponents = scratch.first(blocks), sums = scratch.subspan(blocks, carriers<T> * count);
+  execution::check_device(device, device.copy(exponents.data(), empty.data(), exponents.size_bytes(), where.stream),
+                          "reproducible sum");
+  for (const auto& addend : addends) execution::queue_grid_cover(where, addend, exponents);
+  for (std::size_t a = 0; a < addends.size(); ++a)
+    execution::queue_grid_add(where, addends[a], std::span<const double>(exponents), sums, a == 0);
+  const std::span<const double> low = wide<T> ? std::span<const double>(plane(sums, count, 1)) : std::span<const double>();
+  execution::queue_grid_round(where, std::span<const double>(plane(sums, count, 0)), low,
+                              std::span<const double>(exponents), 1.0, out, 0);
 }
 
 /// The rounds over `comm`: a span of doubles made the ranks' maximum, or their total.
