@@ -36,7 +36,9 @@
 // runs identity (the exact two-level allreduce) and every variant once more as a
 // two_level_allreduce over nodes of K consecutive ranks split from the job, both
 // exchanges (rows "2lvl:…", shards, and "2lead:…", leaders; chunk column NxK).
-// --reproducible 1 adds a row of qcoll::reproducible_allreduce after the exact one.
+// --reproducible 1 adds a row of qcoll::reproducible_allreduce after the exact one, and
+// runs every --compressed variant once more with its owners summing on the shared grid
+// (compressed_allreduce_options::reproducible; rows "repro:…").
 //
 // --device cuda|emulated runs the same tables on device buffers (docs/gpu.md): the
 // exact table with the collectives' device_stream forms, and --compressed variants as
@@ -510,52 +512,57 @@ bool run_rank_compressed(Communicator& comm, const collective_options& o, const 
       }
     }
 
-    for (const variant_spec& v : ctx.variants)
-      for (const std::size_t chunk : chunks)
-        std::visit(
-            [&](const auto& quantizer) {
-              using Q = std::decay_t<decltype(quantizer)>;
-              qcoll::compressed_allreduce_options options;
-              options.chunk_values = chunk == collective_options::whole_stripe ? count : chunk;
-              if constexpr (device_built) {
-                if (device.on) {
-                  qcoll::compressed_allreduce_plan<Q, float, qcoll::execution::device_space> plan(
-                      device.where(), comm, count, quantizer, options);
-                  std::vector<double> device_wait, transport_wait, device_tail;
-                  const auto record = [&] {
-                    const qcoll::call_statistics& s = plan.last_call();
-                    device_wait.push_back(std::chrono::duration<double, std::micro>(s.device_wait).count());
-                    transport_wait.push_back(std::chrono::duration<double, std::micro>(s.transport_wait).count());
-                    device_tail.push_back(std::chrono::duration<double, std::micro>(s.device_tail).count());
-                  };
-                  bench::compressed_table::row_data row = measure(
-                      [&] { comm.allreduce(device.where(), plan, device.span(), qcoll::reduce_op::sum); },
-                      v.variant.lossy(), record);
-                  row.variant = v.variant.name;
-                  row.chunk = chunk == collective_options::whole_stripe ? "whole" : values_text(plan.chunk_values());
-                  row.wire_bytes = static_cast<double>(plan.last_call().bytes_sent);
-                  if (table) {
-                    table->compressed_row(bytes, row);
-                    fmt::print("# split {} {}: waited for the device's encodes and copies {:.1f} us, for the transport "
-                               "{:.1f} us, for the last decodes {:.1f} us (rank 0, medians)\n",
-                               bytes, v.variant.name, median_of(device_wait), median_of(transport_wait),
-                               median_of(device_tail));
+    for (const bool on_grid : {false, true}) {
+      for (const variant_spec& v : ctx.variants)
+        for (const std::size_t chunk : chunks)
+          std::visit(
+              [&](const auto& quantizer) {
+                using Q = std::decay_t<decltype(quantizer)>;
+                if (on_grid && !o.reproducible) return;
+                qcoll::compressed_allreduce_options options;
+                options.chunk_values = chunk == collective_options::whole_stripe ? count : chunk;
+                options.reproducible = on_grid;
+                const std::string name = (on_grid ? "repro:" : "") + v.variant.name;
+                if constexpr (device_built) {
+                  if (device.on) {
+                    qcoll::compressed_allreduce_plan<Q, float, qcoll::execution::device_space> plan(
+                        device.where(), comm, count, quantizer, options);
+                    std::vector<double> device_wait, transport_wait, device_tail;
+                    const auto record = [&] {
+                      const qcoll::call_statistics& s = plan.last_call();
+                      device_wait.push_back(std::chrono::duration<double, std::micro>(s.device_wait).count());
+                      transport_wait.push_back(std::chrono::duration<double, std::micro>(s.transport_wait).count());
+                      device_tail.push_back(std::chrono::duration<double, std::micro>(s.device_tail).count());
+                    };
+                    bench::compressed_table::row_data row = measure(
+                        [&] { comm.allreduce(device.where(), plan, device.span(), qcoll::reduce_op::sum); },
+                        v.variant.lossy(), record);
+                    row.variant = name;
+                    row.chunk = chunk == collective_options::whole_stripe ? "whole" : values_text(plan.chunk_values());
+                    row.wire_bytes = static_cast<double>(plan.last_call().bytes_sent);
+                    if (table) {
+                      table->compressed_row(bytes, row);
+                      fmt::print("# split {} {}: waited for the device's encodes and copies {:.1f} us, for the transport "
+                                 "{:.1f} us, for the last decodes {:.1f} us (rank 0, medians)\n",
+                                 bytes, name, median_of(device_wait), median_of(transport_wait),
+                                 median_of(device_tail));
+                    }
+                    return;
                   }
-                  return;
                 }
-              }
-              qcoll::compressed_allreduce_plan<Q> plan(comm, count, quantizer, options);
-              bench::compressed_table::row_data row =
-                  measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy(), nothing);
-              if (plan.last_call().bytes_sent != plan.bytes_sent_per_call())
-                std::fprintf(stderr, "collective_bench: rank %zu, %s: sent %zu bytes, bytes_sent_per_call() says %zu\n",
-                             me, v.variant.name.c_str(), plan.last_call().bytes_sent, plan.bytes_sent_per_call());
-              row.variant = v.variant.name;
-              row.chunk = chunk == collective_options::whole_stripe ? "whole" : values_text(plan.chunk_values());
-              row.wire_bytes = static_cast<double>(plan.last_call().bytes_sent);
-              if (table) table->compressed_row(bytes, row);
-            },
-            v.quantizer);
+                qcoll::compressed_allreduce_plan<Q> plan(comm, count, quantizer, options);
+                bench::compressed_table::row_data row =
+                    measure([&] { comm.allreduce(plan, data, qcoll::reduce_op::sum); }, v.variant.lossy(), nothing);
+                if (plan.last_call().bytes_sent != plan.bytes_sent_per_call())
+                  std::fprintf(stderr, "collective_bench: rank %zu, %s: sent %zu bytes, bytes_sent_per_call() says %zu\n",
+                               me, name.c_str(), plan.last_call().bytes_sent, plan.bytes_sent_per_call());
+                row.variant = name;
+                row.chunk = chunk == collective_options::whole_stripe ? "whole" : values_text(plan.chunk_values());
+                row.wire_bytes = static_cast<double>(plan.last_call().bytes_sent);
+                if (table) table->compressed_row(bytes, row);
+              },
+              v.quantizer);
+    }
 
     // --layers: the same variants over N layers, fused into one call and one by one.
     if (o.layers != 0) {

@@ -242,6 +242,12 @@ class group_over final : public group {
   }
 #endif
 
+  static qcoll::compressed_allreduce_options options_of(const compression& settings) {
+    qcoll::compressed_allreduce_options options;
+    options.reproducible = settings.reproducible;
+    return options;
+  }
+
   template <class Q, class T, class Plans>
   void run(Plans& plans, std::int64_t key, std::span<T> data, qcoll::reduce_op op, const compression& settings,
            const placement& where, const Q& quantizer) {
@@ -250,9 +256,11 @@ class group_over final : public group {
       // A plan on device memory: made on the placement's stream (its state on that
       // stream's GPU), encoding and decoding there; only frames cross to the host.
       auto& [plan, device] = kept.on_device_by_key[key];
-      if (!plan || plan->count() != data.size() || device != where.device) {
+      if (!plan || plan->count() != data.size() || device != where.device ||
+          plan->reproducible() != settings.reproducible) {
         plan.reset();  // the old plan's device memory goes before the new plan's is taken
-        plan = std::make_unique<typename plans_of<Q, T>::device_plan>(*where.stream, comm_, data.size(), quantizer);
+        plan = std::make_unique<typename plans_of<Q, T>::device_plan>(*where.stream, comm_, data.size(), quantizer,
+                                                                      options_of(settings));
         device = where.device;
       }
       if (!settings.error_feedback) plan->reset_residuals();
@@ -260,8 +268,8 @@ class group_over final : public group {
       return;
     }
     auto& plan = kept.by_key[key];
-    if (!plan || plan->count() != data.size())
-      plan = std::make_unique<typename plans_of<Q, T>::host_plan>(comm_, data.size(), quantizer);
+    if (!plan || plan->count() != data.size() || plan->reproducible() != settings.reproducible)
+      plan = std::make_unique<typename plans_of<Q, T>::host_plan>(comm_, data.size(), quantizer, options_of(settings));
     if (!settings.error_feedback) plan->reset_residuals();
     comm_.allreduce(*plan, data, op);
   }

@@ -53,6 +53,7 @@ struct compression {
   std::size_t group_size = 2048;      ///< one_bit and k_level groups, bfp blocks
   unsigned bits = 4;                  ///< k_level: 2^bits levels; bfp: mantissa bits
   bool error_feedback = true;
+  bool reproducible = false;  ///< owners sum on the shared grid (compressed_allreduce_options)
 };
 
 /// Where a call's tensors live. Host memory (no stream): qcoll's host calls. Device

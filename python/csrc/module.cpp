@@ -72,7 +72,8 @@ PYBIND11_MODULE(_qcoll_torch, m) {
       .def_readwrite("quantizer", &qcoll_torch::compression::quantizer)
       .def_readwrite("group_size", &qcoll_torch::compression::group_size)
       .def_readwrite("bits", &qcoll_torch::compression::bits)
-      .def_readwrite("error_feedback", &qcoll_torch::compression::error_feedback);
+      .def_readwrite("error_feedback", &qcoll_torch::compression::error_feedback)
+      .def_readwrite("reproducible", &qcoll_torch::compression::reproducible);
 
   m.def(
       "check_compression",

@@ -1,6 +1,7 @@
 """The DDP communication hooks: inside DDP training, on the qcoll backend and on gloo,
 every rank ends with bitwise the same parameters and the loss falls; bfloat16
-gradients; the reproducible hook's parameters do not depend on the allreduce algorithm;
+gradients; the reproducible hook's parameters do not depend on the allreduce algorithm,
+nor the reproducible compressed hook's on which rank holds which data;
 torchrun runs the backend and the hook. (The bytes the hook saves are
 measured by test_example.py.)"""
 
@@ -92,6 +93,39 @@ def test_the_reproducible_hook_gives_the_same_bits_whatever_the_algorithm():
     assert len(set(hooked.values())) == 1, "the reproducible hook's parameters depend on the algorithm"
     ordinary = {a: run(a, False) for a in ("ring", "recursive_doubling")}
     assert len(set(ordinary.values())) == 2, "control: the ordinary all_reduce gave the same bits for both algorithms"
+
+
+def compressed_training(rank, size, reproducible, data_of):
+    """Ten DDP steps on 3 ranks with the one_bit hook, rank r training on data set
+    data_of[r]; the final parameters' bytes."""
+    import qcoll.torch.hooks as hooks
+
+    model = _model()
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+    ddp.register_comm_hook(hooks.CompressedState(quantizer="one_bit", reproducible=reproducible),
+                           hooks.compressed_allreduce)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.2, momentum=0.9)
+    generator = torch.Generator().manual_seed(100 + data_of[rank])
+    inputs = torch.randn(64, 64, generator=generator)
+    targets = inputs[:, :10].argmax(1)
+    for _ in range(10):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(ddp(inputs), targets).backward()
+        optimizer.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).view(torch.uint8).numpy().tobytes()
+
+
+# The compressed hook with reproducible=True: the same parameters, bit for bit, whichever
+# rank trains on which data (the residuals follow the data); without it they differ (the
+# control: the owners add the contributions in another order).
+def test_the_reproducible_compressed_hook_does_not_depend_on_which_rank_holds_which_data():
+    def run(reproducible, data_of):
+        results = run_ranks(3, compressed_training, reproducible, data_of)
+        assert results[0] == results[1] == results[2], "the ranks' parameters differ"
+        return results[0]
+
+    assert run(True, [0, 1, 2]) == run(True, [2, 0, 1]), "the reproducible hook's parameters depend on the ranks' order"
+    assert run(False, [0, 1, 2]) != run(False, [2, 0, 1]), "control: the ordinary hook gave the same bits"
 
 
 def test_bfloat16_gradients_go_through_the_hook():

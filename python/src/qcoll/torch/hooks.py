@@ -90,6 +90,10 @@ class CompressedState(_JoinedState):
     group_size: values per one_bit or k_level group, or per bfp block (a multiple of 8).
     bits: k_level's code bits (2^bits levels) or bfp's mantissa bits.
     error_feedback: keep each rank's quantization error and add it to the next bucket.
+    reproducible: each stripe's owner sums the ranks' decoded contributions on a shared
+        grid, so the averaged bucket's bits do not depend on the route (the topology's
+        ring or direct), the transport or which rank holds which data — for the same
+        number of ranks (docs/reproducibility.md).
     process_group: whose ranks and store to use (default: the world).
     transport: "env" (QCOLL_TRANSPORT, else auto), "shm", "tcp" or "auto".
     timeout: the deadline of the join and of each step of a call.
@@ -101,6 +105,7 @@ class CompressedState(_JoinedState):
         group_size: int = 2048,
         bits: int = 4,
         error_feedback: bool = True,
+        reproducible: bool = False,
         process_group=None,
         transport: str = "env",
         timeout: datetime.timedelta = datetime.timedelta(minutes=30),
@@ -110,6 +115,7 @@ class CompressedState(_JoinedState):
         self.compression.group_size = group_size
         self.compression.bits = bits
         self.compression.error_feedback = error_feedback
+        self.compression.reproducible = reproducible
         # Settings the quantizer refuses are refused here, naming the value, not at the
         # first backward().
         _extension.check_compression(self.compression)
