@@ -59,17 +59,22 @@ def test_the_hook_trains_and_every_rank_ends_with_the_same_parameters(backend, q
     assert losses[-1] < 0.9 * losses[0], f"the loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
-def reproducible_training(rank, size, hooked):
-    """Ten DDP steps on 3 ranks, gradients averaged by the reproducible hook (or, not
-    hooked, by the qcoll backend's ordinary all_reduce); the final parameters' bytes."""
+def ten_steps(rank, size, hook, data_set=None):
+    """Ten DDP steps on 3 ranks, gradients averaged by `hook` — "reproducible" (the
+    reproducible hook), "one_bit" or "one_bit on the grid" (the compressed hook, plain or
+    reproducible=True), None (the qcoll backend's ordinary all_reduce) — training on data
+    set data_set[rank] (default: its rank); the final parameters' bytes."""
     import qcoll.torch.hooks as hooks
 
     model = _model()
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
-    if hooked:
+    if hook == "reproducible":
         ddp.register_comm_hook(hooks.ReproducibleState(), hooks.reproducible_allreduce)
+    elif hook is not None:
+        state = hooks.CompressedState(quantizer="one_bit", reproducible=hook.endswith("on the grid"))
+        ddp.register_comm_hook(state, hooks.compressed_allreduce)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.2, momentum=0.9)
-    generator = torch.Generator().manual_seed(100 + rank)
+    generator = torch.Generator().manual_seed(100 + (rank if data_set is None else data_set[rank]))
     inputs = torch.randn(64, 64, generator=generator)
     targets = inputs[:, :10].argmax(1)
     for _ in range(10):
@@ -84,7 +89,7 @@ def reproducible_training(rank, size, hooked):
 # (the control: what the hook removes).
 def test_the_reproducible_hook_gives_the_same_bits_whatever_the_algorithm():
     def run(algorithm, hooked):
-        results = run_ranks(3, reproducible_training, hooked, env={"QCOLL_ALLREDUCE_ALGO": algorithm})
+        results = run_ranks(3, ten_steps, "reproducible" if hooked else None, env={"QCOLL_ALLREDUCE_ALGO": algorithm})
         assert results[0] == results[1] == results[2], "the ranks' parameters differ"
         return results[0]
 
@@ -95,32 +100,12 @@ def test_the_reproducible_hook_gives_the_same_bits_whatever_the_algorithm():
     assert len(set(ordinary.values())) == 2, "control: the ordinary all_reduce gave the same bits for both algorithms"
 
 
-def compressed_training(rank, size, reproducible, data_of):
-    """Ten DDP steps on 3 ranks with the one_bit hook, rank r training on data set
-    data_of[r]; the final parameters' bytes."""
-    import qcoll.torch.hooks as hooks
-
-    model = _model()
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
-    ddp.register_comm_hook(hooks.CompressedState(quantizer="one_bit", reproducible=reproducible),
-                           hooks.compressed_allreduce)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.2, momentum=0.9)
-    generator = torch.Generator().manual_seed(100 + data_of[rank])
-    inputs = torch.randn(64, 64, generator=generator)
-    targets = inputs[:, :10].argmax(1)
-    for _ in range(10):
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(ddp(inputs), targets).backward()
-        optimizer.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).view(torch.uint8).numpy().tobytes()
-
-
 # The compressed hook with reproducible=True: the same parameters, bit for bit, whichever
 # rank trains on which data (the residuals follow the data); without it they differ (the
 # control: the owners add the contributions in another order).
 def test_the_reproducible_compressed_hook_does_not_depend_on_which_rank_holds_which_data():
-    def run(reproducible, data_of):
-        results = run_ranks(3, compressed_training, reproducible, data_of)
+    def run(reproducible, data_set):
+        results = run_ranks(3, ten_steps, "one_bit on the grid" if reproducible else "one_bit", data_set)
         assert results[0] == results[1] == results[2], "the ranks' parameters differ"
         return results[0]
 
