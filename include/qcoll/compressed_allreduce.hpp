@@ -196,7 +196,7 @@ class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
     if (options.reproducible) {
       // Chunks of whole grid blocks, so the chunk size does not move the blocks.
       const std::size_t unit = std::lcm(std::max<std::size_t>(quantizer.group_size(), 1), reproducible_block);
-      options.chunk_values = (options.chunk_values + unit - 1) / unit * unit;
+      options.chunk_values = options.chunk_values / unit * unit + (options.chunk_values % unit != 0 ? unit : 0);
     }
     reproducible_ = options.reproducible;
     rank_ = rank;
