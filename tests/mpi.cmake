@@ -80,6 +80,20 @@ foreach(mpi IN LISTS QCOLL_TEST_MPIS)
     set_tests_properties(benchmarks.${bench}.job PROPERTIES ENVIRONMENT
       "QCOLL_TIMEOUT_MS=20000;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
   endif()
+  # benchmarks/interleaved_peers end to end, qcoll's own MPI benchmark standing in for Open
+  # MPI's (../shared/peers is not in the tree): every cell gets both rows and a same-round
+  # ratio. No timing is asserted.
+  if(mpi STREQUAL "openmpi" AND TARGET ${bench} AND TARGET qcoll-run AND QCOLL_BUILD_BENCHMARKS)
+    add_test(NAME benchmarks.interleaved_peers
+      COMMAND ${CMAKE_COMMAND} -DEXIT=0 -DTIMEOUT=120
+              "-DCOUNT_LINES=4:^ +[st][hc][mp] +2 +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+-[0-9.]+ +[0-2]/2$"
+              -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake --
+              ${PROJECT_SOURCE_DIR}/benchmarks/interleaved_peers --rounds 2 --ranks 2 --transports shm,tcp
+              --sizes 4K,64K --build ${PROJECT_BINARY_DIR} --peer-name qcoll-mpi
+              "--peer-command=${QCOLL_MPIRUN_${mpi}} -np {ranks} $<TARGET_FILE:${bench}> --job -b {size} -e {size}")
+    set_tests_properties(benchmarks.interleaved_peers PROPERTIES TIMEOUT 150 ENVIRONMENT
+      "QCOLL_TIMEOUT_MS=20000;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  endif()
 endforeach()
 
 # The example, as its users start it.
