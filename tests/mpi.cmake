@@ -90,7 +90,7 @@ foreach(mpi IN LISTS QCOLL_TEST_MPIS)
               -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake --
               ${PROJECT_SOURCE_DIR}/benchmarks/interleaved_peers --rounds 2 --ranks 2 --transports shm,tcp
               --sizes 4K,64K --build ${PROJECT_BINARY_DIR} --peer-name qcoll-mpi
-              "--peer-command=${QCOLL_MPIRUN_${mpi}} -np {ranks} $<TARGET_FILE:${bench}> --job -b {size} -e {size}")
+              "--peer-command=${QCOLL_MPIRUN_${mpi}} -np {ranks} $<TARGET_FILE:${bench}> --job -b {first} -e {size} -f 2")
     set_tests_properties(benchmarks.interleaved_peers PROPERTIES TIMEOUT 150 ENVIRONMENT
       "QCOLL_TIMEOUT_MS=20000;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
   endif()
