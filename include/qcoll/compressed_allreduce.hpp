@@ -113,7 +113,8 @@ std::vector<std::size_t> sizes_of(const std::vector<std::span<T>>& tensors) {
 /// the ranks' decoded contributions, summed on a grid of one power of two per block of
 /// reproducible_block values (from each stripe's start, cut where a tensor ends), so it
 /// does not depend on the route, transport, chunk size or which rank holds which
-/// addends (stochastic rounding is keyed by value, not rank). It does depend on the
+/// addends (stochastic rounding is keyed by seed and value, not rank: give every rank the
+/// same seed). It does depend on the
 /// number of ranks: each rank encodes its own partial sum with its own residual, so 8
 /// ranks holding 8 micro-batches each encode differently from 64 ranks holding one (the
 /// exact reproducible sums, qcoll/reproducible.hpp, do not). The grid rounds each decoded
