@@ -20,7 +20,7 @@ function(qcoll_mpi_test mpi name)
     "QCOLL_TIMEOUT_MS=20000;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;${arg_ENVIRONMENT}")
 endfunction()
 
-# Which MPIs to test under, of those found (the tsan preset, built by clang: Open MPI only, compiled, not run).
+# Which MPIs to test under, of those found (the tsan preset: none, as its MPI jobs would not run).
 set(QCOLL_TEST_MPIS "openmpi;mpich" CACHE STRING "The MPIs whose transport tests are built and run, where found")
 foreach(mpi IN LISTS QCOLL_TEST_MPIS)
   if(NOT mpi MATCHES "^(openmpi|mpich)$")
