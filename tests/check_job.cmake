@@ -24,9 +24,11 @@ macro(forward_failures)
   set(failures "${failures}" PARENT_SCOPE)
 endmacro()
 
-# Lines of text as a list (no line here holds a ';').
+# Lines of text as a list; a line's ';' reads as ',' (a list's element cannot hold it,
+# and a check's regex cannot either: it would split the check).
 function(split_lines text out_var)
   string(REGEX REPLACE "\n$" "" text "${text}")
+  string(REPLACE ";" "," text "${text}")
   if(text STREQUAL "")
     set(${out_var} "" PARENT_SCOPE)
   else()

@@ -608,6 +608,12 @@ BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
   BOOST_TEST(t.allreduce_halving_bytes == std::size_t{2} << 20);
   BOOST_TEST(t.allreduce_small_bytes == tuning_table::allreduce_small_bytes);
   BOOST_TEST(t.single_copy_kernel_bytes == std::size_t{4} << 20);
+  BOOST_TEST(!t.measure_copy_path);  // a size replaces the measurement
+  ::setenv("QCOLL_SINGLE_COPY_KERNEL_BYTES", "auto", 1);
+  BOOST_TEST(tuning::from_environment().measure_copy_path);
+  ::unsetenv("QCOLL_SINGLE_COPY_KERNEL_BYTES");
+  BOOST_TEST(!tuning::from_environment().measure_copy_path);  // the fixed default: every step staged
+  ::setenv("QCOLL_SINGLE_COPY_KERNEL_BYTES", "4M", 1);
   // A communicator reads them when it is made.
   const auto outcome = test::run_ranks(2, [](auto& comm) {
     if (comm.tuning().allreduce != algorithm::recursive_doubling) throw std::runtime_error("not read");
@@ -683,6 +689,100 @@ BOOST_AUTO_TEST_CASE(every_rule_chooses_from_plain_data) {
   forced.allreduce = algorithm::halving_doubling;  // on any world, where every pair is linked or not
   BOOST_TEST(chose(choose::allreduce(forced, ring_of_five, huge, huge / 5), algorithm::halving_doubling,
                    "forced (QCOLL_ALLREDUCE_ALGO or set_tuning)"));
+}
+
+/// A host for the single-copy path's chooser (tuning/copy_path.hpp): each path's time
+/// per byte, by size class, as the calls find it.
+struct copy_host {
+  double staged = 1.0, peer_read = 1.0;  // ns per byte
+};
+
+/// `calls` calls of `bytes` on `host`; returns how many were trials.
+int run_copy_calls(tuning_copy::copy_path_chooser& chooser, std::size_t bytes, copy_host host, int calls) {
+  int trials = 0;
+  for (int k = 0; k < calls; ++k) {
+    const tuning_copy::copy_decision made = chooser.choose(bytes);
+    trials += made.trial;
+    const double rate = made.path == tuning_copy::copy_path::staged ? host.staged : host.peer_read;
+    chooser.record(made, std::chrono::nanoseconds(static_cast<long long>(rate * static_cast<double>(bytes))));
+  }
+  return trials;
+}
+
+BOOST_AUTO_TEST_CASE(the_copy_path_is_the_faster_one_of_each_size_class_at_a_bounded_cost) {
+  using tuning_copy::copy_path;
+  const std::size_t one_mib = std::size_t{1} << 20, four_mib = std::size_t{4} << 20;
+  {  // Staging is faster: it stays, and trials thin out to 2 per 1,024 calls.
+    tuning_copy::copy_path_chooser chooser;
+    BOOST_TEST(run_copy_calls(chooser, one_mib, {1.0, 2.0}, 5) == 2);  // calls 2 and 4 are the first trials
+    BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
+    const int trials = run_copy_calls(chooser, one_mib, {1.0, 2.0}, 9995);
+    BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
+    BOOST_TEST(trials <= 2 * (6 + 10000 / 1024), trials << " trials in 10,000 calls");
+    BOOST_TEST(trials >= 2 * (10000 / 1024));  // it keeps checking
+  }
+  {  // A trial over twice as slow thins the rounds out faster: 2 rounds in 300 calls, not 4.
+    tuning_copy::copy_path_chooser near, far;
+    BOOST_TEST(run_copy_calls(near, one_mib, {1.0, 2.0}, 300) == 8);
+    BOOST_TEST(run_copy_calls(far, one_mib, {1.0, 4.0}, 300) == 4);
+  }
+  {  // The kernel's copy is faster: the first round switches, and it stays switched.
+    tuning_copy::copy_path_chooser chooser;
+    run_copy_calls(chooser, one_mib, {2.0, 1.0}, 5);
+    BOOST_TEST((chooser.current(one_mib) == copy_path::peer_read));
+    const int trials = run_copy_calls(chooser, one_mib, {2.0, 1.0}, 95);
+    BOOST_TEST((chooser.current(one_mib) == copy_path::peer_read));
+    BOOST_TEST(trials <= 8, trials << " trials in calls 5-99");
+  }
+  {  // Size classes are measured apart: staged at 1 MiB, the kernel at 4 MiB, interleaved.
+    tuning_copy::copy_path_chooser chooser;
+    for (int k = 0; k < 200; ++k) {
+      run_copy_calls(chooser, one_mib, {1.0, 1.5}, 1);
+      run_copy_calls(chooser, four_mib, {1.5, 1.0}, 1);
+    }
+    BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
+    BOOST_TEST((chooser.current(four_mib) == copy_path::peer_read));
+    BOOST_TEST((chooser.current(one_mib / 2) == copy_path::staged));  // an unused class: the default
+  }
+  {  // Within the margin the current path stays (no flapping between equals).
+    tuning_copy::copy_path_chooser chooser;
+    run_copy_calls(chooser, one_mib, {1.0, 0.95}, 3000);
+    BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
+  }
+  {  // A slow window: staging turns 4x slower after 3,000 calls; the class follows within 20.
+    tuning_copy::copy_path_chooser chooser;
+    run_copy_calls(chooser, one_mib, {1.0, 2.0}, 3000);
+    BOOST_TEST_REQUIRE((chooser.current(one_mib) == copy_path::staged));
+    run_copy_calls(chooser, one_mib, {4.0, 2.0}, 20);
+    BOOST_TEST((chooser.current(one_mib) == copy_path::peer_read));
+    // ... and back when the window ends.
+    run_copy_calls(chooser, one_mib, {1.0, 4.0}, 20);
+    BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
+  }
+  {  // Outliers: one slow call of the current path brings no round; one fast trial switches
+     // nothing unless it beats the calls around it, and the first call (fresh memory) is not counted.
+    tuning_copy::copy_path_chooser chooser;
+    auto first = chooser.choose(one_mib);
+    chooser.record(first, std::chrono::seconds(10));
+    run_copy_calls(chooser, one_mib, {1.0, 2.0}, 100);
+    int trials = 0;
+    for (int k = 0; k < 200; ++k) {  // every 16th call of the current path takes 10x
+      const tuning_copy::copy_decision made = chooser.choose(one_mib);
+      trials += made.trial;
+      const double rate = made.trial ? 2.0 : k % 16 == 0 ? 10.0 : 1.0;
+      chooser.record(made, std::chrono::nanoseconds(static_cast<long long>(rate * one_mib)));
+    }
+    BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
+    BOOST_TEST(trials <= 4, trials << " trials");  // the scheduled rounds at calls 102 and 232, no more
+  }
+  {  // A trial that failed (never recorded) does not end the measuring: a later round comes.
+    tuning_copy::copy_path_chooser chooser;
+    run_copy_calls(chooser, one_mib, {1.0, 1.0}, 4);
+    const tuning_copy::copy_decision lost = chooser.choose(one_mib);  // call 4, the round's last trial: it throws
+    BOOST_TEST(lost.trial);
+    run_copy_calls(chooser, one_mib, {2.0, 1.0}, 200);
+    BOOST_TEST((chooser.current(one_mib) == copy_path::peer_read));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(qcoll_debug_info_names_the_algorithm_and_copy_path_of_each_call) {

@@ -63,6 +63,7 @@
 #include <qcoll/topologies/graph.hpp>
 #include <qcoll/transports/subgroup.hpp>
 #include <qcoll/tuning/choose.hpp>
+#include <qcoll/tuning/copy_path.hpp>
 #include <qcoll/tuning/table.hpp>
 
 #include <algorithm>
@@ -813,12 +814,22 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     if (!shared_.is_progress_thread()) quiesce();
     auto step = step_for({sequence_++, count, static_cast<std::uint32_t>(root), kind, type, op, way.algorithm});
     if (way.algorithm == algorithm::ring) step.slice_reductions(tuning_.ring_slice_bytes, tuning_table::ring_slices_in_flight);
+    bool measured = false;
     if (way.algorithm == algorithm::ring_single_copy)
-      workspace_.prepare_single_copy(step, channel_, count, type, tuning_.ring_slice_bytes,
-                                     tuning_.single_copy_kernel_bytes);
+      workspace_.prepare_single_copy(step, channel_, count, type, tuning_.ring_slice_bytes, [&](std::size_t step_bytes) {
+        if (!tuning_.measure_copy_path) return step_bytes < tuning_.single_copy_kernel_bytes;
+        measured = true;
+        copy_decision_ = copy_paths_.choose(step_bytes);
+        step.trace().time_to([](void* self, detail::call_trace::clock::duration took) noexcept {
+          auto& comm = *static_cast<communicator*>(self);
+          comm.copy_paths_.record(comm.copy_decision_, took);
+        }, this);
+        return copy_decision_.path == tuning_copy::copy_path::staged;
+      });
     if (log_choices_ && way.algorithm != algorithm::unspecified)  // written when the call ends (call_trace.hpp)
-      step.trace().arm(detail::format("qcoll: rank {} of {}: {} ({} bytes): {}", rank(), size(),
-                                      detail::describe(step.header()), count * size_of(type), way.rule));
+      step.trace().arm(detail::format("qcoll: rank {} of {}: {} ({} bytes): {}{}{}", rank(), size(),
+                                      detail::describe(step.header()), count * size_of(type), way.rule,
+                                      measured ? "; " : "", measured ? copy_paths_.describe(copy_decision_) : ""));
     return step;
   }
 
@@ -877,6 +888,8 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   std::uint64_t sequence_ = 0;
   std::vector<std::uint64_t> sent_to_, received_from_;  // point-to-point messages per peer
   algorithms::workspace workspace_;  // scratch and staging, kept for later calls
+  tuning_copy::copy_path_chooser copy_paths_;  // single-copy steps: staged or the kernel's copy, by measurement
+  tuning_copy::copy_decision copy_decision_;   // the running call's, recorded when it ends
   std::optional<bool> fully_linked_;  // found by the first call that needs it
 };
 

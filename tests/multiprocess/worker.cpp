@@ -317,6 +317,28 @@ void many_small(Comm& comm) {
   fmt::print("rank {}: 1000 small allreduces correct\n", comm.rank());
 }
 
+/// 12 allreduces of `bytes` on ordinary memory, every third a started call, each
+/// checked: over shm their single-copy steps' path is chosen by measurement
+/// (tuning/copy_path.hpp), which QCOLL_DEBUG=INFO's lines show (checked by ctest).
+template <class Comm>
+void repeated_allreduce(Comm& comm, std::size_t bytes) {
+  const rank_t n = comm.size();
+  const std::size_t count = bytes / sizeof(float);
+  for (std::size_t call = 0; call < 12; ++call) {
+    std::vector<float> data = contribution(comm.rank(), count);
+    if (call % 3 == 2) {
+      collective_handle started;
+      comm.start_allreduce(std::span<float>(data), reduce_op::sum, started);
+      started.wait();
+    } else {
+      comm.allreduce(std::span<float>(data), reduce_op::sum);
+    }
+    for (std::size_t i = 0; i < count; ++i)
+      if (data[i] != sum_of(n, i)) fail(fmt::format("allreduce #{} of {} bytes: element {} is {}", call, bytes, i, data[i]));
+  }
+  fmt::print("rank {}: 12 allreduces of {} bytes correct\n", comm.rank(), bytes);
+}
+
 /// The last rank passes one element more (mismatch), or `last_bytes` bytes
 /// (mismatch_algorithms: a count another algorithm handles, so the ranks' messages
 /// carry different tags and some arrive unmatched): every rank must fail with
@@ -1499,6 +1521,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
     check_collectives_on_allocated_memory(comm, amount);
   }
   else if (scenario == "many_small") many_small(comm);
+  else if (scenario == "repeat") repeated_allreduce(comm, amount);
   else if (scenario == "split") split_collectives(comm, amount);
   else if (scenario == "mismatch") mismatched_sizes(comm, 0);
   else if (scenario == "mismatch_algorithms") mismatched_sizes(comm, amount);

@@ -35,12 +35,13 @@ class workspace {
   /// Sets `step` (a call of `count` values of `type` over `channel`) up to read each
   /// ring step from the peer's memory (algorithm::ring_single_copy): reductions go
   /// through a bounce buffer of the pipelined ring's slice (`slice_bytes`, at least 64
-  /// bytes), and where the transport lets peers map memory, steps below `kernel_bytes`
-  /// (tuning::single_copy_kernel_bytes) offer blocks of ordinary memory from staging.
-  template <transport Channel>
+  /// bytes), and where the transport lets peers map memory and `stage(step_bytes)` says
+  /// so for the call's largest step, steps offer blocks of ordinary memory from staging
+  /// (the communicator's choice: tuning/copy_path.hpp or single_copy_kernel_bytes).
+  template <transport Channel, class Stage>
   void prepare_single_copy(primitives<Channel>& step, [[maybe_unused]] Channel& channel,
                            [[maybe_unused]] std::size_t count, [[maybe_unused]] dtype type, std::size_t slice_bytes,
-                           [[maybe_unused]] std::size_t kernel_bytes) {
+                           [[maybe_unused]] Stage stage) {
     // Slices of the pipelined ring's size (at least 64 bytes), 8-byte aligned.
     const std::size_t words = std::max<std::size_t>(slice_bytes, 64) / sizeof(double);
     step.read_directly(std::as_writable_bytes(scratch<double>(2, words)));
@@ -48,7 +49,7 @@ class workspace {
       // The largest block a step sends (partials of 16-bit values travel as float),
       // with a spare of the same size where reduce-scatter has intermediate partials.
       const std::size_t step_bytes = largest_block(count, channel.size()) * std::max(size_of(type), sizeof(float));
-      if (step_bytes < kernel_bytes) {
+      if (stage(step_bytes)) {
         const std::size_t half = (step_bytes + 63) / 64 * 64;  // the spare starts 64-byte aligned
         const std::span<std::byte> room = staging(channel, channel.size() > 2 ? 2 * half : step_bytes);
         if (room.size() >= 2 * half) step.stage_outgoing(room.first(half), room.subspan(half));

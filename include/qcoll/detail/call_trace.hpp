@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -25,25 +26,39 @@ struct copy_paths {
 };
 
 /// Counts a call's bytes always (a few additions per step); measures and writes only
-/// when armed. Moving it moves the duty to write; a moved-from trace writes nothing.
+/// when armed, and tells a call's time to whoever asked with time_to(). Moving it moves
+/// both duties; a moved-from trace does neither.
 class call_trace {
  public:
   using clock = std::chrono::steady_clock;
+  /// Told how long a call took that returned (not one that threw).
+  using on_end = void (*)(void* context, clock::duration took) noexcept;
 
   call_trace() = default;
   call_trace(call_trace&& other) noexcept
       : paths(other.paths), prefix_(std::move(other.prefix_)), started_(other.started_), waited_(other.waited_),
-        armed_(std::exchange(other.armed_, false)) {}
+        armed_(std::exchange(other.armed_, false)), ended_(std::exchange(other.ended_, nullptr)),
+        context_(other.context_), exceptions_(other.exceptions_) {}
   call_trace& operator=(call_trace&&) = delete;
   ~call_trace() {
+    if (ended_ && std::uncaught_exceptions() == exceptions_) ended_(context_, clock::now() - started_);
     if (armed_) write();
+  }
+
+  /// From now on the call is timed, and `ended(context, took)` is called when it
+  /// returns (the single-copy path's chooser, tuning/copy_path.hpp). Before arm().
+  void time_to(on_end ended, void* context) noexcept {
+    ended_ = ended;
+    context_ = context;
+    exceptions_ = std::uncaught_exceptions();
+    started_ = clock::now();
   }
 
   /// From now on the call is timed, and when it ends a line starting with `prefix` is
   /// written (log_info).
   void arm(std::string prefix) {
     prefix_ = std::move(prefix);
-    started_ = clock::now();
+    if (!ended_) started_ = clock::now();
     armed_ = true;
   }
   bool armed() const noexcept { return armed_; }
@@ -65,6 +80,9 @@ class call_trace {
   clock::time_point started_{};
   clock::duration waited_{};
   bool armed_ = false;
+  on_end ended_ = nullptr;
+  void* context_ = nullptr;
+  int exceptions_ = 0;
 };
 
 }  // namespace qcoll::detail

@@ -144,13 +144,19 @@ struct tuning {
   algorithm broadcast = algorithm::unspecified;
   algorithm barrier = algorithm::unspecified;
   /// QCOLL_ALLREDUCE_SMALL_BYTES, QCOLL_ALLREDUCE_HALVING_BYTES, QCOLL_BROADCAST_SMALL_BYTES, QCOLL_RING_SLICE_BYTES
-  /// (0: unsliced), QCOLL_SINGLE_COPY_BYTES ("off": never), QCOLL_SINGLE_COPY_KERNEL_BYTES ("off": never).
+  /// (0: unsliced), QCOLL_SINGLE_COPY_BYTES ("off": never), QCOLL_SINGLE_COPY_KERNEL_BYTES ("off", the default: never; "auto": measured).
   std::size_t allreduce_small_bytes = tuning_table::allreduce_small_bytes;
   std::size_t allreduce_halving_bytes = tuning_table::allreduce_halving_bytes;
   std::size_t broadcast_small_bytes = tuning_table::broadcast_small_bytes;
   std::size_t ring_slice_bytes = tuning_table::ring_slice_bytes;
   std::size_t single_copy_bytes = tuning_table::single_copy_bytes;
   std::size_t single_copy_kernel_bytes = tuning_table::single_copy_kernel_bytes;
+  /// Whether single-copy steps choose between staging and the kernel's copy by measuring
+  /// (tuning/copy_path.hpp; QCOLL_SINGLE_COPY_KERNEL_BYTES=auto), or stage below
+  /// single_copy_kernel_bytes (the default: every step staged). Not the default yet: a
+  /// benchmark's few calls per size meet the trials in its timed window (measured in
+  /// docs/transports-performance.md, "The copy path by measurement").
+  bool measure_copy_path = false;
 
   static constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
 
@@ -166,7 +172,10 @@ struct tuning {
     t.broadcast_small_bytes = bytes_variable("QCOLL_BROADCAST_SMALL_BYTES", t.broadcast_small_bytes);
     t.ring_slice_bytes = bytes_variable("QCOLL_RING_SLICE_BYTES", t.ring_slice_bytes);
     t.single_copy_bytes = bytes_variable("QCOLL_SINGLE_COPY_BYTES", t.single_copy_bytes);
-    t.single_copy_kernel_bytes = bytes_variable("QCOLL_SINGLE_COPY_KERNEL_BYTES", t.single_copy_kernel_bytes);
+    const char* kernel_bytes = std::getenv("QCOLL_SINGLE_COPY_KERNEL_BYTES");
+    t.measure_copy_path = kernel_bytes != nullptr && std::string_view(kernel_bytes) == "auto";
+    if (!t.measure_copy_path)
+      t.single_copy_kernel_bytes = bytes_variable("QCOLL_SINGLE_COPY_KERNEL_BYTES", t.single_copy_kernel_bytes);
     return t;
   }
 
