@@ -152,21 +152,22 @@ foreach(ranks 2 4)
     ENVIRONMENT QCOLL_DEVICE=emulated LINES "${ranks}:device collectives equal the host's")
 endforeach()
 # The single-copy steps' path chosen by measurement (tuning/copy_path.hpp, on with
-# QCOLL_SINGLE_COPY_KERNEL_BYTES=auto): 2 ranks,
-# 12 allreduces of 1 MiB (512 KiB steps, every third a started call). Each rank's first
-# call stages its blocks (peers map them), its calls 2 and 4 in that size class try the
-# kernel's copy, and QCOLL_DEBUG=INFO's lines say so and what the bytes did; what the
-# rounds then choose depends on the host and is not asserted. A size in
+# QCOLL_SINGLE_COPY_KERNEL_BYTES=auto): 3 ranks, 24 allreduces of 1 MiB (349,528-byte
+# steps, every third a started call). Each rank's first call stages its blocks (peers map
+# them), its calls 16 and 18 in that size class try the kernel's copy, and
+# QCOLL_DEBUG=INFO's lines say so and what the bytes did; what the rounds then choose
+# depends on the host and is not asserted. Then 6 calls with the ranks' paths forced
+# apart (odd ranks the kernel's copy, even ranks staged). A size in
 # QCOLL_SINGLE_COPY_KERNEL_BYTES replaces the measurement: every call reads through the kernel.
 # (A check's regex holds no ';', which would split it: check_job reads it as ',', '.' here.)
 set(staged_bytes "mapped [1-9][0-9]*, peer_read 0, staged [1-9][0-9]*$")
 set(peer_read_bytes "mapped 0, peer_read [1-9][0-9]*, staged 0$")
-qcoll_job_test(copy_path_by_measurement RANKS 2 TRANSPORT shm ARGS repeat 1048576
+qcoll_job_test(copy_path_by_measurement RANKS 3 TRANSPORT shm ARGS repeat_mixed 1048576
   ENVIRONMENT QCOLL_DEBUG=INFO QCOLL_SINGLE_COPY_KERNEL_BYTES=auto
-  LINES "2:12 allreduces of 1048576 bytes correct|2:#0 via ring_single_copy .*outgoing blocks staged: not yet measured. .*${staged_bytes}|2:#2 via ring_single_copy .*outgoing blocks peer_read: a trial \\(call 2 of its size class\\). .*${peer_read_bytes}|2:#4 via ring_single_copy .*outgoing blocks peer_read: a trial \\(call 4 of|2:#5 via ring_single_copy .*outgoing blocks [a-z_]+: measured \\(last round: peer_read [0-9.]+ ns/B, staged [0-9.]+. 1 round")
+  LINES "3:30 allreduces of 1048576 bytes correct|3:#0 via ring_single_copy .*outgoing blocks staged: not yet measured. .*${staged_bytes}|3:#16 via ring_single_copy .*outgoing blocks peer_read: a trial \\(call 16 of its size class\\). .*${peer_read_bytes}|3:#18 via ring_single_copy .*outgoing blocks peer_read: a trial \\(call 18 of|3:#19 via ring_single_copy .*outgoing blocks [a-z_]+: measured \\(last round: peer_read [0-9.]+ ns/B, staged [0-9.]+. 1 round|0:#2[4-9] via.*outgoing blocks")
 qcoll_job_test(copy_path_forced RANKS 2 TRANSPORT shm ARGS repeat 1048576
   ENVIRONMENT QCOLL_DEBUG=INFO QCOLL_SINGLE_COPY_KERNEL_BYTES=0
-  LINES "2:12 allreduces of 1048576 bytes correct|24:via ring_single_copy .*memory. [0-9.]+ us, .*${peer_read_bytes}|0:outgoing blocks")
+  LINES "2:24 allreduces of 1048576 bytes correct|48:via ring_single_copy .*memory. [0-9.]+ us, .*${peer_read_bytes}|0:outgoing blocks")
 # The CUDA peer transport between processes (its windows opened through the runtime's
 # handles, shm its control channel), 2 emulated devices shared by 3 ranks: every exact
 # collective and a compressed plan equal the host calls; a rank killed mid-allreduce is

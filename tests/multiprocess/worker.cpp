@@ -317,14 +317,23 @@ void many_small(Comm& comm) {
   fmt::print("rank {}: 1000 small allreduces correct\n", comm.rank());
 }
 
-/// 12 allreduces of `bytes` on ordinary memory, every third a started call, each
-/// checked: over shm their single-copy steps' path is chosen by measurement
-/// (tuning/copy_path.hpp), which QCOLL_DEBUG=INFO's lines show (checked by ctest).
+/// 24 allreduces of `bytes` on ordinary memory, every third a started call, each
+/// checked: over shm their single-copy steps' path may be chosen by measurement
+/// (tuning/copy_path.hpp), which QCOLL_DEBUG=INFO's lines show (checked by ctest). With
+/// `mixed`, 6 more with the paths forced apart: odd ranks leave their blocks for the
+/// kernel's copy, even ranks stage them (a rank's choice is its own).
 template <class Comm>
-void repeated_allreduce(Comm& comm, std::size_t bytes) {
+void repeated_allreduce(Comm& comm, std::size_t bytes, bool mixed) {
   const rank_t n = comm.size();
   const std::size_t count = bytes / sizeof(float);
-  for (std::size_t call = 0; call < 12; ++call) {
+  const std::size_t calls = mixed ? 30 : 24;
+  for (std::size_t call = 0; call < calls; ++call) {
+    if (call == 24) {
+      qcoll::tuning forced = comm.tuning();
+      forced.measure_copy_path = false;
+      forced.single_copy_kernel_bytes = comm.rank() % 2 == 1 ? 0 : qcoll::tuning::never;
+      comm.set_tuning(forced);
+    }
     std::vector<float> data = contribution(comm.rank(), count);
     if (call % 3 == 2) {
       collective_handle started;
@@ -336,7 +345,7 @@ void repeated_allreduce(Comm& comm, std::size_t bytes) {
     for (std::size_t i = 0; i < count; ++i)
       if (data[i] != sum_of(n, i)) fail(fmt::format("allreduce #{} of {} bytes: element {} is {}", call, bytes, i, data[i]));
   }
-  fmt::print("rank {}: 12 allreduces of {} bytes correct\n", comm.rank(), bytes);
+  fmt::print("rank {}: {} allreduces of {} bytes correct\n", comm.rank(), calls, bytes);
 }
 
 /// The last rank passes one element more (mismatch), or `last_bytes` bytes
@@ -1521,7 +1530,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
     check_collectives_on_allocated_memory(comm, amount);
   }
   else if (scenario == "many_small") many_small(comm);
-  else if (scenario == "repeat") repeated_allreduce(comm, amount);
+  else if (scenario == "repeat" || scenario == "repeat_mixed") repeated_allreduce(comm, amount, scenario == "repeat_mixed");
   else if (scenario == "split") split_collectives(comm, amount);
   else if (scenario == "mismatch") mismatched_sizes(comm, 0);
   else if (scenario == "mismatch_algorithms") mismatched_sizes(comm, amount);

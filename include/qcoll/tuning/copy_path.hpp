@@ -10,26 +10,27 @@
 /// far host staging won at 1 MiB and lost at 4 and 64 MiB (docs/transports-performance.md).
 ///
 /// So each communicator measures, per size class (step bytes by powers of two), the
-/// calls it makes anyway. A class starts staged (the path that wins on near hosts);
-/// its third and fifth calls are trials of the other path (the first call, which pays
-/// for fresh memory, is not counted). When the trials' best rate beats the best of the
-/// current path's calls beside them by `margin`, the class switches. Trial rounds then
-/// come after 16 calls, the interval doubling (quadrupling when the trial was over twice
-/// as slow) up to 1,024 while the current path keeps winning; one comes early when 3
-/// calls in a row of the current path are slower than the other path was at the last
-/// round (a slow window, a new neighbour; on a noisy host some calls are slow, not all
-/// three), at most once per 16 calls. What that costs, bounded: 2 trial calls in a
-/// class's first 5, at most 10 in its first 100 (4 on a steady host), 2 per 1,024 from
-/// then on — each at most the slower path's time.
+/// calls it makes anyway. A class starts staged (the path that wins on near hosts); its
+/// 16th and 18th calls are trials of the other path — late enough that a benchmark's
+/// warm-up and a short timed run meet none or few of them, early in a job's thousands
+/// of calls. When the trials' best rate beats the best of the current path's calls
+/// beside them by `margin`, the class switches. Trial rounds then come after 16 calls,
+/// the interval doubling (quadrupling when the trial was over twice as slow) up to
+/// 1,024 while the current path keeps winning; one comes early when 3 calls in a row of
+/// the current path are slower than the other path was at its last round (a slow
+/// window, a new neighbour; on a noisy host some calls are slow, not three in a row), at
+/// most once per 16 calls. What that costs, bounded: 2 trial calls in a class's first
+/// 20, at most 8 in its first 100 (4 on a steady host), 2 per 1,024 later — each at
+/// most the slower path's time.
 ///
 /// A rank decides alone: whether a block is staged is the owner's choice, invisible to
 /// the reader but for its speed, so no agreement is needed and ranks may differ. Every
 /// rank makes the same calls in the same order, so their trials fall on the same calls
 /// and measure the job with every rank on the other path. On with
-/// QCOLL_SINGLE_COPY_KERNEL_BYTES=auto (or tuning::measure_copy_path); not yet the
-/// default: a benchmark's few calls per size (5 timed at 16 MiB with 4 ranks) meet the
-/// trials in their timed window, which a training job's thousands of calls amortise
-/// (docs/transports-performance.md, "The copy path by measurement").
+/// QCOLL_SINGLE_COPY_KERNEL_BYTES=auto (or tuning::measure_copy_path); not the default:
+/// on this project's host, where staging wins or ties almost everywhere, it lost with 4
+/// ranks on 2 cores at 1 and 4 MiB (docs/transports-performance.md, "The copy path by
+/// measurement").
 
 #include <qcoll/detail/format.hpp>
 
@@ -61,8 +62,10 @@ class copy_path_chooser {
  public:
   /// A trial must beat the current path by this fraction to replace it.
   static constexpr double margin = 0.1;
-  /// The calls between trial rounds: first, and at most (doubling while nothing changes).
-  static constexpr std::uint64_t first_interval = 16, longest_interval = 1024;
+  /// A class's first trial round (after any benchmark's warm-up, so that a short timed
+  /// run meets few trials), then the calls between rounds: first, and at most (doubling
+  /// while nothing changes).
+  static constexpr std::uint64_t first_round = 16, first_interval = 16, longest_interval = 1024;
   /// The current path slower than the other's last measured rate (by `margin`) for
   /// `slow_calls` calls in a row brings the next round forward (no sooner than
   /// first_interval after the last).
@@ -99,7 +102,7 @@ class copy_path_chooser {
     // A round comes early only when this path's last calls, all of them, are slower than
     // the other path was at the last round: noise on a busy host slows some calls, not
     // every one, and a path still faster than the other's last rate needs no trial.
-    const bool slower_than_other = c.rounds > 0 && (1.0 - margin) * rate > c.last_trial;
+    const bool slower_than_other = c.rounds > 0 && (1.0 - margin) * rate > c.last_rate[index(other(c.current))];
     c.slow_streak = slower_than_other ? c.slow_streak + 1 : 0;
     const bool in_round = made.call + 1 >= c.round_start && made.call <= c.round_start + 2;
     if (c.slow_streak >= slow_calls && !in_round && made.call >= c.last_round_end + first_interval) {
@@ -120,33 +123,35 @@ class copy_path_chooser {
     if (made.trial) return detail::format("outgoing blocks {}: a trial (call {} of its size class)", to_string(made.path), made.call);
     if (c.switches == 0 && c.rounds == 0) return detail::format("outgoing blocks {}: not yet measured", to_string(made.path));
     return detail::format("outgoing blocks {}: measured (last round: {} {:.3f} ns/B, {} {:.3f}; {} round(s), {} switch(es))",
-                          to_string(made.path), to_string(c.last_trial_path), c.last_trial, to_string(other(c.last_trial_path)),
-                          c.last_current, c.rounds, c.switches);
+                          to_string(made.path), to_string(c.last_trial_path), c.last_rate[index(c.last_trial_path)],
+                          to_string(other(c.last_trial_path)), c.last_rate[index(other(c.last_trial_path))], c.rounds,
+                          c.switches);
   }
 
  private:
   struct size_class {
     std::uint64_t calls = 0;
-    std::uint64_t round_start = 2;  ///< a round: trials at round_start and round_start + 2
+    std::uint64_t round_start = first_round;  ///< a round: trials at round_start and round_start + 2
     std::uint64_t interval = first_interval;
     std::uint64_t last_round_end = 0;
     copy_path current = copy_path::staged;
-    copy_path last_trial_path = copy_path::peer_read;
     double round_best = infinity;  ///< the current path's best among the round's calls
     double trial_best = infinity;
-    double last_trial = 0, last_current = 0;
+    std::array<double, 2> last_rate{};  ///< each path's rate at the last round (0: none yet)
+    copy_path last_trial_path = copy_path::peer_read;
     unsigned slow_streak = 0, rounds = 0, switches = 0;
   };
   static constexpr double infinity = std::numeric_limits<double>::infinity();
 
   static copy_path other(copy_path p) noexcept { return p == copy_path::staged ? copy_path::peer_read : copy_path::staged; }
+  static std::size_t index(copy_path p) noexcept { return static_cast<std::size_t>(p); }
 
   void end_round(size_class& c, std::uint64_t call) noexcept {
     // Two calls each, side by side: a longer history of the current path would favour it.
     const double current_best = c.round_best;
-    c.last_trial = c.trial_best;
     c.last_trial_path = other(c.current);
-    c.last_current = current_best;
+    c.last_rate[index(c.last_trial_path)] = c.trial_best;
+    c.last_rate[index(c.current)] = current_best;
     ++c.rounds;
     if (current_best < infinity && c.trial_best < (1.0 - margin) * current_best) {
       c.current = other(c.current);

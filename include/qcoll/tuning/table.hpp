@@ -153,9 +153,11 @@ struct tuning {
   std::size_t single_copy_kernel_bytes = tuning_table::single_copy_kernel_bytes;
   /// Whether single-copy steps choose between staging and the kernel's copy by measuring
   /// (tuning/copy_path.hpp; QCOLL_SINGLE_COPY_KERNEL_BYTES=auto), or stage below
-  /// single_copy_kernel_bytes (the default: every step staged). Not the default yet: a
-  /// benchmark's few calls per size meet the trials in its timed window (measured in
-  /// docs/transports-performance.md, "The copy path by measurement").
+  /// single_copy_kernel_bytes (the default: every step staged). Not the default: on this
+  /// project's host it lost with 4 ranks on 2 cores at 1 and 4 MiB (measured in
+  /// docs/transports-performance.md, "The copy path by measurement"). Unlike the other
+  /// values, these two may differ between ranks: whether a block is staged is its
+  /// owner's choice alone.
   bool measure_copy_path = false;
 
   static constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
