@@ -4,6 +4,7 @@
 #define BOOST_TEST_MODULE qcoll core
 #include <boost/test/unit_test.hpp>
 
+#include <qcoll/detail/crc32c.hpp>
 #include <qcoll/kernels/cpu/reduce.hpp>
 #include <qcoll/qcoll.hpp>
 
@@ -12,6 +13,8 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <random>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -117,6 +120,64 @@ BOOST_AUTO_TEST_CASE(reduce_semantics) {
   kernels::cpu::finish_avg<double>(avg, 3);
   BOOST_TEST(avg[0] == 1.0);
   BOOST_TEST(avg[1] == 3.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(checksums)
+
+std::span<const std::byte> bytes_of(std::string_view text) { return std::as_bytes(std::span(text)); }
+
+BOOST_AUTO_TEST_CASE(crc32c_gives_the_published_values_in_both_implementations) {
+  namespace crc = detail::crc32c;
+  // RFC 3720, B.4, and the check value of "123456789".
+  std::array<std::byte, 32> zeros{}, ones{}, rising{}, falling{};
+  for (std::size_t i = 0; i < 32; ++i) {
+    ones[i] = std::byte{0xff};
+    rising[i] = static_cast<std::byte>(i);
+    falling[i] = static_cast<std::byte>(31 - i);
+  }
+  for (const auto extend : {&crc::extend, &crc::extend_reference}) {
+    BOOST_TEST(extend(0, bytes_of("123456789")) == 0xE3069283u);
+    BOOST_TEST(extend(0, zeros) == 0x8A9136AAu);
+    BOOST_TEST(extend(0, ones) == 0x62A8AB43u);
+    BOOST_TEST(extend(0, rising) == 0x46DD794Eu);
+    BOOST_TEST(extend(0, falling) == 0x113FDB5Cu);
+    BOOST_TEST(extend(0, {}) == 0u);
+  }
+  BOOST_TEST_MESSAGE("crc32c: " << crc::implementation());
+}
+
+BOOST_AUTO_TEST_CASE(crc32c_hardware_matches_the_reference_bit_for_bit_and_extends) {
+  namespace crc = detail::crc32c;
+  std::mt19937_64 rng(42);
+  std::vector<std::byte> data(5 * crc::stride + 1000);
+  for (std::byte& b : data) b = static_cast<std::byte>(rng());
+  // Every length around the three streams' step, at every alignment mod 8.
+  std::vector<std::size_t> lengths;
+  for (std::size_t n = 0; n < 80; ++n) lengths.push_back(n);
+  for (const std::size_t base : {3 * crc::stride, 6 * crc::stride / 2, 4 * crc::stride})
+    for (std::size_t d = 0; d < 10; ++d) lengths.push_back(base - 5 + d);
+  lengths.push_back(data.size() - 8);
+  for (const std::size_t n : lengths)
+    for (std::size_t offset = 0; offset < 8; ++offset) {
+      if (offset + n > data.size()) continue;
+      const std::span<const std::byte> piece = std::span(data).subspan(offset, n);
+      const std::uint32_t expected = crc::extend_reference(0x12345678u, piece);
+      BOOST_TEST_REQUIRE(crc::extend(0x12345678u, piece) == expected, "length " << n << " at offset " << offset);
+    }
+  // Extending piece by piece gives the whole's checksum, wherever it is cut.
+  const std::span<const std::byte> whole = std::span(data).first(3 * crc::stride + 17);
+  const std::uint32_t expected = crc::of(whole);
+  for (const std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{9}, crc::stride, 3 * crc::stride, whole.size()})
+    BOOST_TEST(crc::extend(crc::of(whole.first(cut)), whole.subspan(cut)) == expected, "cut at " << cut);
+  // One flipped bit anywhere changes it.
+  std::vector<std::byte> flipped(whole.begin(), whole.end());
+  for (const std::size_t at : {std::size_t{0}, crc::stride + 3, flipped.size() - 1}) {
+    flipped[at] ^= std::byte{0x10};
+    BOOST_TEST(crc::of(flipped) != expected);
+    flipped[at] ^= std::byte{0x10};
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

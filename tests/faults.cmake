@@ -1,6 +1,7 @@
 # The randomized fault campaign (tests/faults/campaign.py; docs/testing.md has the long
 # run): random transport, world size and fault (a rank killed or stopped at a random
-# moment, or an elastic job losing ranks), judged by what every rank says and leaves.
+# moment, an elastic job losing ranks, or a payload bit flipped on TCP), judged by what
+# every rank says and leaves.
 # CI runs a few trials in the release builds; under the sanitizers a trial's 2 s step
 # deadline would be the sanitizer's slowness, not a fault. The network faults (cut, slow)
 # need root and namespaces and are left to the long run (docs/testing.md).
@@ -28,3 +29,10 @@ add_test(NAME faults.campaign
   COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/faults/campaign.py ${PROJECT_BINARY_DIR}
           --trials 10 --seed 1 --transports ${campaign_transports} --faults none,kill,stop,elastic)
 set_tests_properties(faults.campaign PROPERTIES PASS_REGULAR_EXPRESSION "every trial passed" TIMEOUT 300)
+# A payload bit flipped in transit over TCP (the `corrupt` fault): every trial whose flip
+# went out ends in the CRC-32C mismatch's error, naming the victim on every rank.
+add_test(NAME faults.campaign.corrupt
+  COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/faults/campaign.py ${PROJECT_BINARY_DIR}
+          --trials 8 --seed 1 --transports tcp --faults corrupt)
+set_tests_properties(faults.campaign.corrupt PROPERTIES PASS_REGULAR_EXPRESSION
+  "corrupt +tcp +CRC-32C mismatch reported.*every trial passed" TIMEOUT 200)

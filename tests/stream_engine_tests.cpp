@@ -2,6 +2,7 @@
 // through small pipes, matching, wrong sizes, malformed and hostile streams, abort,
 // backpressure and withdrawal. One thread drives both ranks with test().
 
+#include <qcoll/detail/crc32c.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
 #include "support/memory_pipes.hpp"
@@ -220,6 +221,85 @@ BOOST_AUTO_TEST_CASE(malformed_streams_fail_the_receive_with_a_protocol_error) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(payload_checksums_let_intact_messages_through_and_fail_corrupted_ones) {
+  {  // Checked data records between engines: every size arrives whole, in several chunks too.
+    pair_of_engines pair(64 << 10, true);
+    for (const std::size_t size : {std::size_t{1}, std::size_t{100}, std::size_t{8192}, std::size_t{8193},
+                                   3 * stream::max_chunk_bytes + 5})
+      stream_one_message(pair, size, static_cast<unsigned>(size));
+  }
+  // A peer's message of 16 bytes as one checked record, its CRC right or one bit off.
+  const auto payload = pattern(16, 9);
+  const std::uint32_t crc = qcoll::detail::crc32c::of(payload);
+  const auto checked_message = [&](std::uint32_t claimed, std::size_t flip_at) {
+    auto bytes = message_record(0, 16, header_for(4, 12));
+    const auto data = record(stream::record_type::checked_data, claimed, 16);
+    bytes.insert(bytes.end(), data.begin(), data.end());
+    const std::size_t at = bytes.size();
+    bytes.insert(bytes.end(), payload.begin(), payload.end());
+    if (flip_at < 16) bytes[at + flip_at] ^= std::byte{0x04};
+    return bytes;
+  };
+  const auto receive = [](pair_of_engines& pair, const std::vector<std::byte>& bytes, std::vector<std::byte>& into) {
+    stream::request recv;
+    pair.ranks[1]->post_recv(recv, 0, 0, into);
+    pair.inject(bytes);
+    BOOST_TEST_REQUIRE(pair.run([&] { return pair.ranks[1]->test(recv); }));
+    return pair.ranks[1]->wait(recv, clock::now());
+  };
+  for (const bool required : {true, false}) {
+    BOOST_TEST_CONTEXT("checksums required: " << required) {
+      {  // Its CRC right: delivered.
+        pair_of_engines pair(64 << 10, required);
+        std::vector<std::byte> got(16);
+        BOOST_TEST(!receive(pair, checked_message(crc, 16), got));
+        BOOST_TEST((got == payload));
+      }
+      for (const std::size_t flip : {std::size_t{0}, std::size_t{15}}) {  // one bit flipped in transit
+        pair_of_engines pair(64 << 10, required);
+        std::vector<std::byte> got(16);
+        BOOST_TEST((receive(pair, checked_message(crc, flip), got) == errc::protocol_error));
+        const std::string_view why = pair.ranks[1]->lost_reason(0);
+        BOOST_TEST(why.find("peer 0 sent a malformed stream: the CRC-32C of a data record's 16 bytes") !=
+                   std::string_view::npos, why);
+        BOOST_TEST(why.find("corrupted in transit, in allreduce(count=4, f32, sum) #12") != std::string_view::npos, why);
+      }
+    }
+  }
+  {  // A plain data record where checksums are on: refused, naming the setting.
+    pair_of_engines pair(64 << 10, true);
+    auto bytes = message_record(0, 16, header_for(4));
+    const auto data = record(stream::record_type::data, 0, 16);
+    bytes.insert(bytes.end(), data.begin(), data.end());
+    bytes.insert(bytes.end(), payload.begin(), payload.end());
+    std::vector<std::byte> got(16);
+    BOOST_TEST((receive(pair, bytes, got) == errc::protocol_error));
+    BOOST_TEST(pair.ranks[1]->lost_reason(0).find("without its CRC-32C, where payload checksums are on") !=
+               std::string_view::npos, pair.ranks[1]->lost_reason(0));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(payload_checksums_are_per_connection_unless_qcoll_payload_crc_says) {
+  ::unsetenv("QCOLL_PAYLOAD_CRC");
+  BOOST_TEST(!stream::resolve({}, 2).payload_checksums.has_value());  // each connection: crosses_network()
+  ::setenv("QCOLL_PAYLOAD_CRC", "0", 1);
+  BOOST_TEST(!stream::resolve({}, 2).payload_checksums.value());
+  ::setenv("QCOLL_PAYLOAD_CRC", "1", 1);
+  BOOST_TEST(stream::resolve({}, 2).payload_checksums.value());
+  stream::engine_options given;
+  given.payload_checksums = false;  // given in the transport's options: kept
+  BOOST_TEST(!stream::resolve(given, 2).payload_checksums.value());
+  ::setenv("QCOLL_PAYLOAD_CRC", "yes", 1);
+  try {
+    (void)stream::resolve({}, 2);
+    BOOST_ERROR("QCOLL_PAYLOAD_CRC=yes was accepted");
+  } catch (const error& e) {
+    BOOST_TEST((e.code() == errc::invalid_argument));
+    BOOST_TEST(std::string_view(e.what()).find("QCOLL_PAYLOAD_CRC=yes is not 1 or 0") != std::string_view::npos);
+  }
+  ::unsetenv("QCOLL_PAYLOAD_CRC");
+}
+
 BOOST_AUTO_TEST_CASE(an_abort_mid_message_reaches_the_peer_with_its_code_and_reason) {
   // The pipe (1⅛ chunks) has room for the rest of a chunk and the abort record once rank
   // 1 has read, as it would while waiting; a peer that does not read learns of the abort
@@ -352,7 +432,8 @@ namespace {
 struct three_ranks {
   std::shared_ptr<test::memory_world> world = std::make_shared<test::memory_world>(64 << 10, 3);
   std::vector<std::unique_ptr<stream::engine>> ranks =
-      test::engines_over_memory(world, {std::chrono::microseconds(0), std::chrono::milliseconds(50), std::chrono::microseconds(0)});
+      test::engines_over_memory(world, {.spin = std::chrono::microseconds(0), .abort_flush = std::chrono::milliseconds(50),
+                                        .pause = std::chrono::microseconds(0), .payload_checksums = false});
 };
 
 }  // namespace

@@ -3,7 +3,7 @@
 size and fault at a random moment, each judged by what every rank says and leaves.
 
 usage: tests/faults/campaign.py BUILD [--trials N] [--seed S] [--transports shm,tcp,mpich]
-                                      [--faults none,kill,stop,elastic,cut,slow,garbage] [--show]
+                                      [--faults none,kill,stop,elastic,cut,slow,garbage,corrupt] [--show]
 
 Trial kinds (the worker scenarios are in tests/multiprocess/):
 - none     worker `campaign`: collectives of random kinds and sizes, every result
@@ -29,6 +29,15 @@ Trial kinds (the worker scenarios are in tests/multiprocess/):
            preloaded; 0–1 s after all joined a random rank gets SIGUSR1, and from then
            on every byte it writes to a socket is garbage. The others must finish or
            fail naming it, as for `kill`.
+- corrupt  the same, but from SIGUSR1 on the victim flips one bit in the middle of its next
+           socket write of at least 4 KiB, once (QCOLL_GARBLE=payload: inside a data
+           chunk, the stream's structure intact): where the flip went out (the victim
+           says "garble: flipped"), no rank may finish with a wrong result, some rank
+           must fail with the payload's CRC-32C mismatch, and every rank that fails must
+           name the victim. TCP checks payloads where a connection leaves loopback
+           (docs/transports.md, "Payload integrity"): each trial binds the ranks to this
+           host's first non-loopback address (QCOLL_BIND), where there is one, or sets
+           QCOLL_PAYLOAD_CRC=1 — by the seed, half and half.
 The network faults need root and network namespaces (netlab.md).
 Under MPI (MPICH's mpirun), a killed rank makes the launcher end the whole job: the
 judgement is then only that every process is gone within the deadline.
@@ -56,6 +65,15 @@ STEP_TIMEOUT_MS = 2000   # QCOLL_TIMEOUT_MS of every trial: a stopped rank is fo
 TRIAL_DEADLINE_S = 60    # a trial that runs longer is a hang
 
 
+def network_address():
+    """This host's first IPv4 address outside 127.0.0.0/8, or None."""
+    try:
+        found = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    except OSError:
+        return None
+    return next((a for a in found if "." in a and not a.startswith("127.")), None)
+
+
 class Trial:
     def __init__(self, build, seed, transports, faults):
         self.random = random.Random(seed)
@@ -66,7 +84,7 @@ class Trial:
         self.transport = self.random.choice(candidates or ["tcp"])
         if self.fault in ("cut", "slow"):
             self.transport = "netlab"  # TCP between network namespaces
-        if self.fault == "garbage":
+        if self.fault in ("garbage", "corrupt"):
             self.transport = "tcp"
         # recovery_worker's check after the shrink plays the first world on a 2 × n/2 torus.
         self.size = self.random.choice([4, 6, 8]) if self.fault == "elastic" else self.random.randint(2, 8)
@@ -82,8 +100,15 @@ class Trial:
     def command(self, directory):
         env = dict(os.environ, QCOLL_TIMEOUT_MS=str(STEP_TIMEOUT_MS), QCOLL_CAMPAIGN_SEED=str(self.seed),
                    QCOLL_JOB_ID=self.job_id)
-        if self.fault == "garbage":
+        if self.fault in ("garbage", "corrupt"):
             env["LD_PRELOAD"] = os.path.join(self.build, "tests", "libqcoll_garble.so")
+        if self.fault == "corrupt":
+            env["QCOLL_GARBLE"] = "payload"
+            address = network_address()
+            if address and self.random.random() < 0.5:
+                env["QCOLL_BIND"] = address  # checked by default: the connections leave loopback
+            else:
+                env["QCOLL_PAYLOAD_CRC"] = "1"
         if self.fault == "elastic":
             dead = self.random.sample(range(self.size), self.random.randint(1, (self.size - 1) // 2))
             self.victims = sorted(dead)
@@ -115,7 +140,7 @@ class Trial:
             process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             reader = threading.Thread(target=self.read, args=(process,), daemon=True)
             reader.start()
-            if self.fault in ("kill", "stop", "cut", "garbage"):
+            if self.fault in ("kill", "stop", "cut", "garbage", "corrupt"):
                 self.inject(process, started)
             if self.fault == "stop" and self.victims:
                 # A stopped rank never exits by itself: once the others have spoken (or
@@ -160,7 +185,7 @@ class Trial:
             return
         try:
             os.kill(self.pids[victim], {"kill": signal.SIGKILL, "stop": signal.SIGSTOP,
-                                        "garbage": signal.SIGUSR1}[self.fault])
+                                        "garbage": signal.SIGUSR1, "corrupt": signal.SIGUSR1}[self.fault])
         except ProcessLookupError:
             self.victims = []  # it had finished: the trial runs without a fault
 
@@ -243,6 +268,10 @@ class Trial:
                 return "wrong", f"rank {rank}'s error does not name rank {self.victims[0]}: {message}", None
             ms = int(said[rank].group(3)) - self.fault_time_ms
             detection = ms if detection is None else max(detection, ms)
+        if self.fault == "corrupt" and any("garble: flipped" in line for line in self.lines):
+            if not any("CRC-32C" in line and "corrupted in transit" in line for line in self.lines):
+                return "wrong", "a payload bit was flipped, and no rank reported the CRC-32C mismatch", None
+            return "CRC-32C mismatch reported", None, detection
         if self.fault == "slow":
             slowed = any("link slowed" in line for line in self.lines)
             return ("correct results" if slowed else "finished before the fault"), None, None

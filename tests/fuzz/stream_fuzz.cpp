@@ -11,8 +11,10 @@
 //
 // Built as a libFuzzer binary with -DQCOLL_FUZZ=ON and clang; otherwise ctest runs
 // driver.hpp's main over the corpus and for a few seconds on valid streams (messages
-// of random sizes and tags in data chunks, waiting records between them, aborts), mutated.
+// of random sizes and tags in data chunks, plain or with their CRC-32C, waiting records
+// between them, aborts), mutated.
 
+#include <qcoll/detail/crc32c.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
 #include "../support/memory_pipes.hpp"
@@ -141,10 +143,14 @@ std::vector<std::uint8_t> valid_input(std::mt19937_64& rng) {
     std::array<std::byte, stream::message_header_bytes> header{};
     stream::write_message_header(header, {1, size / 4, 0, collective::allreduce, dtype::f32, reduce_op::sum, algorithm::unspecified});
     for (const std::byte b : header) input.push_back(std::to_integer<std::uint8_t>(b));
+    const bool checked = rng() % 2 == 0;  // data records with their CRC-32C, or plain
     for (std::size_t sent = 0; sent < size;) {
       const std::size_t chunk = std::min<std::size_t>(size - sent, 1 + rng() % 5000);
-      append_record(input, stream::record_type::data, 0, chunk);
-      for (std::size_t i = 0; i < chunk; ++i) input.push_back(static_cast<std::uint8_t>(rng()));
+      std::vector<std::byte> bytes(chunk);
+      for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
+      if (checked) append_record(input, stream::record_type::checked_data, qcoll::detail::crc32c::of(bytes), chunk);
+      else append_record(input, stream::record_type::data, 0, chunk);
+      for (const std::byte b : bytes) input.push_back(std::to_integer<std::uint8_t>(b));
       sent += chunk;
     }
   }

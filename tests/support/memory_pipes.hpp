@@ -109,9 +109,13 @@ inline std::vector<std::unique_ptr<transports::stream::engine>> engines_over_mem
 
 /// Two engines over memory pipes, driven by one thread.
 struct pair_of_engines {
-  explicit pair_of_engines(std::size_t capacity = 64 << 10) : world(std::make_shared<memory_world>(capacity)) {
-    const transports::stream::engine_options no_waiting{std::chrono::microseconds(0), std::chrono::milliseconds(0),
-                                                         std::chrono::microseconds(0)};
+  /// With `checksums`, both send checked data records and refuse plain ones.
+  explicit pair_of_engines(std::size_t capacity = 64 << 10, bool checksums = false)
+      : world(std::make_shared<memory_world>(capacity)) {
+    const transports::stream::engine_options no_waiting{.spin = std::chrono::microseconds(0),
+                                                         .abort_flush = std::chrono::milliseconds(0),
+                                                         .pause = std::chrono::microseconds(0),
+                                                         .payload_checksums = checksums};
     ranks = engines_over_memory(world, no_waiting);
   }
 

@@ -94,6 +94,11 @@ class step_completion {
                               qcoll::detail::describe(header_)));
       }
       if (code) {
+        // The right size and still an error, or a rank aborted meanwhile: the stream broke
+        // under the message (a payload checksum's mismatch; an abort record mid-message),
+        // and the transport knows why.
+        if (r.transferred() == bytes || transport_.failure().code)
+          fail_transport(code, from, qcoll::detail::format("receiving {} bytes from it", bytes));
         fail_with(code, qcoll::detail::format("peer {} sent {} bytes where {} were expected", from, r.transferred(), bytes));
       }
       return;

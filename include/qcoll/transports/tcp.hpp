@@ -81,8 +81,12 @@ class tcp_channels final : public stream::channels {
                std::vector<std::optional<tcp::socket>> incoming, rank_t rank)
       : io_(std::move(io)), outgoing_(std::move(outgoing)), incoming_(std::move(incoming)), rank_(rank),
         gone_(outgoing_.size()), inboxes_(outgoing_.size()) {
+    loopback_.assign(outgoing_.size(), true);
     for (rank_t p = 0; p < outgoing_.size(); ++p) {
       if (p == rank_) continue;
+      boost::system::error_code ec;
+      const auto remote = outgoing_[p]->remote_endpoint(ec);
+      loopback_[p] = !ec && remote.address().is_loopback();
       addresses_.push_back(endpoint_text(*outgoing_[p]));
       outgoing_[p]->non_blocking(true);
       incoming_[p]->non_blocking(true);
@@ -92,6 +96,12 @@ class tcp_channels final : public stream::channels {
   std::size_t write_some(rank_t peer, std::span<const std::byte> bytes, std::string& lost) override {
     return write_some_gathered(peer, bytes, {}, lost);
   }
+
+  /// Over loopback (127.0.0.0/8, ::1) the bytes never leave this host's memory; any
+  /// other address may be a network's, even one of this host's own (a conservative
+  /// answer: checksums there cost CPU, not correctness). Both ends see the pair's
+  /// addresses alike.
+  bool crosses_network(rank_t peer) const noexcept override { return !loopback_[peer]; }
 
   /// One sendmsg for both: with TCP_NODELAY, a record header written alone would leave
   /// as a packet of its own (and be acknowledged as one) ahead of every chunk.
@@ -205,6 +215,7 @@ class tcp_channels final : public stream::channels {
   std::vector<std::optional<tcp::socket>> incoming_;
   rank_t rank_;
   std::vector<std::string> addresses_;
+  std::vector<bool> loopback_;  // by peer: the connections run over loopback
   std::vector<char> gone_;
   std::vector<inbox> inboxes_;
   std::vector<pollfd> probes_;

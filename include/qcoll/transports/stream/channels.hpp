@@ -48,6 +48,10 @@ class channels {
                                  deadline until) = 0;
   /// Closes both directions to `peer`; the peer's reads end after what was written.
   virtual void close(rank_t peer) noexcept = 0;
+  /// Whether the bytes to and from `peer` cross a network (a NIC, a cable, a switch)
+  /// rather than this host's memory or loopback: where payload checksums are on unless
+  /// set (engine_options::payload_checksums). Both ends of a pair answer alike.
+  virtual bool crosses_network(rank_t /*peer*/) const noexcept { return false; }
 };
 
 }  // namespace qcoll::transports::stream

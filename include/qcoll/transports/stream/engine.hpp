@@ -22,6 +22,7 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/cpu_relax.hpp>
+#include <qcoll/detail/log.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/core/liveness.hpp>
@@ -38,6 +39,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <span>
@@ -70,12 +72,28 @@ struct engine_options {
   /// through them notices a reply late, which dominates small-message latency. Unset:
   /// chosen by the transport's join (see automatic_pause).
   std::optional<std::chrono::microseconds> pause;
+  /// Whether data records carry their CRC-32C, checked by the receiver before the
+  /// payload is used (records.hpp, checked_data), and plain data records are refused.
+  /// Unset: QCOLL_PAYLOAD_CRC (1: every connection, 0: none), else per connection,
+  /// where it crosses a network (channels::crosses_network: tcp between hosts, not over
+  /// loopback; never shm; docs/transports.md, "Payload integrity"). Both ends of a
+  /// connection must agree: a rank that checks refuses a peer's plain data records.
+  std::optional<bool> payload_checksums;
 };
 
-/// `options` with the poll time filled in for a job of `local_ranks` ranks on this host.
+/// `options` with the poll time filled in for a job of `local_ranks` ranks on this host,
+/// and payload checksums as QCOLL_PAYLOAD_CRC says, where it is set.
+/// @throws qcoll::error invalid_argument when QCOLL_PAYLOAD_CRC is not 0 or 1.
 inline engine_options resolve(engine_options options, rank_t local_ranks) {
   if (!options.spin) options.spin = automatic_spin(local_ranks);
   if (!options.pause) options.pause = automatic_pause(local_ranks);
+  if (!options.payload_checksums) {
+    const char* given = std::getenv("QCOLL_PAYLOAD_CRC");
+    if (given != nullptr && std::string_view(given) == "1") options.payload_checksums = true;
+    else if (given != nullptr && std::string_view(given) == "0") options.payload_checksums = false;
+    else if (given != nullptr && *given != '\0')
+      qcoll::detail::throw_error(errc::invalid_argument, "qcoll: QCOLL_PAYLOAD_CRC={} is not 1 or 0", given);
+  }
   return options;
 }
 
@@ -85,10 +103,19 @@ class engine {
   engine(rank_t rank, rank_t size, std::unique_ptr<channels> pipes, std::string name, engine_options options = {})
       : rank_(rank), size_(size), pipes_(std::move(pipes)), name_(std::move(name)), options_(options) {
     peers_.reserve(size_);
-    for (rank_t p = 0; p < size_; ++p)
-      peers_.push_back({outgoing(*pipes_, p, bytes_written_),
-                        incoming(*pipes_, p, size_, discard_,
+    rank_t checked_connections = 0;
+    for (rank_t p = 0; p < size_; ++p) {
+      const bool checked = p != rank_ && options_.payload_checksums.value_or(pipes_->crosses_network(p));
+      peers_.push_back({outgoing(*pipes_, p, bytes_written_, checked),
+                        incoming(*pipes_, rank_, p, size_, discard_, checked,
                                  [this](std::error_code code, std::string_view reason) { abort(code, reason); })});
+      checked_connections += checked;
+    }
+    if (qcoll::detail::debug_info_enabled() && size_ > 1)
+      qcoll::detail::log_info("qcoll: rank {}: {}: payload checksums (CRC-32C) on {} of {} connections ({})", rank_,
+                              name_, checked_connections, size_ - 1,
+                              options_.payload_checksums ? "QCOLL_PAYLOAD_CRC or the transport's options"
+                                                         : "where a connection crosses a network");
   }
 
   engine(const engine&) = delete;

@@ -16,6 +16,8 @@
 #include <qcoll/core/liveness.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/detail/crc32c.hpp>
+#include <qcoll/detail/describe.hpp>
 #include <qcoll/detail/format.hpp>
 #include <qcoll/transports/stream/channels.hpp>
 #include <qcoll/transports/stream/records.hpp>
@@ -43,10 +45,13 @@ class incoming {
   /// this rank's too, at once: the engine's abort fails and tells every peer.
   using abort_handler = std::function<void(std::error_code, std::string_view)>;
 
-  /// Reads from `peer` through `pipes`, in a job of `size` ranks; payload that no
-  /// receive takes is read into `discard`, which every peer's stream shares.
-  incoming(channels& pipes, rank_t peer, rank_t size, std::span<std::byte> discard, abort_handler abort)
-      : pipes_(&pipes), peer_(peer), size_(size), discard_(discard), abort_(std::move(abort)) {}
+  /// Reads from `peer` through `pipes` for rank `self`, in a job of `size` ranks; payload that no
+  /// receive takes is read into `discard`, which every peer's stream shares. Checked
+  /// data records are checked always; with `require_checksums`, plain ones are refused.
+  incoming(channels& pipes, rank_t self, rank_t peer, rank_t size, std::span<std::byte> discard,
+           bool require_checksums, abort_handler abort)
+      : pipes_(&pipes), self_(self), peer_(peer), size_(size), discard_(discard), abort_(std::move(abort)),
+        require_checksums_(require_checksums) {}
 
   /// Why the stream broke; empty while it is intact.
   std::error_code broken() const noexcept { return broken_; }
@@ -124,10 +129,14 @@ class incoming {
         if (parked) parked->resize(parked_before + n);
         if (n == 0) break;
         moved = true;
+        if (checked_) chunk_crc_ = qcoll::detail::crc32c::extend(chunk_crc_, into.first(n));
         chunk_left_ -= n;
         message_left_ -= n;
         if (target_) target_->transferred_ += n;
-        if (chunk_left_ == 0) expect_record();
+        if (chunk_left_ == 0) {
+          if (checked_ && chunk_crc_ != record_.tag) return corrupted();  // before the message completes
+          expect_record();
+        }
         if (message_left_ == 0) {
           parking_ = false;
           if (target_) target_->complete({});
@@ -219,6 +228,12 @@ class incoming {
         staged_have_ = 0;
         return;
       case record_type::data:
+      case record_type::checked_data:
+        if (record->type == record_type::data && require_checksums_)
+          return malformed("a data record without its CRC-32C, where payload checksums are on (QCOLL_PAYLOAD_CRC: "
+                           "every rank must agree)");
+        checked_ = record->type == record_type::checked_data;
+        chunk_crc_ = 0;
         if (record->length > message_left_)
           return malformed(qcoll::detail::format("a data record of {} bytes where {} remain of the message",
                                                  record->length, message_left_));
@@ -280,6 +295,17 @@ class incoming {
     return true;
   }
 
+  /// A chunk whose bytes are not those its sender checksummed: corrupted on the way.
+  /// The stream breaks, and this rank aborts with the finding, so every rank's error
+  /// names the peer and the call (and none uses the chunk: its message never completes).
+  bool corrupted() {
+    malformed(qcoll::detail::format("the CRC-32C of a data record's {} bytes is {:#010x}, its sender's {:#010x}: the "
+                                    "payload was corrupted in transit, in {}", record_.length, chunk_crc_, record_.tag,
+                                    qcoll::detail::describe(stalled_header_)));
+    abort_(make_error_code(errc::protocol_error), qcoll::detail::format("rank {}: {}", self_, why_));
+    return true;
+  }
+
   void malformed(std::string_view problem) {
     break_stream(make_error_code(errc::protocol_error),
                  qcoll::detail::format("peer {} sent a malformed stream: {}", peer_, problem));
@@ -298,6 +324,7 @@ class incoming {
   }
 
   channels* pipes_;
+  rank_t self_;
   rank_t peer_;
   rank_t size_;
   std::span<std::byte> discard_;
@@ -312,6 +339,9 @@ class incoming {
   message_header stalled_header_;
   std::uint64_t message_left_ = 0;  // payload bytes of the open message still to come
   std::uint64_t chunk_left_ = 0;    // bytes of the current data record still to come
+  bool require_checksums_ = false;  // plain data records are refused
+  bool checked_ = false;            // the current data record carries a CRC-32C (record_.tag) ...
+  std::uint32_t chunk_crc_ = 0;     // ... and this is its bytes' so far
   request* target_ = nullptr;       // the receive being filled; null while discarding or parking
   /// Messages read past a stalled one after their sender left (park): whole ones wait
   /// for a receive with their tag; the last may still be filling (`parking_`).

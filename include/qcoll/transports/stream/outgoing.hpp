@@ -9,6 +9,7 @@
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/detail/crc32c.hpp>
 #include <qcoll/transports/stream/channels.hpp>
 #include <qcoll/transports/stream/records.hpp>
 #include <qcoll/transports/stream/request.hpp>
@@ -30,9 +31,10 @@ namespace qcoll::transports::stream {
 
 class outgoing {
  public:
-  /// Writes toward `peer` through `pipes`, adding what it writes to `bytes_written`.
-  outgoing(channels& pipes, rank_t peer, std::atomic<std::uint64_t>& bytes_written) noexcept
-      : pipes_(&pipes), peer_(peer), bytes_written_(&bytes_written) {}
+  /// Writes toward `peer` through `pipes`, adding what it writes to `bytes_written`;
+  /// with `checksums`, every data record carries its CRC-32C (checked_data).
+  outgoing(channels& pipes, rank_t peer, std::atomic<std::uint64_t>& bytes_written, bool checksums) noexcept
+      : pipes_(&pipes), peer_(peer), bytes_written_(&bytes_written), checksums_(checksums) {}
 
   /// Why the stream broke; empty while it is intact.
   std::error_code broken() const noexcept { return broken_; }
@@ -101,7 +103,7 @@ class outgoing {
       if (head.transferred_ < head.size_) {
         chunk_left_ = std::min<std::uint64_t>(max_chunk_bytes, head.size_ - head.transferred_);
         staged_size_ = staged_done_ = 0;
-        stage_record({record_type::data, 0, chunk_left_});
+        stage_data_record(head.send_data_ + head.transferred_, chunk_left_);
         continue;
       }
       sends_.pop_front();
@@ -174,6 +176,12 @@ class outgoing {
     return n;
   }
 
+  /// The header of a data record of `bytes` at `chunk`: with its CRC-32C where checksums are on.
+  void stage_data_record(const std::byte* chunk, std::size_t bytes) {
+    if (!checksums_) return stage_record({record_type::data, 0, bytes});
+    stage_record({record_type::checked_data, qcoll::detail::crc32c::of({chunk, bytes}), bytes});
+  }
+
   void stage_record(const record_header& record) {
     const std::size_t at = staged_size_;
     staged_size_ += record_header_bytes;
@@ -192,7 +200,7 @@ class outgoing {
     staged_size_ += message_header_bytes;
     if (head.size_ == 0) return;
     const std::size_t first_chunk = std::min(max_chunk_bytes, head.size_);
-    stage_record({record_type::data, 0, first_chunk});
+    stage_data_record(head.send_data_, first_chunk);
     if (head.size_ <= small_message_bytes) {
       staged_.resize(std::max(staged_.size(), staged_size_ + head.size_));
       std::memcpy(staged_.data() + staged_size_, head.send_data_, head.size_);
@@ -228,6 +236,7 @@ class outgoing {
   std::size_t tail_done_ = 0;
   std::error_code broken_;
   std::string why_;
+  bool checksums_ = false;  // data records carry their CRC-32C
 };
 
 }  // namespace qcoll::transports::stream

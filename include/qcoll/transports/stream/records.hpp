@@ -11,6 +11,10 @@
 /// message: length = total payload bytes; followed by the 24-byte message_header
 ///          (u64 sequence, u64 count, u32 root, u8 kind, u8 type, u8 op, u8 algorithm).
 /// data:    length = chunk bytes, 1 … max_chunk_bytes, never past the message's end.
+/// checked_data: the same, tag = the chunk's CRC-32C (detail/crc32c.hpp), which the
+///          receiver checks before the chunk's message completes. Sent where payload
+///          checksums are on (engine_options::payload_checksums: TCP's default); a
+///          receiver with them on refuses plain data records.
 /// abort:   length = reason bytes, at most max_reason_bytes; tag = qcoll::errc value.
 /// waiting: length = 0; tag = the rank the sender is waiting for. Sent only between
 ///          messages, by a rank whose wait has lasted a while, to every peer: it says
@@ -34,10 +38,10 @@
 namespace qcoll::transports::stream {
 
 inline constexpr std::uint16_t record_magic = 0x5143;  // "CQ" on the wire
-/// 3: waiting records. 2: data records of up to 1 MiB (1: 256 KiB). A peer of another
+/// 4: checked data records. 3: waiting records. 2: data records of up to 1 MiB (1: 256 KiB). A peer of another
 /// version fails the stream with "record version", not with a record it would take for
 /// malformed.
-inline constexpr std::uint8_t record_version = 3;
+inline constexpr std::uint8_t record_version = 4;
 inline constexpr std::size_t record_header_bytes = 16;
 inline constexpr std::size_t message_header_bytes = 24;
 /// Large enough that a ring slice (tuning_table::ring_slice_bytes) is one record, whose
@@ -51,7 +55,7 @@ inline constexpr std::size_t message_header_bytes = 24;
 inline constexpr std::size_t max_chunk_bytes = std::size_t{1} << 20;
 inline constexpr std::size_t max_reason_bytes = 4096;
 
-enum class record_type : std::uint8_t { message = 1, data = 2, abort = 3, waiting = 4 };
+enum class record_type : std::uint8_t { message = 1, data = 2, abort = 3, waiting = 4, checked_data = 5 };
 
 struct record_header {
   record_type type = record_type::message;
@@ -86,6 +90,7 @@ inline std::optional<record_header> read_record_header(std::span<const std::byte
   switch (h.type) {
     case record_type::message: return h;
     case record_type::data:
+    case record_type::checked_data:
       if (h.length == 0 || h.length > max_chunk_bytes) {
         problem = "data record of " + std::to_string(h.length) + " bytes (1 … " + std::to_string(max_chunk_bytes) +
                   " allowed)";
