@@ -84,9 +84,12 @@ class tcp_channels final : public stream::channels {
     loopback_.assign(outgoing_.size(), true);
     for (rank_t p = 0; p < outgoing_.size(); ++p) {
       if (p == rank_) continue;
-      boost::system::error_code ec;
-      const auto remote = outgoing_[p]->remote_endpoint(ec);
-      loopback_[p] = !ec && remote.address().is_loopback();
+      const auto over_loopback = [](const tcp::socket& socket) {
+        boost::system::error_code ec;
+        const auto remote = socket.remote_endpoint(ec);
+        return !ec && remote.address().is_loopback();
+      };
+      loopback_[p] = over_loopback(*outgoing_[p]) && over_loopback(*incoming_[p]);
       addresses_.push_back(endpoint_text(*outgoing_[p]));
       outgoing_[p]->non_blocking(true);
       incoming_[p]->non_blocking(true);
@@ -99,8 +102,9 @@ class tcp_channels final : public stream::channels {
 
   /// Over loopback (127.0.0.0/8, ::1) the bytes never leave this host's memory; any
   /// other address may be a network's, even one of this host's own (a conservative
-  /// answer: checksums there cost CPU, not correctness). Both ends see the pair's
-  /// addresses alike.
+  /// answer: checksums there cost CPU, not correctness). Both connections of the pair
+  /// count, so both ends answer alike even where the two ranks bound different
+  /// addresses (each sees the other's listener on one and its own on the other).
   bool crosses_network(rank_t peer) const noexcept override { return !loopback_[peer]; }
 
   /// One sendmsg for both: with TCP_NODELAY, a record header written alone would leave
