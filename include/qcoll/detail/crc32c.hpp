@@ -137,20 +137,23 @@ __attribute__((target("sse4.2"))) inline std::uint32_t extend_sse42(std::uint32_
 }  // namespace impl
 #endif
 
-/// Which implementation extend() uses on this CPU: "sse4.2" or "reference".
-inline const char* implementation() noexcept {
+/// Whether extend() uses the crc32 instruction on this CPU (asked once).
+inline bool hardware() noexcept {
 #ifdef QCOLL_CRC32C_SSE42
-  static const bool hardware = __builtin_cpu_supports("sse4.2");
-  if (hardware) return "sse4.2";
+  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
+  return has_sse42;
+#else
+  return false;
 #endif
-  return "reference";
 }
+
+/// Which implementation extend() uses on this CPU: "sse4.2" or "reference".
+inline const char* implementation() noexcept { return hardware() ? "sse4.2" : "reference"; }
 
 /// crc(A ‖ bytes) from crc = crc(A); crc(nothing) = 0.
 inline std::uint32_t extend(std::uint32_t crc, std::span<const std::byte> bytes) noexcept {
 #ifdef QCOLL_CRC32C_SSE42
-  static const bool hardware = __builtin_cpu_supports("sse4.2");
-  if (hardware) return impl::extend_sse42(crc, bytes);
+  if (hardware()) return impl::extend_sse42(crc, bytes);
 #endif
   return extend_reference(crc, bytes);
 }

@@ -84,11 +84,6 @@ class tcp_channels final : public stream::channels {
     loopback_.assign(outgoing_.size(), true);
     for (rank_t p = 0; p < outgoing_.size(); ++p) {
       if (p == rank_) continue;
-      const auto over_loopback = [](const tcp::socket& socket) {
-        boost::system::error_code ec;
-        const auto remote = socket.remote_endpoint(ec);
-        return !ec && remote.address().is_loopback();
-      };
       loopback_[p] = over_loopback(*outgoing_[p]) && over_loopback(*incoming_[p]);
       addresses_.push_back(endpoint_text(*outgoing_[p]));
       outgoing_[p]->non_blocking(true);
@@ -213,6 +208,12 @@ class tcp_channels final : public stream::channels {
   }
 
   const std::string& address(rank_t peer) const { return addresses_[peer < rank_ ? peer : peer - 1]; }
+
+  static bool over_loopback(const tcp::socket& socket) {
+    boost::system::error_code ec;
+    const auto remote = socket.remote_endpoint(ec);
+    return !ec && remote.address().is_loopback();
+  }
 
   std::unique_ptr<asio::io_context> io_;  // outlives the sockets it owns
   std::vector<std::optional<tcp::socket>> outgoing_;

@@ -87,12 +87,12 @@ struct engine_options {
 inline engine_options resolve(engine_options options, rank_t local_ranks) {
   if (!options.spin) options.spin = automatic_spin(local_ranks);
   if (!options.pause) options.pause = automatic_pause(local_ranks);
-  if (!options.payload_checksums) {
-    const char* given = std::getenv("QCOLL_PAYLOAD_CRC");
-    if (given != nullptr && std::string_view(given) == "1") options.payload_checksums = true;
-    else if (given != nullptr && std::string_view(given) == "0") options.payload_checksums = false;
-    else if (given != nullptr && *given != '\0')
+  const char* given = std::getenv("QCOLL_PAYLOAD_CRC");
+  if (!options.payload_checksums && given != nullptr && *given != '\0') {
+    const std::string_view value(given);
+    if (value != "1" && value != "0")
       qcoll::detail::throw_error(errc::invalid_argument, "qcoll: QCOLL_PAYLOAD_CRC={} is not 1 or 0", given);
+    options.payload_checksums = value == "1";
   }
   return options;
 }
