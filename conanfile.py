@@ -22,6 +22,11 @@ class QcollConan(ConanFile):
               "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
+    # OpenSSL's libcrypto authenticates ranks (HMAC-SHA256). Without it (with_openssl=False)
+    # the headers are built with QCOLL_NO_OPENSSL: a job with a secret is refused, and says
+    # so; never a silent downgrade. The package's files are the same either way.
+    options = {"with_openssl": [True, False]}
+    default_options = {"with_openssl": True}
     no_copy_source = True
     # No CUDA option: the CUDA backend (src/cuda_kernels.cu, target qcoll::cuda) is shipped as
     # source and compiled by the consumer's own nvcc when its project enables CUDA, taking
@@ -46,7 +51,9 @@ class QcollConan(ConanFile):
     )
 
     # What qcoll's headers need besides the system's threads.
-    _dependencies = ("boost", "fmt", "xsimd")
+    @property
+    def _dependencies(self):
+        return ("boost", "fmt", "xsimd") + (("openssl",) if self.options.with_openssl else ())
 
     @property
     def _cmake_dir(self):
@@ -68,6 +75,8 @@ class QcollConan(ConanFile):
         # fmt::fmt: the compiled library (or header-only, with fmt's own option).
         self.requires("fmt/[>=9 <13]")
         self.requires("xsimd/[>=8.1 <15]")
+        if self.options.with_openssl:
+            self.requires("openssl/[>=1.1.1 <4]")
 
     def package_id(self):
         self.info.clear()
@@ -84,7 +93,7 @@ class QcollConan(ConanFile):
         system = self._system_dependencies()
         if system and len(system) != len(self._dependencies):
             raise ConanInvalidConfiguration(
-                "boost, fmt and xsimd must come either all from Conan or all from the system "
+                f"{', '.join(self._dependencies)} must come either all from Conan or all from the system "
                 f"([platform_requires]); this profile maps only {', '.join(system)} to the system")
 
     def package(self):
@@ -105,6 +114,10 @@ class QcollConan(ConanFile):
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
         self.cpp_info.requires = ["boost::headers", "fmt::fmt", "xsimd::xsimd"]
+        if self.options.with_openssl:
+            self.cpp_info.requires.append("openssl::crypto")
+        else:
+            self.cpp_info.defines = ["QCOLL_NO_OPENSSL"]
         if self.settings.os in ("Linux", "FreeBSD"):
             self.cpp_info.system_libs = ["pthread"]
         # CMakeDeps includes build modules after it has created qcoll::qcoll and found the

@@ -1,7 +1,9 @@
 # Finds what qcoll's headers need. Used by qcoll's own build and by the installed
 # qcollConfig.cmake, so both resolve dependencies the same way.
 #
-# Supported versions: Boost 1.74 and newer, fmt 9.0 to 12.x, xsimd 8.1 to 14.x.
+# Supported versions: Boost 1.74 and newer, fmt 9.0 to 12.x, xsimd 8.1 to 14.x, and
+# OpenSSL 1.1.1 and newer when qcoll_with_openssl is set (QCOLL_WITH_OPENSSL in qcoll's
+# build; the installed qcollConfig.cmake sets it as the package was built).
 # Boost's version files accept any newer version, so find_package checks Boost.
 # xsimd's version file accepts only its own major version, and so does every
 # version file Conan's CMakeDeps writes (fmt's too); a version range that spans
@@ -46,6 +48,18 @@ find_dependency(fmt ${qcoll_dependency_required})
 qcoll_require_version(fmt 9.0 13 "9.0 to 12.x")
 find_dependency(xsimd ${qcoll_dependency_required})
 qcoll_require_version(xsimd 8.1 15 "8.1 to 14.x")  # also include/qcoll/kernels/cpu/simd/xsimd_compat.hpp
+if(qcoll_with_openssl)
+  if(CMAKE_FIND_PACKAGE_NAME)
+    find_dependency(OpenSSL 1.1.1)  # not found: qcoll is not found either, and says so
+  else()
+    find_package(OpenSSL 1.1.1)
+    if(NOT TARGET OpenSSL::Crypto)
+      message(FATAL_ERROR "qcoll authenticates ranks with OpenSSL's libcrypto (1.1.1 or newer) and found none: \
+install it (Debian: libssl-dev) or point OPENSSL_ROOT_DIR at it, or configure with -DQCOLL_WITH_OPENSSL=OFF \
+to build qcoll without authentication (a job with QCOLL_SECRET is then refused)")
+    endif()
+  endif()
+endif()
 
 # Debian 12's xsimd 8.1 target lists "xtl" as a link dependency without finding it,
 # which turns into a failing -lxtl. xsimd needs xtl only for its optional xtl::xcomplex

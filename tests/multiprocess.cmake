@@ -239,6 +239,27 @@ if(QCOLL_BUILD_EXAMPLES)
               -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake --
               $<TARGET_FILE:qcoll-run> -n 4 --transport ${transport} $<TARGET_FILE:bf16_gradients>)
   endforeach()
+  # A build without OpenSSL (QCOLL_NO_OPENSSL: QCOLL_WITH_OPENSSL=OFF's definition): the
+  # example again, in the one build of g++ without sanitizers (one more compile). Without a
+  # secret its ranks join a job with the OpenSSL build's (the job field is a fingerprint
+  # both compute); with one, every rank refuses before a byte is sent, and says why.
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize=")
+    add_executable(multiprocess_allreduce_without_openssl ${PROJECT_SOURCE_DIR}/examples/multiprocess_allreduce.cpp)
+    target_link_libraries(multiprocess_allreduce_without_openssl PRIVATE qcoll::qcoll)
+    target_compile_definitions(multiprocess_allreduce_without_openssl PRIVATE QCOLL_NO_OPENSSL)
+    target_compile_options(multiprocess_allreduce_without_openssl PRIVATE ${QCOLL_PROGRAMS_OPTIMIZATION})
+    qcoll_warnings(multiprocess_allreduce_without_openssl)
+    add_test(NAME examples.multiprocess_allreduce.with_and_without_openssl
+      COMMAND ${CMAKE_COMMAND} ${example_checks} $<TARGET_FILE:qcoll-run> -n 4 --transport tcp
+              sh -c "[ $((QCOLL_RANK % 2)) = 0 ] && exec \"$0\" || exec \"$1\""
+              $<TARGET_FILE:multiprocess_allreduce> $<TARGET_FILE:multiprocess_allreduce_without_openssl>)
+    set_tests_properties(examples.multiprocess_allreduce.with_and_without_openssl PROPERTIES ENVIRONMENT "QCOLL_SECRET=")
+    add_test(NAME examples.multiprocess_allreduce.without_openssl_refuses_a_secret
+      COMMAND ${CMAKE_COMMAND} -DEXIT=1 -DMAX_SECONDS=20
+              "-DCOUNT_LINES=2:multiprocess_allreduce: .*this job has a secret .* built without OpenSSL .* cannot authenticate"
+              -P ${CMAKE_CURRENT_SOURCE_DIR}/check_job.cmake --
+              $<TARGET_FILE:qcoll-run> -n 2 --keep-going --transport tcp $<TARGET_FILE:multiprocess_allreduce_without_openssl>)
+  endif()
   add_test(NAME examples.multiprocess_allreduce.torchrun_variables
     COMMAND ${CMAKE_COMMAND} ${example_checks}
             ${CMAKE_CURRENT_SOURCE_DIR}/multiprocess/launcher_style.sh torchrun 4 29561 $<TARGET_FILE:multiprocess_allreduce>)

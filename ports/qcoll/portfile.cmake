@@ -25,7 +25,8 @@ vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
 )
 
 # QCOLL_WITH_CUDA only adds qcoll's own CUDA tests and benchmarks; the CUDA headers are
-# installed either way and compiled by the consumer's nvcc.
+# installed either way and compiled by the consumer's nvcc. OpenSSL always: vcpkg's
+# features only add, and a port without authentication would be a downgrade to opt out of.
 vcpkg_cmake_configure(
     SOURCE_PATH "${SOURCE_PATH}"
     OPTIONS
@@ -34,6 +35,7 @@ vcpkg_cmake_configure(
         -DQCOLL_BUILD_BENCHMARKS=OFF
         -DQCOLL_INSTALL=ON
         -DQCOLL_WITH_CUDA=OFF
+        -DQCOLL_WITH_OPENSSL=ON
         ${FEATURE_OPTIONS}
 )
 vcpkg_cmake_install()

@@ -9,7 +9,7 @@
 //   know the server's fresh nonce, so a proof it makes up that verifies is a forgery).
 // - client side: frames = the server's reply (56 bytes) then its ack (1). With a secret
 //   the client must refuse (a server proof over our fresh nonce cannot be made up);
-//   without one it may go on only for a reply "QCOL", version 1, status ok, and an ack 0.
+//   without one it may go on only for a reply "QCOL" of this version, status ok, and an ack 0.
 // Every refusal is a qcoll::error with errc::protocol_error; anything else is a failure.
 
 #include <qcoll/rendezvous/handshake.hpp>
@@ -100,7 +100,7 @@ void client_side(const setup& s, std::span<const std::uint8_t> bytes) {
     if (!s.job.secret.empty()) failure("the client believed a server proof that was made up");
     const auto version = static_cast<unsigned>(reply[4]) | static_cast<unsigned>(reply[5]) << 8;
     if (std::memcmp(reply.data(), "QCOL", 4) != 0 || version != rv::handshake_version || reply[6] != std::byte{0})
-      failure("the client went on after a reply that is not an ok of version 1");
+      failure("the client went on after a reply that is not an ok of this version");
     const auto ack = frame(bytes, at, 1);
     client.on_ack(ack[0]);
     if (ack[0] != std::byte{0}) failure("the client took a refusing ack");

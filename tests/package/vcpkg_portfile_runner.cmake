@@ -69,6 +69,7 @@ endforeach()
 set(port_for_Boost boost-headers)  # qcoll links Boost::headers
 set(port_for_fmt fmt)
 set(port_for_xsimd xsimd)
+set(port_for_OpenSSL openssl)
 set(port_for_Threads "")  # the platform's
 file(READ "${qcoll_source_dir}/cmake/qcollDependencies.cmake" dependencies_cmake)
 string(REGEX MATCHALL "find_dependency\\([A-Za-z0-9_]+" found "${dependencies_cmake}")
@@ -186,7 +187,8 @@ function(vcpkg_cmake_configure)
   endif()
   file(STRINGS "${CURRENT_BUILDTREES_DIR}/${TARGET_TRIPLET}-rel/CMakeCache.txt" cache REGEX "^QCOLL_[A-Z_]+:BOOL=")
   foreach(expected QCOLL_BUILD_TESTS:BOOL=OFF QCOLL_BUILD_EXAMPLES:BOOL=OFF QCOLL_BUILD_BENCHMARKS:BOOL=OFF
-                   QCOLL_WITH_CUDA:BOOL=OFF QCOLL_INSTALL:BOOL=ON QCOLL_BUILD_LAUNCHER:BOOL=${launcher})
+                   QCOLL_WITH_CUDA:BOOL=OFF QCOLL_WITH_OPENSSL:BOOL=ON QCOLL_INSTALL:BOOL=ON
+                   QCOLL_BUILD_LAUNCHER:BOOL=${launcher})
     if(NOT expected IN_LIST cache)
       list(JOIN cache ", " cache)
       fail("the portfile's configuration should have ${expected}; it has ${cache}")

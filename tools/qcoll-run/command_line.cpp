@@ -90,7 +90,9 @@ Options:
   --version            print the qcoll version and exit
 
 {} and {} are kept when set (a non-empty job id), else generated; no secret
-is generated when {} names a file that holds it (the ranks read it there).
+is generated when {} names a file that holds it (the ranks read it there), or
+when qcoll was built without OpenSSL (it cannot authenticate); an empty secret
+(QCOLL_SECRET=) runs the job without authentication.
 SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every running rank. When a rank
 fails, the others are stopped: SIGTERM, then SIGKILL after the grace period. At the end,
 shared memory left in /dev/shm by the job (qcoll-<job id>) is removed.

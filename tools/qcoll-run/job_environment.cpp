@@ -2,6 +2,8 @@
 
 #include "system.hpp"
 
+#include <qcoll/rendezvous/hmac.hpp>
+
 #include <fmt/format.h>
 
 #include <fcntl.h>
@@ -23,20 +25,12 @@ namespace {
 
 namespace variables = qcoll::rendezvous::variables;
 
+// OpenSSL's generator, as the handshake's nonces (rendezvous/hmac.hpp).
 std::string random_hex(std::size_t bytes) {
-  std::vector<unsigned char> random(bytes);
-  const file_descriptor urandom(::open("/dev/urandom", O_RDONLY | O_CLOEXEC));
-  if (!urandom) throw_system_error("cannot open /dev/urandom");
-  for (std::size_t done = 0; done < bytes;) {
-    const ssize_t count = ::read(urandom.get(), random.data() + done, bytes - done);
-    if (count > 0) {
-      done += static_cast<std::size_t>(count);
-    } else if (count == 0 || errno != EINTR) {
-      throw_system_error("cannot read /dev/urandom", count == 0 ? EIO : errno);
-    }
-  }
+  std::vector<std::byte> random(bytes);
+  qcoll::rendezvous::random_bytes(random);
   std::string hex;
-  for (const unsigned char byte : random) hex += fmt::format("{:02x}", byte);
+  for (const std::byte byte : random) hex += fmt::format("{:02x}", std::to_integer<unsigned>(byte));
   return hex;
 }
 
@@ -96,7 +90,10 @@ job_environment make_job_environment(int ranks, int ranks_per_node, const std::s
   // A secret given in a file stays there: the ranks read QCOLL_SECRET_FILE themselves, so
   // the secret is in no process's environment (a QCOLL_SECRET would also win over it).
   const bool secret_in_file = given_secret == nullptr && given_secret_file != nullptr && *given_secret_file != '\0';
-  const std::string secret = given_secret != nullptr ? given_secret : secret_in_file ? "" : random_hex(16);
+  // A build without OpenSSL cannot authenticate, and its ranks would refuse a secret.
+  const std::string secret = given_secret != nullptr                                        ? given_secret
+                             : secret_in_file || !qcoll::rendezvous::authentication_available ? ""
+                                                                                               : random_hex(16);
 
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string_view variable = *entry;

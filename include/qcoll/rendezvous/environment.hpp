@@ -55,6 +55,7 @@
 #include <qcoll/detail/check.hpp>
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/rendezvous/hmac.hpp>
 #include <qcoll/rendezvous/launcher_variables.hpp>
 
 #include <qcoll/detail/format.hpp>
@@ -127,6 +128,23 @@ struct job {
   /// True when every rank runs on this host (local_size counts the ranks here).
   bool all_local() const noexcept { return local_size == size; }
 };
+
+namespace detail {
+
+/// Refuses a job with a secret in a build that cannot prove it (no OpenSSL: hmac.hpp):
+/// on every rank as it reads its job, before a byte is sent, instead of joining as a job
+/// without one or failing obscurely. `where` starts the message.
+inline void require_authentication(const job& j, std::string_view where) {
+  if (!authentication_available && !j.secret.empty())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: this job has a secret (QCOLL_SECRET or QCOLL_SECRET_FILE), but this program's "
+                               "qcoll was built without OpenSSL (QCOLL_WITH_OPENSSL=OFF, or QCOLL_NO_OPENSSL defined) "
+                               "and cannot authenticate ranks: build it with OpenSSL, or run the job without a secret "
+                               "on a network you trust (QCOLL_SECRET set empty)",
+                               where);
+}
+
+}  // namespace detail
 
 /// The store port of an mpirun job whose ranks are all on one host:
 /// 20000 + FNV-1a-32(job_id) % 12768: every rank computes the same port from the job id
@@ -286,6 +304,7 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
   } else if (auto path = read_variable(lookup, variables::secret_file)) {
     result.secret = detail::read_secret_file(*path);
   }
+  detail::require_authentication(result, environment_error_prefix);
 
   if (auto transport = read_variable(lookup, variables::transport)) {
     const std::optional<transport_kind> kind = parse_transport(*transport);

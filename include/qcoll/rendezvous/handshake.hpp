@@ -6,15 +6,15 @@
 /// blocking server) and handshake_async_server.hpp (async_admit, for an Asio server),
 /// all three over the deadline-bounded socket I/O of socket_io.hpp.
 ///
-/// Protocol, version 1. All integers little-endian; every frame has a fixed size, so no
+/// Protocol, version 2. All integers little-endian; every frame has a fixed size, so no
 /// side ever allocates or reads a length the peer chose.
 ///
 ///     client → server  hello, 64 bytes
 ///        0  magic "QCOL"            4
-///        4  protocol version u16    (1)
+///        4  protocol version u16    (2)
 ///        6  channel u8              (1 store, 2 data, 3 recovery)
 ///        7  flags u8                bit 0: the client has a secret; other bits 0
-///        8  SHA-256(job id)        32   (a job id of any length in a fixed frame)
+///        8  job fingerprint        32   (a job id of any length in a fixed frame)
 ///       40  rank u32
 ///       44  size u32
 ///       48  client nonce           16
@@ -33,21 +33,26 @@
 ///   refused at once instead of waiting for 64 bytes. Then it always reads the whole
 ///   hello before answering, so no unread bytes turn its close into a reset that would
 ///   destroy the refusal before the client reads it.
-/// - Both sides prove knowledge of the secret over both fresh nonces (std::random_device):
+/// - Both sides prove knowledge of the secret over both fresh nonces (OpenSSL's RAND_bytes):
 ///   a recorded exchange replayed later fails, and the two labels keep a proof from being
 ///   reflected back to its sender. A client whose check of proof_s fails sends zeros, not
 ///   its own proof, so a fake server learns nothing from it.
 /// - Without a secret the proofs are zeros and not checked; both sides must agree on
 ///   whether there is one (flag bit 0), else the client is refused with secret_mismatch.
+/// - The job field names the job; it is not a security mechanism (the proofs are, and
+///   they cover the whole hello, the field included). So it is a fingerprint
+///   (job_fingerprint) that any build can compute, with OpenSSL or without
+///   (QCOLL_NO_OPENSSL, hmac.hpp): jobs without a secret run across both kinds of build.
+///   Version 1 carried SHA-256(job id) there.
 /// - Refusals that are safe to explain (version, job, channel, secret, rank, size) carry
 ///   a status, so both sides print the same reason. Rank and size are checked only after
 ///   the proofs, so an unauthenticated peer learns nothing about the job's shape.
 /// - Every read and write is bounded by the caller's deadline (non-blocking socket and
 ///   poll(2); async_admit uses a timer), so a silent or slow peer costs at most that.
 ///
-/// Every later version keeps the 64-byte hello and the reply's first 8 bytes (magic,
-/// version, status, flags) and sends anything new after the ack, so a version-1 rank can
-/// always read a newer peer's hello in full and report the version mismatch.
+/// Every version keeps the 64-byte hello and the reply's first 8 bytes (magic, version,
+/// status, flags) and sends anything new after the ack, so a rank can always read another
+/// version's hello in full and report the version mismatch.
 
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/error.hpp>
@@ -64,7 +69,6 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -96,7 +100,7 @@ struct hello {
 enum class handshake_status : std::uint8_t {
   ok = 0,
   wrong_version = 1,    ///< the peers speak different protocol versions
-  wrong_job = 2,        ///< SHA-256(job id) differs
+  wrong_job = 2,        ///< the job fingerprints differ
   wrong_channel = 3,    ///< e.g. a store client on a data port
   secret_mismatch = 4,  ///< one side has a secret, the other has none
   bad_secret = 5,       ///< the client's proof does not verify: different secrets
@@ -104,7 +108,7 @@ enum class handshake_status : std::uint8_t {
   wrong_size = 7,       ///< the client's world size differs from the server's
 };
 
-inline constexpr std::uint16_t handshake_version = 1;
+inline constexpr std::uint16_t handshake_version = 2;
 inline constexpr std::size_t hello_size = 64;
 inline constexpr std::size_t reply_size = 56;
 inline constexpr std::size_t proof_size = 32;
@@ -136,10 +140,29 @@ inline std::string printable(std::span<const std::byte> bytes, std::size_t limit
 }
 inline std::string printable(std::string_view text, std::size_t limit = 64) { return printable(as_bytes(text), limit); }
 
+/// The hello's job field: a job id of any length in 32 bytes. Four lanes of 64-bit
+/// FNV-1a, each from its own start and over the length too, each mixed by splitmix64's
+/// finalizer: two job ids collide by accident with a chance near 2^-64 or less. Not a
+/// cryptographic digest, and it need not be one: without a secret anyone may claim any
+/// job, and with one the proofs decide.
+inline std::array<std::byte, 32> job_fingerprint(std::string_view job_id) noexcept {
+  std::array<std::byte, 32> field{};
+  for (std::uint64_t lane = 0; lane < 4; ++lane) {
+    std::uint64_t h = 0xcbf29ce484222325ull ^ ((lane + 1) * 0x9e3779b97f4a7c15ull);
+    const auto absorb = [&h](std::uint64_t byte) { h = (h ^ byte) * 0x100000001b3ull; };
+    for (const char c : job_id) absorb(static_cast<unsigned char>(c));
+    for (int shift = 0; shift < 64; shift += 8) absorb(job_id.size() >> shift & 0xff);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    qcoll::detail::store_le<std::uint64_t>(field.data() + 8 * lane, h);
+  }
+  return field;
+}
+
 inline std::array<std::byte, nonce_size> fresh_nonce() {
-  std::random_device device;
   std::array<std::byte, nonce_size> nonce{};
-  for (std::size_t i = 0; i < nonce.size(); i += 4) qcoll::detail::store_le<std::uint32_t>(nonce.data() + i, static_cast<std::uint32_t>(device()));
+  random_bytes(nonce);
   return nonce;
 }
 
@@ -150,7 +173,12 @@ inline digest handshake_proof(std::string_view secret, std::string_view label, s
   std::memcpy(message.data(), label.data(), 12);
   std::memcpy(message.data() + 12, hello_frame.data(), hello_size);
   std::memcpy(message.data() + 12 + hello_size, server_nonce.data(), nonce_size);
+#ifndef QCOLL_NO_OPENSSL
   return hmac_sha256(as_bytes(secret), message);
+#else
+  (void)secret;  // unreachable: require_authentication refused the secret
+  throw qcoll::error(make_error_code(errc::invalid_argument), "a handshake proof in a build without OpenSSL");
+#endif
 }
 
 inline qcoll::error make_error(errc code, std::string message) { return qcoll::error(make_error_code(code), message); }
@@ -161,7 +189,9 @@ inline qcoll::error make_error(errc code, std::string message) { return qcoll::e
 class server_handshake {
  public:
   server_handshake(const job& j, channel kind)
-      : job_id_(j.job_id), secret_(j.secret), job_hash_(sha256(j.job_id)), size_(j.size), kind_(kind) {}
+      : job_id_(j.job_id), secret_(j.secret), job_hash_(job_fingerprint(j.job_id)), size_(j.size), kind_(kind) {
+    require_authentication(j, "qcoll");
+  }
 
   /// Checks the first four bytes; throws errc::protocol_error for anything but "QCOL".
   void check_magic(std::span<const std::byte> first) const {
@@ -271,7 +301,7 @@ class server_handshake {
 
   std::string job_id_;
   std::string secret_;
-  digest job_hash_;
+  std::array<std::byte, 32> job_hash_;
   rank_t size_;
   channel kind_;
   std::array<std::byte, hello_size> hello_{};
@@ -322,8 +352,9 @@ class client_handshake {
     std::memcpy(hello_.data(), handshake_magic.data(), 4);
     qcoll::detail::store_le<std::uint16_t>(hello_.data() + 4, handshake_version);
     hello_[6] = static_cast<std::byte>(kind);
+    require_authentication(job_, where_);
     hello_[7] = std::byte{job_.secret.empty() ? std::uint8_t{0} : flag_secret};
-    const digest job_hash = sha256(job_.job_id);
+    const auto job_hash = job_fingerprint(job_.job_id);
     std::memcpy(hello_.data() + 8, job_hash.data(), job_hash.size());
     qcoll::detail::store_le<std::uint32_t>(hello_.data() + 40, static_cast<std::uint32_t>(job_.rank));
     qcoll::detail::store_le<std::uint32_t>(hello_.data() + 44, static_cast<std::uint32_t>(job_.size));

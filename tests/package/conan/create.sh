@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Test package.conan_center_stubs (tests/package/conan.cmake): create qcoll's Conan
-# package from this checkout with `conan create`, boost, fmt and xsimd from stand-ins
+# package from this checkout with `conan create`, boost, fmt, xsimd and openssl from stand-ins
 # for Conan Center's packages (center-stubs/), and run its test_package (test_package/).
 # (package.conan runs README's commands with Debian's packages: readme.sh.)
 #   tests/package/conan/create.sh <work dir> --center-stubs
@@ -24,7 +24,7 @@ venv="$("$root/tools/python-tools" conan==2.34.0)" ||
 conan="$venv/bin/conan"
 
 profile="$here/center-stubs/profile"
-for stub in boost/1.74.0 fmt/9.1.0 xsimd/8.1.0; do
+for stub in boost/1.74.0 fmt/9.1.0 xsimd/8.1.0 openssl/3.0.19; do
   "$conan" export "$here/center-stubs" --name "${stub%/*}" --version "${stub#*/}" ||
     fail "conan export of the $stub stand-in (output above)"
 done

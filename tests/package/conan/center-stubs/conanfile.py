@@ -1,6 +1,7 @@
-"""Stand-ins for Conan Center's boost, fmt and xsimd, for the package.conan_center_stubs
-test (Conan Center is out of reach here): each declares the CMake names and targets its
-Center recipe declares (Boost / Boost::headers, fmt / fmt::fmt, xsimd / xsimd) and points
+"""Stand-ins for Conan Center's boost, fmt, xsimd and openssl, for the
+package.conan_center_stubs test (Conan Center is out of reach here): each declares the
+CMake names and targets its Center recipe declares (Boost / Boost::headers, fmt / fmt::fmt,
+xsimd / xsimd, OpenSSL / OpenSSL::Crypto and OpenSSL::SSL) and points
 at Debian's files through symbolic links, so CMakeDeps generates configs and targets as it
 does for the real packages.
     conan export tests/package/conan/center-stubs --name fmt --version 9.1.0"""
@@ -10,12 +11,19 @@ from conan import ConanFile
 from conan.errors import ConanException
 
 # name: ({path in the package: Debian's file}, cmake_file_name, cmake_target_name,
-#        {component: its cmake_target_name}, libs)
+#        {component: (its cmake_target_name, its libs)}, libs)
+LIB = "/usr/lib/x86_64-linux-gnu"
 STUBS = {
-    "boost": ({"include/boost": "/usr/include/boost"}, "Boost", "Boost::boost", {"headers": "Boost::headers"}, []),
-    "fmt": ({"include/fmt": "/usr/include/fmt", "lib/libfmt.so": "/usr/lib/x86_64-linux-gnu/libfmt.so"},
-            "fmt", "fmt::fmt", {}, ["fmt"]),
+    "boost": ({"include/boost": "/usr/include/boost"}, "Boost", "Boost::boost", {"headers": ("Boost::headers", [])},
+              []),
+    "fmt": ({"include/fmt": "/usr/include/fmt", "lib/libfmt.so": f"{LIB}/libfmt.so"}, "fmt", "fmt::fmt", {}, ["fmt"]),
     "xsimd": ({"include/xsimd": "/usr/include/xsimd"}, "xsimd", "xsimd", {}, []),
+    # Debian splits OpenSSL's headers: <openssl/configuration.h> lies in the multiarch folder.
+    "openssl": ({"include/openssl": "/usr/include/openssl",
+                 "include/x86_64-linux-gnu/openssl": "/usr/include/x86_64-linux-gnu/openssl",
+                 "lib/libcrypto.so": f"{LIB}/libcrypto.so", "lib/libssl.so": f"{LIB}/libssl.so"},
+                "OpenSSL", "OpenSSL::OpenSSL",
+                {"crypto": ("OpenSSL::Crypto", ["crypto"]), "ssl": ("OpenSSL::SSL", ["ssl"])}, []),
 }
 
 
@@ -43,7 +51,14 @@ class CenterStub(ConanFile):
         self.cpp_info.libs = libs
         if not libs:
             self.cpp_info.libdirs = []
-        for component, component_target in components.items():
-            self.cpp_info.components[component].set_property("cmake_target_name", component_target)
-            self.cpp_info.components[component].bindirs = []
-            self.cpp_info.components[component].libdirs = []
+        for component, (component_target, component_libs) in components.items():
+            info = self.cpp_info.components[component]
+            info.set_property("cmake_target_name", component_target)
+            info.bindirs = []
+            info.libs = component_libs
+            if component_libs:
+                info.includedirs = ["include", "include/x86_64-linux-gnu"]
+            else:
+                info.libdirs = []
+        if "ssl" in components:
+            self.cpp_info.components["ssl"].requires = ["crypto"]
