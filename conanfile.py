@@ -22,7 +22,7 @@ class QcollConan(ConanFile):
               "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    # OpenSSL's libcrypto authenticates ranks (HMAC-SHA256). Without it (with_openssl=False)
+    # OpenSSL authenticates ranks (HMAC-SHA256) and runs TLS. Without it (with_openssl=False)
     # the headers are built with QCOLL_NO_OPENSSL: a job with a secret is refused, and says
     # so; never a silent downgrade. The package's files are the same either way.
     options = {"with_openssl": [True, False]}
@@ -115,7 +115,7 @@ class QcollConan(ConanFile):
         self.cpp_info.libdirs = []
         self.cpp_info.requires = ["boost::headers", "fmt::fmt", "xsimd::xsimd"]
         if self.options.with_openssl:
-            self.cpp_info.requires.append("openssl::crypto")
+            self.cpp_info.requires.append("openssl::ssl")  # TLS; libcrypto comes with it
         else:
             self.cpp_info.defines = ["QCOLL_NO_OPENSSL"]
         if self.settings.os in ("Linux", "FreeBSD"):

@@ -18,7 +18,7 @@ endif()
 get_target_property(qcoll_conan_links qcoll::qcoll INTERFACE_LINK_LIBRARIES)
 if(NOT "fmt::fmt" IN_LIST qcoll_conan_links)
   set_property(TARGET qcoll::qcoll APPEND PROPERTY INTERFACE_LINK_LIBRARIES
-    Boost::headers fmt::fmt xsimd Threads::Threads $<$<BOOL:${qcoll_with_openssl}>:OpenSSL::Crypto>)
+    Boost::headers fmt::fmt xsimd Threads::Threads $<$<BOOL:${qcoll_with_openssl}>:OpenSSL::SSL>)
 endif()
 unset(qcoll_with_openssl)
 unset(qcoll_conan_links)

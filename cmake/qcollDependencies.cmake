@@ -53,7 +53,7 @@ if(qcoll_with_openssl)
     find_dependency(OpenSSL 1.1.1)  # not found: qcoll is not found either, and says so
   else()
     find_package(OpenSSL 1.1.1)
-    if(NOT TARGET OpenSSL::Crypto)
+    if(NOT TARGET OpenSSL::SSL)
       message(FATAL_ERROR "qcoll authenticates ranks with OpenSSL's libcrypto (1.1.1 or newer) and found none: \
 install it (Debian: libssl-dev) or point OPENSSL_ROOT_DIR at it, or configure with -DQCOLL_WITH_OPENSSL=OFF \
 to build qcoll without authentication (a job with QCOLL_SECRET is then refused)")

@@ -25,6 +25,12 @@ qcoll_warnings(qcoll_garble)
 qcoll_job_test(garbage_after_the_handshake RANKS 4 TRANSPORT tcp ARGS garble LAUNCHER_OPTIONS --keep-going
   ENVIRONMENT LD_PRELOAD=$<TARGET_FILE:qcoll_garble>
   LINES "3:refused the garbage of rank 3|1:rank 3: its peers refused its garbage")
+# TLS (QCOLL_TLS=1): a bit of the last rank's ciphertext flipped in transit, as a man in
+# the middle would: the record fails its authentication, the reader names the victim, and
+# every rank fails; each completed call's sum is checked.
+qcoll_job_test(tls_record_altered_in_transit RANKS 3 TRANSPORT tcp ARGS alter_a_tls_record LAUNCHER_OPTIONS --keep-going
+  ENVIRONMENT LD_PRELOAD=$<TARGET_FILE:qcoll_garble> QCOLL_GARBLE=payload QCOLL_TLS=1
+  LINES "3:refused the altered TLS record of rank 2")
 add_test(NAME faults.campaign
   COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/faults/campaign.py ${PROJECT_BINARY_DIR}
           --trials 10 --seed 1 --transports ${campaign_transports} --faults none,kill,stop,elastic)

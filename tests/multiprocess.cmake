@@ -216,6 +216,13 @@ qcoll_job_test(single_copy_refused_falls_back RANKS 3 TRANSPORT shm ARGS refuse_
   LINES "3:single copy off|1:single copy is off for this job: rank 0 may not read rank 1's memory|3:all collectives correct \\(|3:all collectives correct on allocated memory .*, 0 peer regions mapped")
 qcoll_job_test(intruders_are_refused RANKS 2 TRANSPORT tcp ARGS intruders
   LINES "1:impostor refused as expected|2:tcp transport refused a connection|2:all collectives correct")
+# TLS (QCOLL_TLS=1, keyed by qcoll-run's secret): every collective's bits as without, on
+# sizes from 0 to 4 MiB (TLS records of 16 KiB, writes retried where the socket is full),
+# and many small messages (records gathered with their headers).
+qcoll_job_test(collectives_over_tls RANKS 4 TRANSPORT tcp ARGS collectives 4194304 ENVIRONMENT QCOLL_TLS=1
+  LINES "4:all collectives correct")
+qcoll_job_test(many_small_collectives_over_tls RANKS 3 TRANSPORT tcp ARGS many_small ENVIRONMENT QCOLL_TLS=1
+  LINES "3:1000 small allreduces correct")
 # A crashed job left a segment under this job's name: the new job must not inherit it, and
 # nothing is left in /dev/shm afterwards.
 qcoll_job_test(stale_segment_is_replaced RANKS 2 TRANSPORT shm ARGS collectives 4096

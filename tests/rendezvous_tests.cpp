@@ -19,6 +19,7 @@
 #include <qcoll/rendezvous/hmac.hpp>
 #include <qcoll/rendezvous/survivors.hpp>
 #include <qcoll/rendezvous/tcp_store.hpp>
+#include <qcoll/rendezvous/tls.hpp>
 
 #include <boost/asio.hpp>
 
@@ -540,6 +541,11 @@ BOOST_AUTO_TEST_CASE(other_settings_errors) {
   check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TIMEOUT_MS=0"});
   vars["QCOLL_TIMEOUT_MS"] = "5s";
   check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TIMEOUT_MS=5s is not a non-negative integer"});
+  vars = qcoll_rank("0", "2");
+  vars["QCOLL_TLS"] = "yes";
+  check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TLS=yes is not 1 or 0"});
+  vars["QCOLL_TLS"] = "1";  // and no secret
+  check_error(job_error(vars), errc::invalid_argument, {"QCOLL_TLS=1 without a secret", "QCOLL_SECRET"});
 }
 
 BOOST_AUTO_TEST_CASE(secret_from_a_file) {
@@ -753,6 +759,96 @@ BOOST_AUTO_TEST_CASE(secret_on_one_side_only_is_refused) {
   r = shake(test_job(0, 2), test_job(1, 2, "s3cret"));
   check_error(r.server, errc::protocol_error, {"the client has a secret (QCOLL_SECRET) and this rank has none"});
   check_error(r.client, errc::protocol_error, {"refused", "this rank has a secret (QCOLL_SECRET) and the peer has none"});
+}
+
+BOOST_AUTO_TEST_CASE(tls_on_one_side_only_is_refused_on_both) {
+  job with_tls = test_job(0, 2, "s3cret");
+  with_tls.tls = true;
+  job without = test_job(1, 2, "s3cret");
+  auto r = shake(with_tls, without);
+  check_error(r.server, errc::protocol_error, {"the client does not use TLS and this rank does (QCOLL_TLS=1)"});
+  check_error(r.client, errc::protocol_error, {"refused", "the peer uses TLS (QCOLL_TLS=1) and this rank does not"});
+  with_tls.rank = 1;
+  without.rank = 0;
+  r = shake(without, with_tls);
+  check_error(r.server, errc::protocol_error, {"the client uses TLS (QCOLL_TLS=1) and this rank does not"});
+  check_error(r.client, errc::protocol_error, {"refused", "this rank uses TLS (QCOLL_TLS=1) and the peer does not"});
+  // The store's channel has no TLS: there the flag is not sent, and both are admitted.
+  r = shake(without, with_tls, channel::store, channel::store);
+  BOOST_TEST(!r.server.threw, r.server.message);
+  BOOST_TEST(!r.client.threw, r.client.message);
+}
+
+/// A TLS connection each way over a connected pair: the server's on a thread.
+struct tls_pair_outcome {
+  outcome server;
+  outcome client;
+  std::string received;  // what the server read, once both handshakes passed
+};
+
+tls_pair_outcome tls_exchange(const job& server_job, const job& client_job, const std::string& message) {
+  socket_pair pair;
+  pair.client.non_blocking(true);
+  pair.server.non_blocking(true);
+  tls_pair_outcome result;
+  std::thread server([&] {
+    result.server = capture([&] {
+      tls_connection tls(pair.server.native_handle(), server_job, tls_connection::role::server, "the client",
+                         clock::now() + 3s);
+      std::string lost;
+      std::vector<std::byte> into(message.size());
+      for (std::size_t got = 0; got < into.size() && lost.empty();) {
+        got += tls.read_some(std::span(into).subspan(got), lost);
+        if (lost.empty() && got < into.size()) std::this_thread::sleep_for(1ms);
+      }
+      if (!lost.empty()) throw std::runtime_error(lost);
+      result.received.assign(reinterpret_cast<const char*>(into.data()), into.size());
+    });
+  });
+  result.client = capture([&] {
+    tls_connection tls(pair.client.native_handle(), client_job, tls_connection::role::client, "the server",
+                       clock::now() + 3s);
+    std::string lost;
+    for (std::size_t sent = 0; sent < message.size() && lost.empty();) {
+      const std::size_t n = tls.write_some(bytes_of(message).subspan(sent), lost);
+      sent += n;
+      if (n == 0 && lost.empty()) std::this_thread::sleep_for(1ms);  // the socket is full
+    }
+    while (lost.empty() && !tls.flush(lost)) std::this_thread::sleep_for(1ms);  // the last records' ciphertext
+    if (!lost.empty()) throw std::runtime_error(lost);
+  });
+  server.join();
+  return result;
+}
+
+BOOST_AUTO_TEST_CASE(tls_carries_bytes_between_holders_of_the_secret) {
+  job j = test_job(0, 2, "s3cret");
+  j.tls = true;
+  std::string message(3 << 20, '\0');  // more than the socket buffers hold: writes that must retry
+  for (std::size_t i = 0; i < message.size(); ++i) message[i] = static_cast<char>(i * 2654435761u >> 24);
+  const auto r = tls_exchange(j, j, message);
+  BOOST_TEST(!r.server.threw, r.server.message);
+  BOOST_TEST(!r.client.threw, r.client.message);
+  BOOST_TEST((r.received == message));
+}
+
+BOOST_AUTO_TEST_CASE(tls_with_another_key_is_refused_on_both_sides) {
+  // The qcoll handshake refuses a wrong secret first; TLS must refuse it on its own too,
+  // as it does a man in the middle that relayed a genuine hello.
+  job right = test_job(0, 2, "right");
+  right.tls = true;
+  job wrong = right;
+  wrong.secret = "wrong";
+  const auto start = clock::now();
+  const auto r = tls_exchange(right, wrong, "never read");
+  check_error(r.server, errc::protocol_error, {"TLS handshake with the client failed", "different QCOLL_SECRET"});
+  check_error(r.client, errc::protocol_error, {"TLS handshake with the server failed"});
+  BOOST_TEST(r.received.empty());
+  BOOST_TEST(ms_since(start) < 3000);  // refused, not timed out
+  // Another job with the same secret has another key as well.
+  job other_job = right;
+  other_job.job_id = "another-job";
+  check_error(tls_exchange(right, other_job, "x").server, errc::protocol_error, {"TLS handshake with the client failed"});
 }
 
 BOOST_AUTO_TEST_CASE(wrong_job_is_refused) {

@@ -12,6 +12,9 @@
 //   bytes ahead of a small message's payload) — once, and the process says so on stderr
 //   ("garble: flipped …");
 //   the stream's structure stays intact, so only a payload checksum can tell.
+// Under QCOLL_TLS=1 the transport's TLS writes go through sendmsg too
+// (rendezvous/tls.hpp), so the flip lands in a TLS record's ciphertext, as a man in the
+// middle's would.
 
 #include <dlfcn.h>
 #include <netinet/in.h>

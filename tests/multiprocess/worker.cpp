@@ -1226,6 +1226,41 @@ void garble_a_rank(Comm& comm) {
   fail("100 allreduces completed although a rank sent garbage");
 }
 
+/// Over TLS (QCOLL_TLS=1), one bit of the last rank's next large write flipped in
+/// transit (faults/garble.cpp, QCOLL_GARBLE=payload; the ciphertext, as a man in the
+/// middle would): the record fails its authentication, so the rank that reads it names
+/// the victim and every rank fails; no call completes with the altered bytes.
+template <class Comm>
+void alter_a_tls_record(Comm& comm) {
+  const rank_t victim = comm.size() - 1;
+  const std::size_t count = std::size_t{1} << 18;
+  std::vector<float> data = contribution(comm.rank(), count);
+  const auto expect_the_sum = [&](int round) {
+    for (std::size_t i = 0; i < count; ++i)
+      if (data[i] != sum_of(comm.size(), i))
+        fail(fmt::format("round {}: element {} is {}, expected {}: altered bytes were used", round, i, data[i],
+                         sum_of(comm.size(), i)));
+  };
+  comm.allreduce(std::span<float>(data), reduce_op::sum);
+  expect_the_sum(0);
+  if (comm.rank() == victim) std::raise(SIGUSR1);
+  try {
+    for (int round = 1; round <= 100; ++round) {
+      data = contribution(comm.rank(), count);
+      comm.allreduce(std::span<float>(data), reduce_op::sum);
+      expect_the_sum(round);
+    }
+  } catch (const qcoll::error& e) {
+    const std::string said = e.what();
+    if (said.find("failed to decrypt or authenticate") == std::string::npos ||
+        said.find(fmt::format("rank {}", victim)) == std::string::npos)
+      fail(fmt::format("the error does not say that rank {}'s TLS record failed: {}", victim, said));
+    fmt::print("rank {}: refused the altered TLS record of rank {}: {}\n", comm.rank(), victim, said);
+    return;
+  }
+  fail("100 allreduces completed although a TLS record was altered");
+}
+
 #ifdef QCOLL_TEST_MPI
 // ---- MPI only: failures an MPI launcher lets the ranks see ----
 
@@ -1549,6 +1584,7 @@ int run(std::string_view scenario, Transport transport, std::chrono::millisecond
   else if (scenario == "compressed_kill" || scenario == "compressed_kill_started")
     kill_during_compressed(endpoint_ref(comm.transport()), comm.options(), amount, scenario.ends_with("started"));
   else if (scenario == "garble") garble_a_rank(comm);  // TCP only: tests/faults/garble.cpp
+  else if (scenario == "alter_a_tls_record") alter_a_tls_record(comm);  // TCP with QCOLL_TLS=1
 #ifdef QCOLL_TEST_MPI
   else if (scenario == "stall") stall_a_rank(comm);
   else if (scenario == "abort") abort_with_reason(comm);

@@ -121,7 +121,15 @@ class step_completion {
       }
       fail_with(code, qcoll::detail::format("no progress from peer {} within {}ms while {}", peer, timeout_.count(), what));
     }
-    if (code == errc::peer_lost) fail_with(code, qcoll::detail::format("peer {} was lost while {}", peer, what));
+    if (code == errc::peer_lost) {
+      // The pipe's words say why where the transport kept them (a TLS record that failed
+      // its authentication, a reset connection).
+      if constexpr (requires { transport_.lost_reason(peer); }) {
+        if (const std::string why = transport_.lost_reason(peer); !why.empty())
+          fail_with(code, qcoll::detail::format("peer {} was lost while {}: {}", peer, what, why));
+      }
+      fail_with(code, qcoll::detail::format("peer {} was lost while {}", peer, what));
+    }
     fail_with(code, qcoll::detail::format("peer {}: {} while {}", peer, code.message(), what));
   }
 

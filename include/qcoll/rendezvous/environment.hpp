@@ -45,6 +45,8 @@
 /// - **Secret**: QCOLL_SECRET, else the contents of the file QCOLL_SECRET_FILE names (one
 ///   trailing newline stripped; keeps the secret out of `ps e` and /proc/PID/environ of
 ///   the launcher's children). Empty or unset: no authentication.
+/// - QCOLL_TLS = 1 | 0 (default 0): TLS 1.3 on the TCP transport's connections, keyed by
+///   the secret (rendezvous/tls.hpp); 1 needs a secret.
 /// - QCOLL_TRANSPORT = shm | tcp | auto (default auto: shm when every rank is local).
 /// - QCOLL_BIND: the address this rank's TCP listener binds (default 127.0.0.1).
 /// - QCOLL_TIMEOUT_MS: deadline for setup and for each collective step (default 60000).
@@ -120,6 +122,7 @@ struct job {
   std::uint16_t store_port = 0;
   std::string job_id;  ///< never empty when it comes from job_from_environment
   std::string secret;  ///< empty: no authentication
+  bool tls = false;    ///< TLS 1.3 on the TCP transport's connections, keyed by the secret (rendezvous/tls.hpp)
   transport_kind transport = transport_kind::automatic;
   std::string bind_address = "127.0.0.1";
   std::chrono::milliseconds timeout{60000};
@@ -305,6 +308,17 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
     result.secret = detail::read_secret_file(*path);
   }
   detail::require_authentication(result, environment_error_prefix);
+  if (auto tls = read_variable(lookup, variables::tls)) {
+    if (*tls != "0" && *tls != "1")
+      qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_TLS={} is not 1 or 0", environment_error_prefix,
+                                 *tls);
+    result.tls = *tls == "1";
+    if (result.tls && result.secret.empty())
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "{}: QCOLL_TLS=1 without a secret: TLS's key derives from the job's secret; set "
+                                 "QCOLL_SECRET or QCOLL_SECRET_FILE (qcoll-run makes one)",
+                                 environment_error_prefix);
+  }
 
   if (auto transport = read_variable(lookup, variables::transport)) {
     const std::optional<transport_kind> kind = parse_transport(*transport);

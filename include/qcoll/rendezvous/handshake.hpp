@@ -13,7 +13,8 @@
 ///        0  magic "QCOL"            4
 ///        4  protocol version u16    (2)
 ///        6  channel u8              (1 store, 2 data, 3 recovery)
-///        7  flags u8                bit 0: the client has a secret; other bits 0
+///        7  flags u8                bit 0: the client has a secret; bit 1: TLS follows
+///                                   (data channel only, QCOLL_TLS); other bits 0
 ///        8  job fingerprint        32   (a job id of any length in a fixed frame)
 ///       40  rank u32
 ///       44  size u32
@@ -22,11 +23,12 @@
 ///        0  magic "QCOL"            4
 ///        4  protocol version u16    (the server's)
 ///        6  status u8               handshake_status; ok or why the client is refused
-///        7  flags u8                bit 0: the server has a secret
+///        7  flags u8                bit 0: the server has a secret; bit 1: TLS follows
 ///        8  server nonce           16
 ///       24  proof_s                32   HMAC(secret, "qcoll-server" | hello | server nonce)
 ///     client → server  proof_c, 32 bytes    HMAC(secret, "qcoll-client" | hello | server nonce)
 ///     server → client  ack, 1 byte          handshake_status
+///     then, when both said bit 1: a TLS 1.3 handshake on the same socket (tls.hpp)
 ///
 /// Why it is built this way:
 /// - The server reads the 4-byte magic first, so a stray HTTP request or port scan is
@@ -106,6 +108,7 @@ enum class handshake_status : std::uint8_t {
   bad_secret = 5,       ///< the client's proof does not verify: different secrets
   bad_rank = 6,         ///< rank not below the job's size
   wrong_size = 7,       ///< the client's world size differs from the server's
+  tls_mismatch = 8,     ///< one side uses TLS (QCOLL_TLS=1), the other does not
 };
 
 inline constexpr std::uint16_t handshake_version = 2;
@@ -119,6 +122,12 @@ namespace detail {
 inline constexpr std::array<std::byte, 4> handshake_magic{std::byte{'Q'}, std::byte{'C'}, std::byte{'O'},
                                                          std::byte{'L'}};
 inline constexpr std::uint8_t flag_secret = 1;
+inline constexpr std::uint8_t flag_tls = 2;
+
+/// The hello's and the reply's flags for this job on this channel.
+inline std::uint8_t flags_of(const job& j, channel kind) noexcept {
+  return static_cast<std::uint8_t>((j.secret.empty() ? 0 : flag_secret) | (j.tls && kind == channel::data ? flag_tls : 0));
+}
 
 inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {
   return std::as_bytes(std::span(text.data(), text.size()));
@@ -189,7 +198,7 @@ inline qcoll::error make_error(errc code, std::string message) { return qcoll::e
 class server_handshake {
  public:
   server_handshake(const job& j, channel kind)
-      : job_id_(j.job_id), secret_(j.secret), job_hash_(job_fingerprint(j.job_id)), size_(j.size), kind_(kind) {
+      : job_id_(j.job_id), secret_(j.secret), flags_(flags_of(j, kind)), job_hash_(job_fingerprint(j.job_id)), size_(j.size), kind_(kind) {
     require_authentication(j, "qcoll");
   }
 
@@ -214,7 +223,7 @@ class server_handshake {
 
     std::memcpy(reply_.data(), handshake_magic.data(), 4);
     qcoll::detail::store_le<std::uint16_t>(reply_.data() + 4, handshake_version);
-    reply_[7] = std::byte{secret_.empty() ? std::uint8_t{0} : flag_secret};
+    reply_[7] = std::byte{flags_};
     std::memcpy(reply_.data() + 8, nonce_.data(), nonce_size);
 
     if (version != handshake_version)
@@ -222,7 +231,7 @@ class server_handshake {
                     qcoll::detail::format("the client speaks handshake version {}, this rank speaks {}: all ranks of a job "
                                 "must run the same qcoll version",
                                 version, handshake_version));
-    if (flags & ~flag_secret)
+    if (flags & ~(flag_secret | flag_tls))
       return refuse_silently(qcoll::detail::format("malformed hello: unknown flags 0x{:02x}", flags));
     if (kind != static_cast<std::uint8_t>(kind_))
       return refuse(handshake_status::wrong_channel,
@@ -233,6 +242,10 @@ class server_handshake {
       return refuse(handshake_status::secret_mismatch,
                     client_has_secret ? "the client has a secret (QCOLL_SECRET) and this rank has none"
                                       : "the client has no secret and this rank has one (QCOLL_SECRET)");
+    if ((flags & flag_tls) != (flags_ & flag_tls))
+      return refuse(handshake_status::tls_mismatch,
+                    (flags & flag_tls) != 0 ? "the client uses TLS (QCOLL_TLS=1) and this rank does not"
+                                            : "the client does not use TLS and this rank does (QCOLL_TLS=1)");
     if (!std::equal(job_hash_.begin(), job_hash_.end(), hello_.begin() + 8))
       return refuse(handshake_status::wrong_job,
                     qcoll::detail::format("the client belongs to another job (this job's id is \"{}\")", printable(job_id_)));
@@ -301,6 +314,7 @@ class server_handshake {
 
   std::string job_id_;
   std::string secret_;
+  std::uint8_t flags_;
   std::array<std::byte, 32> job_hash_;
   rank_t size_;
   channel kind_;
@@ -339,6 +353,9 @@ inline std::string refusal_reason(handshake_status status, std::uint16_t server_
       return qcoll::detail::format("the peer rejected rank {}: not below the job's size", j.rank);
     case handshake_status::wrong_size:
       return qcoll::detail::format("the peer's job does not have {} ranks: QCOLL_WORLD_SIZE differs between ranks", j.size);
+    case handshake_status::tls_mismatch:
+      return j.tls ? "this rank uses TLS (QCOLL_TLS=1) and the peer does not: set the same QCOLL_TLS on every rank"
+                   : "the peer uses TLS (QCOLL_TLS=1) and this rank does not: set the same QCOLL_TLS on every rank";
   }
   return qcoll::detail::format("the peer refused with unknown status {}", static_cast<unsigned>(status));
 }
@@ -353,7 +370,7 @@ class client_handshake {
     qcoll::detail::store_le<std::uint16_t>(hello_.data() + 4, handshake_version);
     hello_[6] = static_cast<std::byte>(kind);
     require_authentication(job_, where_);
-    hello_[7] = std::byte{job_.secret.empty() ? std::uint8_t{0} : flag_secret};
+    hello_[7] = std::byte{flags_of(job_, kind)};
     const auto job_hash = job_fingerprint(job_.job_id);
     std::memcpy(hello_.data() + 8, job_hash.data(), job_hash.size());
     qcoll::detail::store_le<std::uint32_t>(hello_.data() + 40, static_cast<std::uint32_t>(job_.rank));

@@ -20,7 +20,7 @@
 
 #ifndef QCOLL_NO_OPENSSL
 #  if defined(__has_include) && !__has_include(<openssl/hmac.h>)
-#    error "qcoll authenticates ranks with OpenSSL's HMAC-SHA256 and did not find <openssl/hmac.h>: install OpenSSL's headers (Debian: libssl-dev) and link libcrypto (-lcrypto, CMake: OpenSSL::Crypto), or define QCOLL_NO_OPENSSL to build without authentication (a job with QCOLL_SECRET is then refused)"
+#    error "qcoll authenticates ranks with OpenSSL's HMAC-SHA256 and did not find <openssl/hmac.h>: install OpenSSL's headers (Debian: libssl-dev) and link it (-lssl -lcrypto, CMake: OpenSSL::SSL), or define QCOLL_NO_OPENSSL to build without authentication (a job with QCOLL_SECRET is then refused)"
 #  endif
 #  include <openssl/crypto.h>
 #  include <openssl/err.h>

@@ -38,6 +38,7 @@ inline constexpr const char* store = "QCOLL_STORE";
 inline constexpr const char* job_id = "QCOLL_JOB_ID";
 inline constexpr const char* secret = "QCOLL_SECRET";
 inline constexpr const char* secret_file = "QCOLL_SECRET_FILE";
+inline constexpr const char* tls = "QCOLL_TLS";
 inline constexpr const char* transport = "QCOLL_TRANSPORT";
 inline constexpr const char* bind = "QCOLL_BIND";
 inline constexpr const char* timeout_ms = "QCOLL_TIMEOUT_MS";

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -95,6 +96,14 @@ class subgroup {
       s.waits_for = found == members_.end() ? std::nullopt : std::optional<rank_t>(rank_t(found - members_.begin()));
     }
     return s;
+  }
+
+  /// Why the base's stream to or from `peer` broke (its words, its numbering), where the
+  /// base keeps it.
+  std::string lost_reason(rank_t peer) const
+    requires requires(const Base& b) { b.lost_reason(rank_t{}); }
+  {
+    return base_->lost_reason(base_peer(peer));
   }
 
   // Single-copy reads, where the base transport offers them.

@@ -12,7 +12,10 @@
 /// job carries on waiting for the real peer. Then the sockets turn non-blocking and
 /// carry the record stream of stream/records.hpp: messages are streamed from the
 /// caller's buffer into the socket and from the socket into the posted buffer, in
-/// chunks, never staged whole; TCP_NODELAY is set.
+/// chunks, never staged whole; TCP_NODELAY is set. With QCOLL_TLS=1 (job.tls) every
+/// connection runs TLS 1.3 after its handshake, keyed by the job's secret
+/// (rendezvous/tls.hpp): the stream's bytes are encrypted and every TLS record is
+/// authenticated, so bytes altered in transit break the connection, never a result.
 ///
 /// Setup: each rank listens on `job.bind_address` (loopback unless told otherwise) on
 /// an ephemeral port and publishes it in the job's store. It connects to every lower
@@ -34,6 +37,7 @@
 #include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
 #include <qcoll/rendezvous/store.hpp>
+#include <qcoll/rendezvous/tls.hpp>
 #include <qcoll/transports/process.hpp>
 #include <qcoll/transports/stream/engine.hpp>
 
@@ -73,13 +77,29 @@ inline std::string endpoint_text(const tcp::socket& socket) {
   return ec ? std::string("?") : remote.address().to_string() + ":" + std::to_string(remote.port());
 }
 
+#ifndef QCOLL_NO_OPENSSL
+using tls_connections = std::vector<std::unique_ptr<rendezvous::tls_connection>>;
+#else
+struct tls_unavailable {  // never made: QCOLL_TLS=1 needs a secret, which such a build refuses
+  std::size_t write_some(std::span<const std::byte>, std::string&) { return 0; }
+  std::size_t read_some(std::span<std::byte>, std::string&) { return 0; }
+  bool flush(std::string&) { return true; }
+  bool has_unsent() const noexcept { return false; }
+  bool has_pending() const noexcept { return false; }
+};
+using tls_connections = std::vector<std::unique_ptr<tls_unavailable>>;
+#endif
+
 /// The stream engine's pipes over two connected sockets per peer, one per direction.
 class tcp_channels final : public stream::channels {
  public:
-  /// `outgoing[p]` is written to reach p, `incoming[p]` read to hear from it.
+  /// `outgoing[p]` is written to reach p, `incoming[p]` read to hear from it; over
+  /// `outgoing_tls[p]` and `incoming_tls[p]` where those are set (QCOLL_TLS).
   tcp_channels(std::unique_ptr<asio::io_context> io, std::vector<std::optional<tcp::socket>> outgoing,
-               std::vector<std::optional<tcp::socket>> incoming, rank_t rank)
-      : io_(std::move(io)), outgoing_(std::move(outgoing)), incoming_(std::move(incoming)), rank_(rank),
+               std::vector<std::optional<tcp::socket>> incoming, tls_connections outgoing_tls,
+               tls_connections incoming_tls, rank_t rank)
+      : io_(std::move(io)), outgoing_(std::move(outgoing)), incoming_(std::move(incoming)),
+        outgoing_tls_(std::move(outgoing_tls)), incoming_tls_(std::move(incoming_tls)), rank_(rank),
         gone_(outgoing_.size()), inboxes_(outgoing_.size()) {
     loopback_.assign(outgoing_.size(), true);
     for (rank_t p = 0; p < outgoing_.size(); ++p) {
@@ -100,7 +120,10 @@ class tcp_channels final : public stream::channels {
   /// answer: checksums there cost CPU, not correctness). Both connections of the pair
   /// count, so both ends answer alike even where the two ranks bound different
   /// addresses (each sees the other's listener on one and its own on the other).
-  bool crosses_network(rank_t peer) const noexcept override { return !loopback_[peer]; }
+  /// Under TLS the answer is no for every peer: TLS authenticates each of its records
+  /// (a 16-byte tag), which catches everything a CRC-32C would, so the CRC would cost CPU
+  /// for nothing (QCOLL_PAYLOAD_CRC=1 still forces it).
+  bool crosses_network(rank_t peer) const noexcept override { return !loopback_[peer] && !outgoing_tls_[peer]; }
 
   /// One sendmsg for both: with TCP_NODELAY, a record header written alone would leave
   /// as a packet of its own (and be acknowledged as one) ahead of every chunk.
@@ -110,6 +133,7 @@ class tcp_channels final : public stream::channels {
       lost = "its connection is closed";
       return 0;
     }
+    if (outgoing_tls_[peer]) return write_tls(peer, first, second, lost);
     const std::array<asio::const_buffer, 2> gathered{asio::buffer(first.data(), first.size()),
                                                      asio::buffer(second.data(), second.size())};
     boost::system::error_code ec;
@@ -143,7 +167,8 @@ class tcp_channels final : public stream::channels {
     return lost.empty() ? receive(peer, into, lost) : 0;
   }
 
-  void notify(rank_t) noexcept override {}  // the kernel wakes the peer
+  /// The kernel wakes the peer; under TLS, ciphertext queued by the last writes goes out.
+  void notify(rank_t peer) noexcept override { flush_tls(peer); }
 
   bool peer_gone(rank_t peer) override {
     if (!outgoing_[peer] || !incoming_[peer]) return true;
@@ -161,13 +186,20 @@ class tcp_channels final : public stream::channels {
 
   void wait_for_activity(std::uint64_t, std::span<const char> want_read, std::span<const char> want_write,
                          deadline until) override {
+    // Bytes OpenSSL already decrypted are invisible to poll(2): no sleeping on them; and
+    // ciphertext that waits for room is watched like bytes the engine wants to write.
+    for (rank_t p = 0; p < incoming_tls_.size(); ++p) {
+      if (want_read[p] && incoming_tls_[p] && incoming_tls_[p]->has_pending()) return;
+      flush_tls(p);
+    }
     probes_.clear();
     for (rank_t p = 0; p < outgoing_.size(); ++p) {
       // A peer whose next message waits for a receive is watched only for hang-ups.
       if (incoming_[p])
         probes_.push_back({incoming_[p]->native_handle(), static_cast<short>((want_read[p] ? POLLIN : 0) | POLLRDHUP), 0});
       if (outgoing_[p])
-        probes_.push_back({outgoing_[p]->native_handle(), static_cast<short>((want_write[p] ? POLLOUT : 0) | POLLRDHUP), 0});
+        probes_.push_back({outgoing_[p]->native_handle(),
+                           static_cast<short>((want_write[p] || unsent_tls(p) ? POLLOUT : 0) | POLLRDHUP), 0});
     }
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock::now()).count();
     if (left <= 0) return;
@@ -175,6 +207,8 @@ class tcp_channels final : public stream::channels {
   }
 
   void close(rank_t peer) noexcept override {
+    outgoing_tls_[peer].reset();
+    incoming_tls_[peer].reset();
     for (std::optional<tcp::socket>* socket : {&outgoing_[peer], &incoming_[peer]}) {
       if (!*socket) continue;
       boost::system::error_code ignored;
@@ -189,6 +223,7 @@ class tcp_channels final : public stream::channels {
   // because a record header's read also pulls in payload that then costs a second copy.
   static constexpr std::size_t small_read_bytes = 16 << 10;
   static constexpr std::size_t inbox_bytes = 16 << 10;
+  static constexpr std::size_t tls_gather_bytes = 16 << 10;  // one TLS record's plaintext at most
 
   struct inbox {
     std::vector<std::byte> bytes;
@@ -197,6 +232,7 @@ class tcp_channels final : public stream::channels {
   };
 
   std::size_t receive(rank_t peer, std::span<std::byte> into, std::string& lost) {
+    if (incoming_tls_[peer]) return incoming_tls_[peer]->read_some(into, lost);
     boost::system::error_code ec;
     const std::size_t n = incoming_[peer]->read_some(asio::buffer(into.data(), into.size()), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return 0;
@@ -205,6 +241,28 @@ class tcp_channels final : public stream::channels {
     else if (ec)
       lost = qcoll::detail::format("the connection to {} failed: {}", address(peer), ec.message());
     return n;
+  }
+
+  void flush_tls(rank_t peer) noexcept {
+    if (!outgoing_tls_[peer]) return;
+    std::string lost;  // kept by the connection: the next write_some reports it
+    outgoing_tls_[peer]->flush(lost);
+  }
+
+  bool unsent_tls(rank_t peer) const noexcept { return outgoing_tls_[peer] && outgoing_tls_[peer]->has_unsent(); }
+
+  /// TLS cannot gather: a small record header goes out with the start of its payload in
+  /// one TLS record (copied), so it does not leave as a packet of its own; large writes
+  /// go straight from the caller's buffer.
+  std::size_t write_tls(rank_t peer, std::span<const std::byte> first, std::span<const std::byte> second,
+                        std::string& lost) {
+    if (first.empty() || second.empty() || first.size() >= tls_gather_bytes)
+      return outgoing_tls_[peer]->write_some(first.empty() ? second : first, lost);
+    const std::size_t taken = std::min(second.size(), tls_gather_bytes - first.size());
+    gathered_.resize(first.size() + taken);
+    std::memcpy(gathered_.data(), first.data(), first.size());
+    std::memcpy(gathered_.data() + first.size(), second.data(), taken);
+    return outgoing_tls_[peer]->write_some(gathered_, lost);
   }
 
   const std::string& address(rank_t peer) const { return addresses_[peer < rank_ ? peer : peer - 1]; }
@@ -218,12 +276,15 @@ class tcp_channels final : public stream::channels {
   std::unique_ptr<asio::io_context> io_;  // outlives the sockets it owns
   std::vector<std::optional<tcp::socket>> outgoing_;
   std::vector<std::optional<tcp::socket>> incoming_;
+  tls_connections outgoing_tls_;  // destroyed before the sockets they run over
+  tls_connections incoming_tls_;
   rank_t rank_;
   std::vector<std::string> addresses_;
   std::vector<bool> loopback_;  // by peer: the connections run over loopback
   std::vector<char> gone_;
   std::vector<inbox> inboxes_;
   std::vector<pollfd> probes_;
+  std::vector<std::byte> gathered_;
 };
 
 inline void tune(tcp::socket& socket, const options& opts) {
@@ -278,6 +339,7 @@ process_transport join(const rendezvous::job& job, Store& store, const options& 
   const deadline until = clock::now() + job.timeout;
   auto io = std::make_unique<asio::io_context>();
   std::vector<std::optional<tcp::socket>> outgoing(job.size), incoming(job.size);
+  detail::tls_connections outgoing_tls(job.size), incoming_tls(job.size);
 
   tcp::acceptor acceptor(*io);
   rendezvous::detail::listen_on_free_port(acceptor, job.bind_address, qcoll::detail::format("tcp transport: rank {}", job.rank));
@@ -290,6 +352,12 @@ process_transport join(const rendezvous::job& job, Store& store, const options& 
     tcp::socket socket = detail::connect_to(*io, where, peer, until);
     rendezvous::introduce(socket, job, rendezvous::channel::data, until);
     detail::tune(socket, opts);
+#ifndef QCOLL_NO_OPENSSL
+    if (job.tls)
+      outgoing_tls[peer] = std::make_unique<rendezvous::tls_connection>(
+          socket.native_handle(), job, rendezvous::tls_connection::role::client,
+          qcoll::detail::format("rank {} at {}", peer, detail::endpoint_text(socket)), until);
+#endif
     outgoing[peer].emplace(std::move(socket));
   };
   // Accepts any peer's connection, once each, until ranks [first, size) all connected.
@@ -319,6 +387,12 @@ process_transport join(const rendezvous::job& job, Store& store, const options& 
         if (peer.rank == job.rank || incoming[peer.rank])
           qcoll::detail::throw_error(errc::protocol_error, "rank {} is this rank or already connected", peer.rank);
         detail::tune(socket, opts);
+#ifndef QCOLL_NO_OPENSSL
+        if (job.tls)
+          incoming_tls[peer.rank] = std::make_unique<rendezvous::tls_connection>(
+              socket.native_handle(), job, rendezvous::tls_connection::role::server,
+              qcoll::detail::format("rank {} at {}", peer.rank, from), admit_until);
+#endif
         incoming[peer.rank].emplace(std::move(socket));
       } catch (const qcoll::error& refused) {
         qcoll::detail::log_warning("qcoll: rank {}: tcp transport refused a connection from {}: {}", job.rank, from,
@@ -330,7 +404,8 @@ process_transport join(const rendezvous::job& job, Store& store, const options& 
   accept_until_connected(job.rank + 1);  // every higher rank; lower ones may already come too
   for (rank_t peer = job.rank + 1; peer < job.size; ++peer) connect(peer);
   accept_until_connected(0);
-  auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(outgoing), std::move(incoming), job.rank);
+  auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(outgoing), std::move(incoming),
+                                                       std::move(outgoing_tls), std::move(incoming_tls), job.rank);
   return process_transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "tcp transport",
                                                             stream::resolve(opts.engine, job.local_size)),
                            job.timeout, rendezvous::transport_kind::tcp);

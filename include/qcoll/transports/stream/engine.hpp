@@ -361,6 +361,8 @@ class endpoint {
   void abort(std::error_code code, std::string_view reason) { engine_->abort(code, reason); }
   transports::failure failure() const { return engine_->failure(); }
   transports::stall stall(rank_t peer) const { return engine_->stall(peer); }
+  /// Why the stream from or to `peer` broke, in the pipe's words; empty while intact.
+  std::string lost_reason(rank_t peer) const { return std::string(engine_->lost_reason(peer)); }
   /// Bytes this rank has sent through the transport (engine::bytes_written).
   std::uint64_t bytes_written() const noexcept { return engine_->bytes_written(); }
   /// The timeout of the job it was joined from (QCOLL_TIMEOUT_MS): a communicator made
