@@ -339,6 +339,7 @@ std::unique_ptr<group> join_group(c10::intrusive_ptr<c10d::Store> store, int ran
   job.timeout = settings.timeout;
   job.launcher = "torch";
   if (const char* secret = std::getenv("QCOLL_SECRET"); secret && *secret) job.secret = secret;
+  qcoll::rendezvous::detail::read_tls([](const char* name) -> const char* { return std::getenv(name); }, job);
   if (const char* bind = std::getenv("QCOLL_BIND"); bind && *bind) job.bind_address = bind;
   const qcoll::deadline until = qcoll::clock::now() + settings.timeout;
 

@@ -125,6 +125,17 @@ def test_every_collective_and_dtype_matches_the_reference_and_every_rank(size, t
         assert results[r][1] == first, f"rank {r}'s results differ from rank 0's"
 
 
+def test_tls_over_tcp_matches_the_reference_on_every_rank():
+    # QCOLL_TLS=1 (keyed by the secret): the data connections encrypted; every_collective
+    # checks each result against the reference, as over plain TCP above.
+    results = run_ranks(2, every_collective, env={"QCOLL_TRANSPORT": "tcp", "QCOLL_SECRET": "py-tls", "QCOLL_TLS": "1"})
+    assert {results[r][0] for r in results} == {"tcp"}
+    assert results[1][1] == results[0][1], "rank 1's results over TLS differ from rank 0's"
+    # The backend read QCOLL_TLS: without a secret, it refuses it, saying why.
+    with pytest.raises(pytest.fail.Exception, match="QCOLL_TLS=1 without a secret"):
+        run_ranks(2, every_collective, env={"QCOLL_TRANSPORT": "tcp", "QCOLL_SECRET": "", "QCOLL_TLS": "1"})
+
+
 def async_calls_return_before_the_exchange(rank, size):
     tensor = torch.ones(1 << 20) * (rank + 1)
     if rank == 1:

@@ -147,6 +147,21 @@ inline void require_authentication(const job& j, std::string_view where) {
                                where);
 }
 
+/// QCOLL_TLS into `j`, whose secret is already read: 1 or 0 (unset: 0); 1 needs a secret.
+/// For launchers' programs that build their job themselves too (the PyTorch backend).
+inline void read_tls(const lookup_function& lookup, job& j) {
+  const auto tls = read_variable(lookup, variables::tls);
+  if (!tls) return;
+  if (*tls != "0" && *tls != "1")
+    qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_TLS={} is not 1 or 0", environment_error_prefix, *tls);
+  j.tls = *tls == "1";
+  if (j.tls && j.secret.empty())
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "{}: QCOLL_TLS=1 without a secret: TLS's key derives from the job's secret; set "
+                               "QCOLL_SECRET or QCOLL_SECRET_FILE (qcoll-run makes one)",
+                               environment_error_prefix);
+}
+
 }  // namespace detail
 
 /// The store port of an mpirun job whose ranks are all on one host:
@@ -308,17 +323,7 @@ inline job job_from_environment(const std::function<const char*(const char*)>& l
     result.secret = detail::read_secret_file(*path);
   }
   detail::require_authentication(result, environment_error_prefix);
-  if (auto tls = read_variable(lookup, variables::tls)) {
-    if (*tls != "0" && *tls != "1")
-      qcoll::detail::throw_error(errc::invalid_argument, "{}: QCOLL_TLS={} is not 1 or 0", environment_error_prefix,
-                                 *tls);
-    result.tls = *tls == "1";
-    if (result.tls && result.secret.empty())
-      qcoll::detail::throw_error(errc::invalid_argument,
-                                 "{}: QCOLL_TLS=1 without a secret: TLS's key derives from the job's secret; set "
-                                 "QCOLL_SECRET or QCOLL_SECRET_FILE (qcoll-run makes one)",
-                                 environment_error_prefix);
-  }
+  detail::read_tls(lookup, result);
 
   if (auto transport = read_variable(lookup, variables::transport)) {
     const std::optional<transport_kind> kind = parse_transport(*transport);

@@ -404,6 +404,10 @@ process_transport join(const rendezvous::job& job, Store& store, const options& 
   accept_until_connected(job.rank + 1);  // every higher rank; lower ones may already come too
   for (rank_t peer = job.rank + 1; peer < job.size; ++peer) connect(peer);
   accept_until_connected(0);
+  if (job.tls && qcoll::detail::debug_info_enabled() && job.size > 1)
+    qcoll::detail::log_info("qcoll: rank {}: tcp transport: TLS 1.3 on all {} connections (QCOLL_TLS=1, keyed by "
+                            "the job's secret)",
+                            job.rank, 2 * (job.size - 1));
   auto pipes = std::make_unique<detail::tcp_channels>(std::move(io), std::move(outgoing), std::move(incoming),
                                                        std::move(outgoing_tls), std::move(incoming_tls), job.rank);
   return process_transport(std::make_unique<stream::engine>(job.rank, job.size, std::move(pipes), "tcp transport",
