@@ -45,6 +45,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -830,6 +831,88 @@ BOOST_AUTO_TEST_CASE(tls_carries_bytes_between_holders_of_the_secret) {
   BOOST_TEST(!r.server.threw, r.server.message);
   BOOST_TEST(!r.client.threw, r.client.message);
   BOOST_TEST((r.received == message));
+}
+
+BOOST_AUTO_TEST_CASE(a_proxy_that_alters_one_byte_is_detected_and_nothing_altered_is_delivered) {
+  // client ⇄ proxy ⇄ server over two socket pairs; the proxy relays both ways and flips
+  // one bit of the client's stream at byte 200000 (in a record's ciphertext, well past
+  // the handshake), as a man in the middle would.
+  int near[2], far[2];  // near: client | proxy; far: proxy | server
+  BOOST_REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, near) == 0);
+  BOOST_REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, far) == 0);
+  std::atomic<bool> stop{false};
+  std::thread proxy([&] {
+    // When either side ends, the relay ends both: the client's writes then fail, not block.
+    struct hang_up {
+      int a, b;
+      ~hang_up() {
+        ::shutdown(a, SHUT_RDWR);
+        ::shutdown(b, SHUT_RDWR);
+      }
+    } on_exit{near[1], far[0]};
+    std::vector<char> buffer(64 << 10);
+    std::size_t forwarded = 0;  // of the client's stream
+    constexpr std::size_t flip_at = 200000;
+    while (!stop.load()) {
+      pollfd ends[2] = {{near[1], POLLIN, 0}, {far[0], POLLIN, 0}};
+      if (::poll(ends, 2, 20) <= 0) continue;
+      for (int side = 0; side < 2; ++side) {
+        if (!(ends[side].revents & (POLLIN | POLLHUP))) continue;
+        const ssize_t n = ::read(ends[side].fd, buffer.data(), buffer.size());
+        if (n <= 0) return;  // an end closed: so does the relay
+        if (side == 0 && forwarded <= flip_at && flip_at < forwarded + static_cast<std::size_t>(n))
+          buffer[flip_at - forwarded] ^= 0x10;
+        if (side == 0) forwarded += static_cast<std::size_t>(n);
+        for (ssize_t done = 0; done < n;) {
+          const ssize_t w = ::send(side == 0 ? far[0] : near[1], buffer.data() + done, static_cast<std::size_t>(n - done),
+                                   MSG_NOSIGNAL);
+          if (w <= 0) return;
+          done += w;
+        }
+      }
+    }
+  });
+  job j = test_job(0, 2, "s3cret");
+  j.tls = true;
+  std::string message(1 << 20, '\0');
+  for (std::size_t i = 0; i < message.size(); ++i) message[i] = static_cast<char>(i * 2654435761u >> 24);
+  std::string received, server_lost;
+  std::thread server([&] {
+    const outcome o = capture([&] {
+      tls_connection tls(far[1], j, tls_connection::role::server, "the client", clock::now() + 3s);
+      std::vector<std::byte> into(message.size());
+      std::size_t got = 0;
+      const auto give_up = clock::now() + 5s;
+      while (got < into.size() && server_lost.empty() && clock::now() < give_up) {
+        const std::size_t n = tls.read_some(std::span(into).subspan(got), server_lost);
+        got += n;
+        if (n == 0 && server_lost.empty()) std::this_thread::sleep_for(1ms);
+      }
+      received.assign(reinterpret_cast<const char*>(into.data()), got);
+    });
+    ::shutdown(far[1], SHUT_RDWR);  // the server hangs up on a broken connection
+    BOOST_TEST(!o.threw, o.message);
+  });
+  const outcome client = capture([&] {
+    tls_connection tls(near[0], j, tls_connection::role::client, "the server", clock::now() + 3s);
+    std::string lost;
+    for (std::size_t sent = 0; sent < message.size() && lost.empty();) {
+      const std::size_t n = tls.write_some(bytes_of(message).subspan(sent), lost);
+      sent += n;
+      if (n == 0 && lost.empty()) std::this_thread::sleep_for(1ms);
+    }
+    while (lost.empty() && !tls.flush(lost)) std::this_thread::sleep_for(1ms);
+  });
+  server.join();
+  stop = true;
+  proxy.join();  // before the sockets close: it may still be using them
+  for (int fd : {near[0], near[1], far[0], far[1]}) ::close(fd);
+  BOOST_TEST(!client.threw, client.message);  // it only saw the connection end
+  BOOST_TEST_INFO("the server read " << received.size() << " bytes; lost: " << server_lost);
+  BOOST_TEST(contains(server_lost, "failed to decrypt or authenticate"));
+  BOOST_TEST(contains(server_lost, "the client"));
+  BOOST_TEST(received.size() < 200000u);  // nothing from the altered record on
+  BOOST_TEST((received == message.substr(0, received.size())));  // and every byte before it intact
 }
 
 BOOST_AUTO_TEST_CASE(tls_with_another_key_is_refused_on_both_sides) {
