@@ -50,13 +50,11 @@ inline constexpr bool authentication_available =
 namespace detail {
 
 #ifndef QCOLL_NO_OPENSSL
-/// OpenSSL's reason for the last failure, for an error message.
-inline std::string openssl_reason() {
-  const unsigned long code = ERR_get_error();
+/// OpenSSL's words for an error code (ERR_get_error()'s), for a message.
+inline std::string openssl_reason(unsigned long code) {
   if (code == 0) return "no reason given";
   std::array<char, 256> text{};
   ERR_error_string_n(code, text.data(), text.size());
-  ERR_clear_error();
   return text.data();
 }
 #endif
@@ -74,7 +72,7 @@ inline digest hmac_sha256(std::span<const std::byte> key, std::span<const std::b
            message.size(), reinterpret_cast<unsigned char*>(out.data()), &length) == nullptr ||
       length != out.size())
     throw qcoll::error(make_error_code(errc::protocol_error),
-                       qcoll::detail::format("OpenSSL's HMAC-SHA256 failed: {}", detail::openssl_reason()));
+                       qcoll::detail::format("OpenSSL's HMAC-SHA256 failed: {}", detail::openssl_reason(ERR_get_error())));
   return out;
 }
 #endif
@@ -97,7 +95,7 @@ inline void random_bytes(std::span<std::byte> out) {
   if (out.empty()) return;
   if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(out.size())) != 1)
     throw qcoll::error(make_error_code(errc::protocol_error),
-                       qcoll::detail::format("OpenSSL could not generate random bytes: {}", detail::openssl_reason()));
+                       qcoll::detail::format("OpenSSL could not generate random bytes: {}", detail::openssl_reason(ERR_get_error())));
 #else
   std::random_device device;
   for (std::byte& b : out) b = static_cast<std::byte>(device());

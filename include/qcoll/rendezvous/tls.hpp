@@ -67,13 +67,6 @@ inline digest tls_key(const job& j) {
   return hmac_sha256(as_bytes(j.secret), message);
 }
 
-inline std::string ssl_reason(unsigned long code) {
-  if (code == 0) return "no reason given";
-  std::array<char, 256> text{};
-  ERR_error_string_n(code, text.data(), text.size());
-  return text.data();
-}
-
 /// The session OpenSSL resumes as the external PSK: TLS 1.3, TLS_AES_128_GCM_SHA256.
 inline SSL_SESSION* psk_session(SSL* ssl) {
   const auto* key = static_cast<const digest*>(SSL_get_ex_data(ssl, 0));
@@ -213,7 +206,7 @@ class tls_connection {
         flush(lost);  // the alert that tells the peer why, where the socket takes it
         fail(qcoll::detail::format("the TLS handshake with {} failed ({}): a different QCOLL_SECRET, a peer that "
                                    "does not speak qcoll's TLS, or bytes altered in transit",
-                                   peer_, detail::ssl_reason(reason)));
+                                   peer_, detail::openssl_reason(reason)));
       }
       while (!flush(lost)) {  // the handshake's messages (and an alert) go out first
         if (!detail::wait_ready(fd, POLLOUT, until)) timed_out();
@@ -319,7 +312,7 @@ class tls_connection {
   std::size_t authentication_failed(std::string& lost) const {
     lost = qcoll::detail::format("a TLS record from {} failed to decrypt or authenticate ({}): bytes altered in "
                                  "transit, or not from the peer",
-                                 peer_, detail::ssl_reason(ERR_get_error()));
+                                 peer_, detail::openssl_reason(ERR_get_error()));
     return 0;
   }
 
