@@ -840,7 +840,7 @@ int run_job(const collective_options& o) {
         const auto& runtime = qcoll::execution::device_runtime("collective_bench");
         int devices = 1;
         qcoll::execution::check_device(runtime, runtime.device_count(&devices), "counting devices");
-        qcoll::transports::cuda_peer::options settings;
+        auto settings = qcoll::transports::cuda_peer::options::from_environment();
         settings.device = static_cast<int>(job.local_rank % static_cast<qcoll::rank_t>(std::max(devices, 1)));
         qcoll::execution::check_device(runtime, runtime.set_device(settings.device), "choosing a device");
         qcoll::communicator peers(qcoll::transports::cuda_peer::transport<control>(control(comm.transport()), settings),

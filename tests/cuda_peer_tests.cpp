@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -309,6 +310,54 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused) {
     if (!refused([&] { t.post_recv(r, t.rank(), 0, std::as_writable_bytes(data.span())); }))
       qcoll::detail::throw_error(errc::protocol_error, "a receive from itself was accepted");
   }));
+}
+
+// The window's size from the environment: read, bounded, and refused with the variable's
+// name when malformed; ranks that read different values are refused at connect.
+BOOST_AUTO_TEST_CASE(window_settings_from_the_environment) {
+  const auto with = [](const char* slot_bytes, const char* slots) {
+    ::setenv("QCOLL_CUDA_PEER_SLOT_BYTES", slot_bytes, 1);
+    ::setenv("QCOLL_CUDA_PEER_SLOTS", slots, 1);
+  };
+  const auto refusal = [](const char* name) {
+    try {
+      (void)transports::cuda_peer::options::from_environment();
+    } catch (const qcoll::error& e) {
+      return e.code() == errc::invalid_argument && std::string_view(e.what()).find(name) != std::string_view::npos;
+    }
+    return false;
+  };
+  with("", "");
+  const transports::cuda_peer::options defaults = transports::cuda_peer::options::from_environment();
+  BOOST_TEST(defaults.slot_bytes == transports::cuda_peer::options{}.slot_bytes);
+  BOOST_TEST(defaults.slots == transports::cuda_peer::options{}.slots);
+  with("4M", "16");
+  const transports::cuda_peer::options set = transports::cuda_peer::options::from_environment();
+  BOOST_TEST(set.slot_bytes == std::size_t{4} << 20);
+  BOOST_TEST(set.slots == 16u);
+  for (const char* bad : {"1K", "2G", "off", "lots"}) {
+    with(bad, "8");
+    BOOST_TEST(refusal("QCOLL_CUDA_PEER_SLOT_BYTES"), bad);
+  }
+  for (const char* bad : {"0", "65", "x"}) {
+    with("1M", bad);
+    BOOST_TEST(refusal("QCOLL_CUDA_PEER_SLOTS"), bad);
+  }
+  ::unsetenv("QCOLL_CUDA_PEER_SLOT_BYTES");
+  ::unsetenv("QCOLL_CUDA_PEER_SLOTS");
+
+  // Rank 1 read other settings than rank 0: both refuse at connect, naming the windows.
+  std::vector<std::string> failures(2);
+  (void)transports::inproc::run_ranks(2, [&](transports::inproc::transport control) {
+    const rank_t r = control.rank();
+    try {
+      peer_transport t(std::move(control), {.slot_bytes = 8192, .slots = 2 + r, .device = 0});
+    } catch (const qcoll::error& e) {
+      failures[r] = e.what();
+    }
+  });
+  for (rank_t r = 0; r < 2; ++r)
+    BOOST_TEST(failures[r].find("has windows of") != std::string::npos, "rank " << r << ": '" << failures[r] << "'");
 }
 
 // ---- collectives over the transport

@@ -169,12 +169,13 @@ qcoll_job_test(copy_path_forced RANKS 2 TRANSPORT shm ARGS repeat 1048576
   ENVIRONMENT QCOLL_DEBUG=INFO QCOLL_SINGLE_COPY_KERNEL_BYTES=0
   LINES "2:24 allreduces of 1048576 bytes correct|48:via ring_single_copy .*memory. [0-9.]+ us, .*${peer_read_bytes}|0:outgoing blocks")
 # The CUDA peer transport between processes (its windows opened through the runtime's
-# handles, shm its control channel), 2 emulated devices shared by 3 ranks: every exact
+# handles, shm its control channel), 2 emulated devices shared by 4 ranks (a power of two:
+# halving-doubling beside shm's single copy, which cuda_peer cannot take): every exact
 # collective and a compressed plan equal the host calls; a rank killed mid-allreduce is
 # named by every survivor, well before the timeout.
-qcoll_job_test(cuda_peer_collectives_3_ranks RANKS 3 TRANSPORT shm ARGS cuda_peer 1048576
+qcoll_job_test(cuda_peer_collectives_4_ranks RANKS 4 TRANSPORT shm ARGS cuda_peer 1048576
   ENVIRONMENT QCOLL_DEVICE=emulated QCOLL_EMULATED_DEVICES=2
-  LINES "3:device collectives equal the host's .* over cuda_peer on device")
+  LINES "4:device collectives equal the host's .* over cuda_peer on device")
 qcoll_job_test(kill_a_rank_mid_cuda_peer_allreduce RANKS 4 TRANSPORT shm ARGS kill_cuda_peer 16777216 EXIT 137
   LAUNCHER_OPTIONS --keep-going ENVIRONMENT QCOLL_DEVICE=emulated QCOLL_EMULATED_DEVICES=2
   LINES "3:survivor saw the loss of peer 3|1:rank 3 was killed by signal SIGKILL")

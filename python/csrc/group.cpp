@@ -213,7 +213,7 @@ class group_over final : public group {
     if (!peers_tried_ && collective) {
       peers_tried_ = true;
       try {
-        qcoll::transports::cuda_peer::options settings;
+        auto settings = qcoll::transports::cuda_peer::options::from_environment();
         settings.device = where.device;
         settings.timeout = comm_.options().timeout;
         peers_.emplace(peer_transport(qcoll::transports::reference<Transport>(comm_.transport()), settings),

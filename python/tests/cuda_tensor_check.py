@@ -130,9 +130,18 @@ def main():
         ("reproducible_sums_on_cuda", "a reproducible group's all_reduce and reduce_scatter of CUDA tensors: the "
                                       "CPU's reproducible_sum bits (auto: cuda_peer)", same_on_every_rank),
     ]
+    # QCOLL_CUDA_CHECKS=name,name runs only those (a rerun of what failed, on a device
+    # session's few minutes).
+    only = {name for name in os.environ.get("QCOLL_CUDA_CHECKS", "").split(",") if name}
+    unknown = only - {check for check, *_ in checks}
+    if unknown:
+        print(f"cuda tensor check: no check named {', '.join(sorted(unknown))}", flush=True)
+        return 1
     failed = False
     deadline = time.monotonic() + BUDGET_S
     for check, what, judge, *transport in checks:
+        if only and check not in only:
+            continue
         started = time.monotonic()
         if deadline - started < 30:
             print(f"  {check}: NOT RUN: the check's {BUDGET_S:.0f} s are spent", flush=True)

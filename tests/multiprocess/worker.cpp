@@ -1439,6 +1439,13 @@ void over_cuda_peer(Comm& comm, std::size_t amount, bool kill) {
   communicator peers(transports::cuda_peer::transport<endpoint_ref>(endpoint_ref(comm.transport()), settings),
                      comm.options());
   if (kill) return kill_a_rank(peers, false, amount / sizeof(float), true);
+  // The host calls are the reference. cuda_peer does not read peers' memory, so the host
+  // communicator must not either: with single-copy steps it would choose another
+  // algorithm (ring_single_copy where cuda_peer takes halving_doubling, 4 ranks, 1 MiB),
+  // adding in another order — other bits, rightly. Same algorithm, same bits.
+  qcoll::tuning without_single_copy = comm.tuning();
+  without_single_copy.single_copy_bytes = qcoll::tuning::never;
+  comm.set_tuning(without_single_copy);
   check_device_collectives(comm, peers, amount, fmt::format("cuda_peer on device {} of {}", settings.device, devices));
 }
 #endif

@@ -51,8 +51,9 @@ namespace qcoll::launch {
 struct join_options {
   transports::shm::options shm{};
   transports::tcp::options tcp{};
-  /// join_devices' cuda_peer (over shm, with `shm`); device −1: LOCAL_RANK mod the devices.
-  transports::cuda_peer::options cuda_peer{};
+  /// join_devices' cuda_peer (over shm, with `shm`); device −1: LOCAL_RANK mod the devices;
+  /// its window from QCOLL_CUDA_PEER_SLOT_BYTES and QCOLL_CUDA_PEER_SLOTS where set.
+  transports::cuda_peer::options cuda_peer = transports::cuda_peer::options::from_environment();
 };
 
 /// The transport a job uses: what it asked for, else shm when all ranks are local.

@@ -11,6 +11,7 @@
 
 #include <qcoll/core/error.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/detail/byte_count.hpp>
 #include <qcoll/detail/check.hpp>
 #include <qcoll/detail/format.hpp>
 
@@ -160,7 +161,7 @@ struct tuning {
   /// owner's choice alone.
   bool measure_copy_path = false;
 
-  static constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+  static constexpr std::size_t never = qcoll::detail::bytes_never;
 
   /// The table's values with the environment's overrides.
   /// @throws qcoll::error invalid_argument naming a variable that is set but malformed.
@@ -193,21 +194,7 @@ struct tuning {
   }
 
   static std::size_t bytes_variable(const char* name, std::size_t fallback) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') return fallback;
-    const std::string_view text(value);
-    if (text == "off") return never;
-    std::size_t number = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
-    std::size_t scale = 1;
-    const std::string_view suffix(end, text.data() + text.size() - end);
-    if (suffix == "K" || suffix == "KiB") scale = std::size_t{1} << 10;
-    else if (suffix == "M" || suffix == "MiB") scale = std::size_t{1} << 20;
-    else if (!suffix.empty()) number = never;  // refused below
-    if (ec != std::errc() || number == never || number > never / scale)
-      detail::throw_error(errc::invalid_argument, "qcoll: {}={} is not a byte count (a number, optionally K or M, or off)",
-                          name, value);
-    return number * scale;
+    return qcoll::detail::byte_count_variable(name, fallback);
   }
 };
 

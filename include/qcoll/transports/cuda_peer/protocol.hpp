@@ -7,11 +7,13 @@
 #include <qcoll/core/concepts.hpp>
 #include <qcoll/core/message.hpp>
 #include <qcoll/core/types.hpp>
+#include <qcoll/detail/byte_count.hpp>
 #include <qcoll/device/runtime.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 namespace qcoll::transports::cuda_peer {
 
@@ -26,6 +28,24 @@ struct options {
   /// How long connect waits for the peers' windows, and the destructor for the peers to
   /// close this rank's windows.
   std::chrono::milliseconds timeout{30000};
+
+  /// The defaults with the environment's overrides, which every rank must share (connect
+  /// refuses windows that differ, naming both): QCOLL_CUDA_PEER_SLOT_BYTES (a byte
+  /// count, K or M suffix; 4 KiB to 1 GiB) and QCOLL_CUDA_PEER_SLOTS (1 to 64). Each
+  /// rank holds slots × slot_bytes of device memory per peer.
+  /// @throws qcoll::error invalid_argument naming a variable that is malformed or out of range.
+  static options from_environment() {
+    options o;
+    o.slot_bytes = qcoll::detail::byte_count_variable("QCOLL_CUDA_PEER_SLOT_BYTES", o.slot_bytes);
+    if (o.slot_bytes < (std::size_t{4} << 10) || o.slot_bytes > (std::size_t{1} << 30))
+      qcoll::detail::throw_error(errc::invalid_argument, "qcoll: QCOLL_CUDA_PEER_SLOT_BYTES={} is not between 4 KiB and 1 GiB",
+                                 std::getenv("QCOLL_CUDA_PEER_SLOT_BYTES"));
+    o.slots = qcoll::detail::byte_count_variable("QCOLL_CUDA_PEER_SLOTS", o.slots);
+    if (o.slots < 1 || o.slots > 64)
+      qcoll::detail::throw_error(errc::invalid_argument, "qcoll: QCOLL_CUDA_PEER_SLOTS={} is not between 1 and 64",
+                                 std::getenv("QCOLL_CUDA_PEER_SLOTS"));
+    return o;
+  }
 };
 
 /// The control transport's tag the protocol's records travel on. A caller's tags must
