@@ -66,7 +66,7 @@ struct rank_record {
 struct run_settings {
   route_kind route = route_kind::direct;
   reduce_op op = reduce_op::sum;
-  std::size_t chunk_values = compressed_allreduce_options{}.chunk_values;
+  std::size_t chunk_values = compressed_allreduce_options::host_chunk_values;
   bool in_place = true;
   bool started = false;  // start_allreduce + wait instead of the blocking call
   std::vector<std::size_t> tensors{};  // a fused plan over these sizes, called with separate tensors

@@ -673,10 +673,23 @@ BOOST_AUTO_TEST_CASE(compressed_plans_equal_the_host_plans) {
         compressed_plan_case(n, count, reduce_op::avg, one_bit{}, "one_bit", ring_route, false);
         compressed_plan_case(n, count, reduce_op::sum, k_level({.levels = 5, .group_size = 512}), "k_level", ring_route, true);
       }
-  // Several chunks per stripe (the default chunk is 256 Ki values): one rank count per route.
+  // Several chunks per stripe (the host plan's automatic chunk, 256 Ki values, for both:
+  // the device plan's would be one chunk per stripe and other bytes sent; transport_worker's
+  // device scenarios compare the automatic chunks' values). One rank count per route.
   const std::size_t large = sanitized ? 70001 : 1048579;
-  compressed_plan_case(2, large, reduce_op::avg, one_bit{}, "one_bit", false, false);
-  compressed_plan_case(4, large, reduce_op::sum, k_level({.levels = 5, .group_size = 512}), "k_level", true, true);
+  compressed_plan_case(2, large, reduce_op::avg, one_bit{}, "one_bit", false, false,
+                       {.chunk_values = compressed_allreduce_options::host_chunk_values});
+  compressed_plan_case(4, large, reduce_op::sum, k_level({.levels = 5, .group_size = 512}), "k_level", true, true,
+                       {.chunk_values = compressed_allreduce_options::host_chunk_values});
+  {
+    // The automatic chunk by where the plan's memory is.
+    const topologies::fully_connected two(2);
+    const compressed_allreduce_plan<one_bit> on_host(0, two, large, one_bit{});
+    const compressed_allreduce_plan<one_bit, float, execution::device_space> on_device(0, two, large, one_bit{}, {}, {},
+                                                                                       device_stream{});
+    BOOST_TEST(on_host.chunk_values() == compressed_allreduce_options::host_chunk_values);
+    BOOST_TEST(on_device.chunk_values() == compressed_allreduce_options::device_chunk_values);
+  }
   compressed_plan_case(3, 100003, reduce_op::sum,
                        one_bit({.group_size = 256, .reconstruction_from = reconstruction_source::previous}),
                        "one_bit from the previous encode", false, false, {.chunk_values = 4096});

@@ -101,7 +101,7 @@ class adaptive_allreduce {
       detail::throw_error(errc::invalid_argument, "adaptive_allreduce: required_speedup must be positive");
     required_speedup_ = options.required_speedup;
     std::vector<std::size_t> chunks = options.chunk_candidates;
-    if (chunks.empty()) chunks.push_back(compressed_allreduce_options{}.chunk_values);
+    if (chunks.empty()) chunks.push_back(compressed_allreduce_options::host_chunk_values);
     if (choice_ == compression_choice::compressed) chunks.resize(1);
     if (choice_ == compression_choice::exact) chunks.clear();
     for (const std::size_t chunk : chunks) {

@@ -38,6 +38,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -46,13 +47,23 @@ namespace qcoll {
 struct compressed_allreduce_options {
   /// Values per pipelined chunk, rounded up to whole quantizer groups. Each chunk is
   /// a frame of its own (24 bytes of header), encoded, sent and decoded while the
-  /// next one moves.
+  /// next one moves. `automatic` (0, the default): host_chunk_values for a plan on host
+  /// memory, device_chunk_values for one on device memory.
+  std::size_t chunk_values = automatic;
+  static constexpr std::size_t automatic = 0;
   // 256 Ki values (1 MiB of float32), from `collective_bench --job --compressed one_bit
   // --chunk 4K,…,1M,whole -b 64M` with 4 ranks in benchmarks/netlab at 1 Gbit/s (2 vCPU
   // EPYC): 128 Ki–1 Mi is a plateau (median 9.7–10.7× the exact allreduce over 4 runs;
   // 64 Ki 8.2×, 4 Ki 1.9×, one chunk per stripe 9.3×); loopback is flat from 64 Ki to
   // 1 Mi. 256 Ki still gives 4 chunks per stripe at 16 MiB. docs/compressed-performance.md.
-  std::size_t chunk_values = std::size_t{1} << 18;
+  static constexpr std::size_t host_chunk_values = std::size_t{1} << 18;
+  // 4 Mi values on a GPU: every chunk costs the device a few launches and a host round
+  // trip (~15 µs on an H200), which a GPU's kernels do not hide the way a CPU's encode
+  // time does. 2 processes on one H200 (MPS), 64 MiB, one_bit: 256 Ki 8.7 GB/s (3.8× the
+  // exact allreduce), 1 Mi 24.8, 4 Mi 45.9, one chunk per stripe 48.1 (docs/gpu.md).
+  // Encoding 4 Mi values takes ~40 µs there, sending their 1-bit frame 4 ms at 1 Gbit/s:
+  // pipelining finer gains nothing even where the network is slow.
+  static constexpr std::size_t device_chunk_values = std::size_t{1} << 22;
   /// Each stripe's owner sums the decoded contributions on a shared grid
   /// (docs/reproducibility.md) instead of adding them in arrival order: the result is
   /// then the same bits whatever the route (direct or any ring), the transport, the
@@ -175,7 +186,7 @@ class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
   /// The same for rank `rank` of `topology`, without a communicator at hand (`where`:
   /// the stream whose device keeps a device plan's state; a host plan ignores it).
   /// @par Errors
-  /// qcoll::error (invalid_argument) for a rank outside the topology or chunk_values 0.
+  /// qcoll::error (invalid_argument) for a rank outside the topology.
   template <ring_topology Topology>
   compressed_allreduce_plan(rank_t rank, const Topology& topology, std::size_t count, Q quantizer,
                             compressed_allreduce_options options = {}, owner_update<residual_type> update = {},
@@ -191,8 +202,9 @@ class compressed_allreduce_plan : public plan_handle<Q, T, Space> {
     if (rank >= topology.size())
       qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: rank {} of a {}-rank topology",
                                  rank, topology.size());
-    if (options.chunk_values == 0)
-      qcoll::detail::throw_error(errc::invalid_argument, "compressed_allreduce_plan: chunk_values must be positive");
+    if (options.chunk_values == compressed_allreduce_options::automatic)
+      options.chunk_values = std::is_same_v<Space, execution::device_space> ? compressed_allreduce_options::device_chunk_values
+                                                                            : compressed_allreduce_options::host_chunk_values;
     static_assert(reproducible_element<residual_type>, "a quantizer's values (float, double) have a grid");
     if (options.reproducible) {
       // Chunks of whole grid blocks, so the chunk size does not move the blocks.

@@ -593,7 +593,8 @@ class compressed_checks {
     compressed_allreduce_plan direct(comm_, count, quantizer, options);
     compressed_allreduce_plan ring(ring_comm_, count, quantizer, options);
     const auto name = [&](unsigned call) {
-      return fmt::format("{} {} of {} values (chunks of {}){}, call {}", Q::name, to_string(op), count, chunk_values,
+      return fmt::format("{} {} of {} values (chunks of {}){}, call {}", Q::name, to_string(op), count,
+                         chunk_values == compressed_allreduce_options::automatic ? "automatic" : std::to_string(chunk_values),
                          on_grid_ ? " on the grid" : "", call);
     };
     if (direct.route() != stripe_route::direct) fail(fmt::format("{}: the plan is not direct", name(0)));
