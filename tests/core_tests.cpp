@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(crc32c_gives_the_published_values_in_both_implementations) 
     rising[i] = static_cast<std::byte>(i);
     falling[i] = static_cast<std::byte>(31 - i);
   }
-  for (const auto extend : {&crc::extend, &crc::extend_reference}) {
+  for (const auto extend : {&crc::extend, &crc::extend_sse42, &crc::extend_reference}) {
     BOOST_TEST(extend(0, bytes_of("123456789")) == 0xE3069283u);
     BOOST_TEST(extend(0, zeros) == 0x8A9136AAu);
     BOOST_TEST(extend(0, ones) == 0x62A8AB43u);
@@ -153,18 +153,23 @@ BOOST_AUTO_TEST_CASE(crc32c_hardware_matches_the_reference_bit_for_bit_and_exten
   std::mt19937_64 rng(42);
   std::vector<std::byte> data(5 * crc::stride + 1000);
   for (std::byte& b : data) b = static_cast<std::byte>(rng());
-  // Every length around the three streams' step, at every alignment mod 8.
+  // Every length around the three streams' step, and every one up to 1100 bytes (the
+  // folding's steps of 256, 64 and 16 bytes and its tails), at every alignment mod 8:
+  // extend() (folding where the CPU has AVX-512 and VPCLMULQDQ) and the crc32
+  // instruction's streams, each against the reference.
   std::vector<std::size_t> lengths;
-  for (std::size_t n = 0; n < 80; ++n) lengths.push_back(n);
+  for (std::size_t n = 0; n < 1100; ++n) lengths.push_back(n);
   for (const std::size_t base : {3 * crc::stride, 6 * crc::stride / 2, 4 * crc::stride})
     for (std::size_t d = 0; d < 10; ++d) lengths.push_back(base - 5 + d);
   lengths.push_back(data.size() - 8);
+  BOOST_TEST_MESSAGE("crc32c: extend() uses " << crc::implementation());
   for (const std::size_t n : lengths)
     for (std::size_t offset = 0; offset < 8; ++offset) {
       if (offset + n > data.size()) continue;
       const std::span<const std::byte> piece = std::span(data).subspan(offset, n);
       const std::uint32_t expected = crc::extend_reference(0x12345678u, piece);
       BOOST_TEST_REQUIRE(crc::extend(0x12345678u, piece) == expected, "length " << n << " at offset " << offset);
+      BOOST_TEST_REQUIRE(crc::extend_sse42(0x12345678u, piece) == expected, "length " << n << " at offset " << offset);
     }
   // Extending piece by piece gives the whole's checksum, wherever it is cut.
   const std::span<const std::byte> whole = std::span(data).first(3 * crc::stride + 17);

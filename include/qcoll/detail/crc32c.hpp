@@ -11,17 +11,25 @@
 /// through 8 tables ("slicing by 8"); on x86-64 with SSE4.2 `extend` uses the `crc32`
 /// instruction over three independent streams of `stride` bytes (the instruction's
 /// latency is three times its throughput), joined by multiplying the first two by
-/// x^(8·stride) modulo the polynomial. Both give the same bits for every input
-/// (tests/core_tests.cpp); other CPUs get the reference.
+/// x^(8·stride) modulo the polynomial. Where the CPU has AVX-512 and VPCLMULQDQ,
+/// inputs of 256 bytes and more are folded instead, 256 bytes per step (carry-less
+/// multiplications by x^k modulo the polynomial, as in Intel's "Fast CRC Computation
+/// for Generic Polynomials Using PCLMULQDQ"), and the last 128 bits handed to the
+/// `crc32` instruction, which reduces them — no Barrett step. All give the same bits
+/// for every input (tests/core_tests.cpp); other CPUs get the reference.
 
 #include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <span>
+#include <string_view>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
 #include <nmmintrin.h>
 #define QCOLL_CRC32C_SSE42 1
 #endif
@@ -134,26 +142,149 @@ __attribute__((target("sse4.2"))) inline std::uint32_t extend_sse42(std::uint32_
   for (; n > 0; ++p, --n) narrow = _mm_crc32_u8(narrow, std::to_integer<std::uint8_t>(*p));
   return ~narrow;
 }
+
+/// x^e modulo the polynomial, reflected (bit 31 is x^0).
+constexpr std::uint32_t x_to_the(std::size_t e) {
+  std::uint32_t power = 1u << 31;
+  for (; e > 0; --e) power = power & 1 ? (power >> 1) ^ polynomial : power >> 1;
+  return power;
+}
+
+/// A quadword of a lane, read reflected (its first bit is its highest power), carried
+/// `bits` on: it is multiplied by x^bits. The carry-less product of two reflected
+/// quadwords is their product times x, hence x^(bits − 1); a residue has 32 terms, the
+/// quadword's upper half.
+constexpr std::uint64_t carry(std::size_t bits) { return std::uint64_t{x_to_the(bits - 1)} << 32; }
+
+/// The multipliers that fold a 128-bit lane `bits` on: its first quadword (powers
+/// 127…64 of the lane) by x^(bits + 64), its second (63…0) by x^bits.
+struct fold_multipliers {
+  std::uint64_t first, second;
+};
+constexpr fold_multipliers fold_by(std::size_t bits) { return {carry(bits + 64), carry(bits)}; }
+
+inline constexpr fold_multipliers by_256_bytes = fold_by(8 * 256), by_64_bytes = fold_by(8 * 64), by_16_bytes = fold_by(8 * 16);
+
+/// The bytes below which folding does not pay: one step of four 64-byte lanes.
+inline constexpr std::size_t fold_minimum = 256;
+
+#define QCOLL_CRC32C_FOLD_TARGET __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
+
+QCOLL_CRC32C_FOLD_TARGET inline __m512i multipliers_512(fold_multipliers m) {
+  const auto first = static_cast<long long>(m.first), second = static_cast<long long>(m.second);
+  return _mm512_set_epi64(second, first, second, first, second, first, second, first);
+}
+
+QCOLL_CRC32C_FOLD_TARGET inline __m512i load(const std::byte* at) { return _mm512_loadu_si512(at); }
+
+/// Every lane of `x` carried on by `m`, plus `next`.
+QCOLL_CRC32C_FOLD_TARGET inline __m512i fold(__m512i x, __m512i m, __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, m, 0x00), _mm512_clmulepi64_epi128(x, m, 0x11), next,
+                                   0x96);  // a ^ b ^ c
+}
+QCOLL_CRC32C_FOLD_TARGET inline __m128i fold(__m128i x, __m128i m, __m128i next) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, m, 0x00), _mm_clmulepi64_si128(x, m, 0x11)), next);
+}
+
+QCOLL_CRC32C_FOLD_TARGET inline std::uint32_t extend_folding(std::uint32_t crc, std::span<const std::byte> bytes) noexcept {
+  const std::byte* p = bytes.data();
+  std::size_t n = bytes.size();
+  if (n < fold_minimum) return extend_sse42(crc, bytes);
+  // The state enters as the first 32 bits of the message, the crc32 instruction's way.
+  __m512i x0 = _mm512_xor_si512(load(p), _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                           static_cast<int>(~crc)));
+  __m512i x1 = load(p + 64), x2 = load(p + 128), x3 = load(p + 192);
+  p += 256;
+  n -= 256;
+  const __m512i step = multipliers_512(by_256_bytes);
+  for (; n >= 256; p += 256, n -= 256) {
+    x0 = fold(x0, step, load(p));
+    x1 = fold(x1, step, load(p + 64));
+    x2 = fold(x2, step, load(p + 128));
+    x3 = fold(x3, step, load(p + 192));
+  }
+  // Four registers into one, 64 bytes apart; then whole 64-byte blocks.
+  const __m512i quarter = multipliers_512(by_64_bytes);
+  x3 = fold(fold(fold(x0, quarter, x1), quarter, x2), quarter, x3);
+  for (; n >= 64; p += 64, n -= 64) x3 = fold(x3, quarter, load(p));
+  // Its four lanes into one, 16 bytes apart; then whole 16-byte blocks.
+  const __m128i lane_step = _mm_set_epi64x(static_cast<long long>(by_16_bytes.second), static_cast<long long>(by_16_bytes.first));
+  alignas(64) __m128i lanes[4];  // stored, not extracted: GCC 12 warns on the extract's undefined source
+  _mm512_store_si512(lanes, x3);
+  __m128i v = fold(fold(fold(lanes[0], lane_step, lanes[1]), lane_step, lanes[2]), lane_step, lanes[3]);
+  for (; n >= 16; p += 16, n -= 16) v = fold(v, lane_step, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  // v ≡ the message so far (modulo the polynomial): crc32 over its 16 bytes from a
+  // zero state multiplies it by x^32 and reduces it — the state after those bytes.
+  std::uint64_t state = _mm_crc32_u64(0, static_cast<std::uint64_t>(_mm_cvtsi128_si64(v)));
+  state = _mm_crc32_u64(state, static_cast<std::uint64_t>(_mm_extract_epi64(v, 1)));
+  for (; n >= 8; p += 8, n -= 8) state = _mm_crc32_u64(state, load_le64(p));
+  auto narrow = static_cast<std::uint32_t>(state);
+  for (; n > 0; ++p, --n) narrow = _mm_crc32_u8(narrow, std::to_integer<std::uint8_t>(*p));
+  return ~narrow;
+}
+#undef QCOLL_CRC32C_FOLD_TARGET
 }  // namespace impl
 #endif
 
-/// Whether extend() uses the crc32 instruction on this CPU (asked once).
-inline bool hardware() noexcept {
-#ifdef QCOLL_CRC32C_SSE42
-  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
-  return has_sse42;
-#else
-  return false;
-#endif
+/// The implementations, fastest last.
+enum class implementation_kind { reference, sse42, folding };
+
+inline constexpr const char* name_of(implementation_kind kind) noexcept {
+  switch (kind) {
+    case implementation_kind::folding: return "avx512-vpclmulqdq";
+    case implementation_kind::sse42: return "sse4.2";
+    case implementation_kind::reference: break;
+  }
+  return "reference";
 }
 
-/// Which implementation extend() uses on this CPU: "sse4.2" or "reference".
-inline const char* implementation() noexcept { return hardware() ? "sse4.2" : "reference"; }
+/// What extend() uses on this CPU, chosen once: the fastest the CPU runs, or the one
+/// QCOLL_CRC32C names (avx512-vpclmulqdq, sse4.2, reference: to measure one against
+/// another in the same run) where this CPU runs it.
+inline implementation_kind implementation_in_use() noexcept {
+  static const implementation_kind kind = [] {
+    auto fastest = implementation_kind::reference;
+#ifdef QCOLL_CRC32C_SSE42
+    if (__builtin_cpu_supports("sse4.2")) fastest = implementation_kind::sse42;
+    if (fastest == implementation_kind::sse42 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq"))
+      fastest = implementation_kind::folding;
+#endif
+    if (const char* requested = std::getenv("QCOLL_CRC32C"); requested && *requested) {
+      for (auto kind = implementation_kind::reference; kind <= fastest;
+           kind = static_cast<implementation_kind>(static_cast<int>(kind) + 1))
+        if (std::string_view(requested) == name_of(kind)) return kind;
+      std::fprintf(stderr, "qcoll: QCOLL_CRC32C=%s is not avx512-vpclmulqdq, sse4.2 or reference as this CPU runs them; ignored\n",
+                   requested);
+    }
+    return fastest;
+  }();
+  return kind;
+}
+
+/// Whether extend() uses the hardware (the crc32 instruction, folding or not).
+inline bool hardware() noexcept { return implementation_in_use() != implementation_kind::reference; }
+
+/// Which implementation extend() uses on this CPU: "avx512-vpclmulqdq", "sse4.2" or "reference".
+inline const char* implementation() noexcept { return name_of(implementation_in_use()); }
+
+/// The crc32 instruction's three streams, without folding (the fallback of CPUs without
+/// AVX-512 and VPCLMULQDQ); the reference where there is no crc32 instruction.
+inline std::uint32_t extend_sse42(std::uint32_t crc, std::span<const std::byte> bytes) noexcept {
+#ifdef QCOLL_CRC32C_SSE42
+  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
+  if (has_sse42) return impl::extend_sse42(crc, bytes);
+#endif
+  return extend_reference(crc, bytes);
+}
 
 /// crc(A ‖ bytes) from crc = crc(A); crc(nothing) = 0.
 inline std::uint32_t extend(std::uint32_t crc, std::span<const std::byte> bytes) noexcept {
 #ifdef QCOLL_CRC32C_SSE42
-  if (hardware()) return impl::extend_sse42(crc, bytes);
+  switch (implementation_in_use()) {
+    case implementation_kind::folding: return impl::extend_folding(crc, bytes);
+    case implementation_kind::sse42: return impl::extend_sse42(crc, bytes);
+    case implementation_kind::reference: break;
+  }
 #endif
   return extend_reference(crc, bytes);
 }
