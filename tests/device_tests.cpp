@@ -836,6 +836,23 @@ BOOST_AUTO_TEST_CASE(bad_input_to_a_plan_fails_on_every_rank) {
   });
   BOOST_TEST(mismatched[0] == errc::protocol_error);
   BOOST_TEST(mismatched[1] == errc::protocol_error);
+  // A host plan meeting a device plan, both with the automatic chunk (256 Ki values on
+  // the host, 4 Mi on the device): other frames — an error on both ranks, not a hang.
+  const std::size_t two_chunks = 2 * compressed_allreduce_options::host_chunk_values + 2048;
+  std::vector<std::error_code> mixed(2);
+  test::run_ranks(2, [&](test::inproc_communicator& comm) {
+    if (comm.rank() == 0) {
+      compressed_allreduce_plan plan(comm, two_chunks * 2, quantizers::one_bit{});
+      std::vector<float> host(two_chunks * 2, 1.0f);
+      comm.allreduce(plan, std::span<float>(host), reduce_op::sum, mixed[0]);
+    } else {
+      compressed_allreduce_plan plan(device_stream{}, comm, two_chunks * 2, quantizers::one_bit{});
+      device_memory<float> d(two_chunks * 2);
+      comm.allreduce(device_stream{}, plan, d.span(), reduce_op::sum, mixed[1]);
+    }
+  });
+  BOOST_TEST(mixed[0] == errc::protocol_error, mixed[0].message());
+  BOOST_TEST(mixed[1] == errc::protocol_error, mixed[1].message());
   // An owner update rule is refused at creation: rules run on the host.
   test::run_ranks(1, [&](test::inproc_communicator& comm) {
     BOOST_CHECK_THROW((compressed_allreduce_plan<quantizers::one_bit, float, execution::device_space>(
