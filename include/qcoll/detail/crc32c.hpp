@@ -238,6 +238,16 @@ inline constexpr const char* name_of(implementation_kind kind) noexcept {
   return "reference";
 }
 
+/// Whether this CPU has SSE4.2's crc32 instruction (asked once).
+inline bool cpu_has_crc32_instruction() noexcept {
+#ifdef QCOLL_CRC32C_SSE42
+  static const bool has = __builtin_cpu_supports("sse4.2");
+  return has;
+#else
+  return false;
+#endif
+}
+
 /// What extend() uses on this CPU, chosen once: the fastest the CPU runs, or the one
 /// QCOLL_CRC32C names (avx512-vpclmulqdq, sse4.2, reference: to measure one against
 /// another in the same run) where this CPU runs it.
@@ -245,7 +255,7 @@ inline implementation_kind implementation_in_use() noexcept {
   static const implementation_kind kind = [] {
     auto fastest = implementation_kind::reference;
 #ifdef QCOLL_CRC32C_SSE42
-    if (__builtin_cpu_supports("sse4.2")) fastest = implementation_kind::sse42;
+    if (cpu_has_crc32_instruction()) fastest = implementation_kind::sse42;
     if (fastest == implementation_kind::sse42 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq"))
       fastest = implementation_kind::folding;
 #endif
@@ -261,9 +271,6 @@ inline implementation_kind implementation_in_use() noexcept {
   return kind;
 }
 
-/// Whether extend() uses the hardware (the crc32 instruction, folding or not).
-inline bool hardware() noexcept { return implementation_in_use() != implementation_kind::reference; }
-
 /// Which implementation extend() uses on this CPU: "avx512-vpclmulqdq", "sse4.2" or "reference".
 inline const char* implementation() noexcept { return name_of(implementation_in_use()); }
 
@@ -271,8 +278,7 @@ inline const char* implementation() noexcept { return name_of(implementation_in_
 /// AVX-512 and VPCLMULQDQ); the reference where there is no crc32 instruction.
 inline std::uint32_t extend_sse42(std::uint32_t crc, std::span<const std::byte> bytes) noexcept {
 #ifdef QCOLL_CRC32C_SSE42
-  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
-  if (has_sse42) return impl::extend_sse42(crc, bytes);
+  if (cpu_has_crc32_instruction()) return impl::extend_sse42(crc, bytes);
 #endif
   return extend_reference(crc, bytes);
 }
