@@ -25,11 +25,13 @@
 
 #include "support/sanitizers.hpp"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -636,6 +638,133 @@ struct socket_pair {
   }
 };
 
+/// A man in the middle on loopback: accepts connections on a port of its own and relays
+/// each to 127.0.0.1:`target`, both ways, keeping a copy of everything it relays. alter()
+/// makes it flip one bit of one byte, counted from the start of one direction's stream,
+/// as an attacker on the path would.
+class relay {
+ public:
+  enum class toward { server, client };
+
+  explicit relay(std::uint16_t target) : target_(target) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address = loopback(0);
+    socklen_t length = sizeof address;
+    BOOST_TEST_REQUIRE((listener_ >= 0 && ::bind(listener_, reinterpret_cast<sockaddr*>(&address), length) == 0 &&
+                        ::listen(listener_, 16) == 0 &&
+                        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length) == 0));
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~relay() {
+    stop_ = true;
+    thread_.join();
+    for (const auto& pair : pairs_) {
+      ::close(pair.near);
+      ::close(pair.far);
+    }
+    ::close(listener_);
+  }
+
+  relay(const relay&) = delete;
+  relay& operator=(const relay&) = delete;
+
+  std::uint16_t port() const noexcept { return port_; }
+
+  /// Flips a bit of byte `at` (from the start of all that went that way; it must not
+  /// have passed yet).
+  void alter(toward way, std::size_t at) {
+    std::lock_guard lock(mutex_);
+    alter_at_[index(way)] = at;
+  }
+
+  /// Everything relayed that way so far, across connections.
+  std::string relayed(toward way) const {
+    std::lock_guard lock(mutex_);
+    return seen_[index(way)];
+  }
+
+ private:
+  static sockaddr_in loopback(std::uint16_t port) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(port);
+    return address;
+  }
+  static std::size_t index(toward way) { return way == toward::server ? 0 : 1; }
+
+  void run() {
+    std::vector<char> buffer(64 << 10);
+    while (!stop_) {
+      std::vector<pollfd> ends{{listener_, POLLIN, 0}};
+      std::vector<connection*> of_end{nullptr};
+      for (auto& pair : pairs_) {
+        if (!pair.open) continue;
+        ends.push_back({pair.near, POLLIN, 0});
+        ends.push_back({pair.far, POLLIN, 0});
+        of_end.insert(of_end.end(), {&pair, &pair});
+      }
+      if (::poll(ends.data(), ends.size(), 20) <= 0) continue;
+      if (ends[0].revents & POLLIN) {
+        const int near = ::accept(listener_, nullptr, nullptr);
+        const int far = ::socket(AF_INET, SOCK_STREAM, 0);
+        const sockaddr_in address = loopback(target_);
+        if (::connect(far, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+          ::close(near);  // nobody at the target: the client sees its connection end
+          ::close(far);
+          continue;
+        }
+        pairs_.push_back({near, far, true});  // a deque: the pointers above stay valid
+      }
+      for (std::size_t k = 1; k < ends.size(); ++k) {
+        connection& pair = *of_end[k];
+        if (!pair.open || !(ends[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const int near = pair.near, far = pair.far;
+        const bool from_client = ends[k].fd == near;
+        const ssize_t n = ::read(ends[k].fd, buffer.data(), buffer.size());
+        if (n <= 0) {  // an end closed: so does the relay, both ways
+          ::shutdown(near, SHUT_RDWR);
+          ::shutdown(far, SHUT_RDWR);
+          pair.open = false;
+          continue;
+        }
+        {
+          std::lock_guard lock(mutex_);
+          std::string& seen = seen_[from_client ? 0 : 1];
+          auto& at = alter_at_[from_client ? 0 : 1];
+          if (at && *at >= seen.size() && *at < seen.size() + static_cast<std::size_t>(n)) {
+            buffer[*at - seen.size()] ^= 0x10;
+            at.reset();
+          }
+          seen.append(buffer.data(), static_cast<std::size_t>(n));
+        }
+        for (ssize_t done = 0; done < n;) {
+          const ssize_t w = ::send(from_client ? far : near, buffer.data() + done, static_cast<std::size_t>(n - done),
+                                   MSG_NOSIGNAL);
+          if (w <= 0) break;
+          done += w;
+        }
+      }
+    }
+  }
+
+  std::uint16_t target_;
+  int listener_ = -1;
+  std::uint16_t port_ = 0;
+  struct connection {
+    int near, far;  // the client's side, the server's
+    bool open;
+  };
+  std::deque<connection> pairs_;  // the relay's thread only
+  mutable std::mutex mutex_;
+  std::array<std::string, 2> seen_;  // toward the server, toward the client
+  std::array<std::optional<std::size_t>, 2> alter_at_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 struct handshake_outcome {
   outcome server;
   outcome client;
@@ -774,10 +903,12 @@ BOOST_AUTO_TEST_CASE(tls_on_one_side_only_is_refused_on_both) {
   r = shake(without, with_tls);
   check_error(r.server, errc::protocol_error, {"the client uses TLS (QCOLL_TLS=1) and this rank does not"});
   check_error(r.client, errc::protocol_error, {"refused", "this rank uses TLS (QCOLL_TLS=1) and the peer does not"});
-  // The store's channel has no TLS: there the flag is not sent, and both are admitted.
-  r = shake(without, with_tls, channel::store, channel::store);
-  BOOST_TEST(!r.server.threw, r.server.message);
-  BOOST_TEST(!r.client.threw, r.client.message);
+  // Every channel: the store's and the recovery channel's too.
+  for (const channel kind : {channel::store, channel::recovery}) {
+    r = shake(without, with_tls, kind, kind);
+    check_error(r.server, errc::protocol_error, {"the client uses TLS (QCOLL_TLS=1) and this rank does not"});
+    check_error(r.client, errc::protocol_error, {"refused", "this rank uses TLS (QCOLL_TLS=1) and the peer does not"});
+  }
 }
 
 /// A TLS connection each way over a connected pair: the server's on a thread.
@@ -834,52 +965,24 @@ BOOST_AUTO_TEST_CASE(tls_carries_bytes_between_holders_of_the_secret) {
 }
 
 BOOST_AUTO_TEST_CASE(a_proxy_that_alters_one_byte_is_detected_and_nothing_altered_is_delivered) {
-  // client ⇄ proxy ⇄ server over two socket pairs; the proxy relays both ways and flips
-  // one bit of the client's stream at byte 200000 (in a record's ciphertext, well past
-  // the handshake), as a man in the middle would.
-  int near[2], far[2];  // near: client | proxy; far: proxy | server
-  BOOST_REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, near) == 0);
-  BOOST_REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, far) == 0);
-  std::atomic<bool> stop{false};
-  std::thread proxy([&] {
-    // When either side ends, the relay ends both: the client's writes then fail, not block.
-    struct hang_up {
-      int a, b;
-      ~hang_up() {
-        ::shutdown(a, SHUT_RDWR);
-        ::shutdown(b, SHUT_RDWR);
-      }
-    } on_exit{near[1], far[0]};
-    std::vector<char> buffer(64 << 10);
-    std::size_t forwarded = 0;  // of the client's stream
-    constexpr std::size_t flip_at = 200000;
-    while (!stop.load()) {
-      pollfd ends[2] = {{near[1], POLLIN, 0}, {far[0], POLLIN, 0}};
-      if (::poll(ends, 2, 20) <= 0) continue;
-      for (int side = 0; side < 2; ++side) {
-        if (!(ends[side].revents & (POLLIN | POLLHUP))) continue;
-        const ssize_t n = ::read(ends[side].fd, buffer.data(), buffer.size());
-        if (n <= 0) return;  // an end closed: so does the relay
-        if (side == 0 && forwarded <= flip_at && flip_at < forwarded + static_cast<std::size_t>(n))
-          buffer[flip_at - forwarded] ^= 0x10;
-        if (side == 0) forwarded += static_cast<std::size_t>(n);
-        for (ssize_t done = 0; done < n;) {
-          const ssize_t w = ::send(side == 0 ? far[0] : near[1], buffer.data() + done, static_cast<std::size_t>(n - done),
-                                   MSG_NOSIGNAL);
-          if (w <= 0) return;
-          done += w;
-        }
-      }
-    }
-  });
+  // client ⇄ relay ⇄ server; the relay flips one bit of the client's stream at byte
+  // 200000 (in a record's ciphertext, well past the handshake), as a man in the middle would.
+  boost::asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  relay middle(acceptor.local_endpoint().port());
+  middle.alter(relay::toward::server, 200000);
+  tcp::socket near(io), far(io);
+  near.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), middle.port()));
+  acceptor.accept(far);
   job j = test_job(0, 2, "s3cret");
   j.tls = true;
   std::string message(1 << 20, '\0');
   for (std::size_t i = 0; i < message.size(); ++i) message[i] = static_cast<char>(i * 2654435761u >> 24);
   std::string received, server_lost;
+  outcome server_outcome;
   std::thread server([&] {
-    const outcome o = capture([&] {
-      tls_connection tls(far[1], j, tls_connection::role::server, "the client", clock::now() + 3s);
+    server_outcome = capture([&] {
+      tls_connection tls(far.native_handle(), j, tls_connection::role::server, "the client", clock::now() + 3s);
       std::vector<std::byte> into(message.size());
       std::size_t got = 0;
       const auto give_up = clock::now() + 5s;
@@ -890,11 +993,11 @@ BOOST_AUTO_TEST_CASE(a_proxy_that_alters_one_byte_is_detected_and_nothing_altere
       }
       received.assign(reinterpret_cast<const char*>(into.data()), got);
     });
-    ::shutdown(far[1], SHUT_RDWR);  // the server hangs up on a broken connection
-    BOOST_TEST(!o.threw, o.message);
+    boost::system::error_code ignored;
+    far.shutdown(tcp::socket::shutdown_both, ignored);  // the server hangs up on a broken connection
   });
   const outcome client = capture([&] {
-    tls_connection tls(near[0], j, tls_connection::role::client, "the server", clock::now() + 3s);
+    tls_connection tls(near.native_handle(), j, tls_connection::role::client, "the server", clock::now() + 3s);
     std::string lost;
     for (std::size_t sent = 0; sent < message.size() && lost.empty();) {
       const std::size_t n = tls.write_some(bytes_of(message).subspan(sent), lost);
@@ -904,9 +1007,7 @@ BOOST_AUTO_TEST_CASE(a_proxy_that_alters_one_byte_is_detected_and_nothing_altere
     while (lost.empty() && !tls.flush(lost)) std::this_thread::sleep_for(1ms);
   });
   server.join();
-  stop = true;
-  proxy.join();  // before the sockets close: it may still be using them
-  for (int fd : {near[0], near[1], far[0], far[1]}) ::close(fd);
+  BOOST_TEST(!server_outcome.threw, server_outcome.message);
   BOOST_TEST(!client.threw, client.message);  // it only saw the connection end
   BOOST_TEST_INFO("the server read " << received.size() << " bytes; lost: " << server_lost);
   BOOST_TEST(contains(server_lost, "failed to decrypt or authenticate"));
@@ -1480,6 +1581,108 @@ BOOST_AUTO_TEST_CASE(a_host_name_works_for_local_and_multi_host_jobs) {
   }
 }
 
+// With QCOLL_TLS=1 the store's connections are TLS too (Asio's SSL stream on the server,
+// tls_connection on the client): a relay in between sees no key or value, and an
+// altered byte either way is an error, never a value.
+job tls_job(rank_t rank, rank_t size, std::uint16_t port = 0) {
+  job j = test_job(rank, size, "s3cret", "rendezvous-test", port);
+  j.tls = true;
+  return j;
+}
+
+BOOST_AUTO_TEST_CASE(over_tls_keys_and_values_never_travel_in_clear) {
+  for (const bool tls : {true, false}) {  // without TLS the relay must see them: the check can fail
+    BOOST_TEST_CONTEXT((tls ? "with TLS" : "in clear")) {
+      job server_job = tls_job(0, 2);
+      server_job.tls = tls;
+      store_server server(server_job);
+      relay middle(server.port());
+      job through_job = tls_job(1, 2, middle.port()), direct_job = tls_job(0, 2, server.port());
+      through_job.tls = direct_job.tls = tls;
+      store_client through(through_job, clock::now() + 5s);
+      store_client direct(direct_job, clock::now() + 5s);
+      through.set("qcoll/tcp/address/1", "10.1.2.3:4567");
+      direct.set("qcoll/shm/segment", "qcoll-segment-of-the-job");
+      direct.set("qcoll/barrier/0", "");
+      through.set("qcoll/barrier/1", "");
+      through.wait_all("qcoll/barrier/", 2, clock::now() + 5s);
+      BOOST_TEST(through.get("qcoll/shm/segment", clock::now() + 5s) == "qcoll-segment-of-the-job");
+      BOOST_TEST(direct.get("qcoll/tcp/address/1", clock::now() + 5s) == "10.1.2.3:4567");
+      const std::string up = middle.relayed(relay::toward::server), down = middle.relayed(relay::toward::client);
+      BOOST_TEST(contains(up, "qcoll/tcp/address/1") == !tls);
+      BOOST_TEST(contains(up, "10.1.2.3:4567") == !tls);
+      BOOST_TEST(contains(down, "qcoll-segment-of-the-job") == !tls);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(over_tls_a_byte_altered_either_way_is_an_error_never_a_value) {
+  const bool check_log = logging_enabled();
+  stderr_capture log;
+  store_server server(tls_job(0, 2));
+  relay middle(server.port());
+  store_client through(tls_job(1, 2, middle.port()), clock::now() + 5s);
+  through.set("k", "v");
+  // A reply altered on its way to the client: byte 10 of the next record is ciphertext
+  // (a record's header has 5 bytes).
+  middle.alter(relay::toward::client, middle.relayed(relay::toward::client).size() + 10);
+  check_error(capture([&] { through.get("k", clock::now() + 3s); }), errc::peer_lost,
+              {"the store at 127.0.0.1:", "failed to decrypt or authenticate", "altered in transit"});
+  // A request altered on its way to the store: refused there, never carried out.
+  store_client second(tls_job(1, 2, middle.port()), clock::now() + 5s);
+  BOOST_TEST(second.get("k", clock::now() + 3s) == "v");  // every byte so far has passed the relay
+  middle.alter(relay::toward::server, middle.relayed(relay::toward::server).size() + 10);
+  check_error(capture([&] { second.set("k", "altered"); }), errc::peer_lost, {"store", "setting key \"k\""});
+  store_client direct(tls_job(0, 2, server.port()), clock::now() + 5s);
+  BOOST_TEST(direct.get("k", clock::now() + 3s) == "v");
+  std::string text;
+  for (int i = 0; i < 100 && !contains(text = log.text(), "a TLS record failed to decrypt or authenticate"); ++i)
+    std::this_thread::sleep_for(20ms);
+  log.restore();
+  if (check_log) {
+    BOOST_TEST_INFO("log:\n" << text);
+    BOOST_TEST(contains(text, "store closed the connection of rank 1 (127.0.0.1:"));
+    BOOST_TEST(contains(text, "a TLS record failed to decrypt or authenticate"));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(over_tls_mismatches_are_refused_and_a_stalled_handshake_is_dropped) {
+  const bool check_log = logging_enabled();
+  stderr_capture log;
+  job server_job = tls_job(0, 2);
+  server_job.timeout = 1500ms;  // the deadline of each connection's handshakes
+  store_server server(server_job);
+  check_error(capture([&] { store_client c(test_job(1, 2, "s3cret", "rendezvous-test", server.port()), clock::now() + 2s); }),
+              errc::protocol_error, {"refused", "the peer uses TLS (QCOLL_TLS=1) and this rank does not"});
+  store_server plain(test_job(0, 2, "s3cret"));
+  check_error(capture([&] { store_client c(tls_job(1, 2, plain.port()), clock::now() + 2s); }), errc::protocol_error,
+              {"refused", "this rank uses TLS (QCOLL_TLS=1) and the peer does not"});
+  // A client that passes the qcoll handshake and then says nothing holds up nobody, and
+  // is dropped at the deadline.
+  boost::asio::io_context io;
+  tcp::socket stalled = raw_connection(io, server.port());
+  introduce(stalled, tls_job(1, 2), channel::store, clock::now() + 2s);
+  const auto start = clock::now();
+  store_client good(tls_job(1, 2, server.port()), clock::now() + 2s);
+  good.set("k", "v");
+  BOOST_TEST(good.get("k", clock::now() + 2s) == "v");
+  BOOST_TEST(ms_since(start) < 1000);
+  std::array<std::byte, 16> sink{};
+  boost::system::error_code ec;
+  stalled.read_some(boost::asio::buffer(sink), ec);  // blocks until the server drops it
+  BOOST_TEST(ec == boost::asio::error::eof, ec.message());
+  BOOST_TEST(ms_since(start) < 4000);
+  std::string text;
+  for (int i = 0; i < 100 && !contains(text = log.text(), "its TLS handshake did not finish"); ++i)
+    std::this_thread::sleep_for(20ms);
+  log.restore();
+  if (check_log) {
+    BOOST_TEST_INFO("log:\n" << text);
+    BOOST_TEST(contains(text, "store dropped rank 1 (127.0.0.1:"));
+    BOOST_TEST(contains(text, "its TLS handshake did not finish by its deadline"));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(a_taken_port_is_a_clear_error) {
   boost::asio::io_context io;
   tcp::acceptor taken(io, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
@@ -1737,7 +1940,7 @@ struct agreement_outcome {
 /// are ports nobody listens on. `meanwhile` runs on a thread of its own as they start.
 agreement_outcome agree_threads(rank_t n, std::vector<rank_t> calling, std::vector<rank_t> silent,
                                 survivor_options opts, const std::map<rank_t, std::string>& elsewhere = {},
-                                const std::function<void()>& meanwhile = {}) {
+                                const std::function<void()>& meanwhile = {}, bool tls = false) {
   const std::string id = fmt::format("survivors-{}", ::getpid());
   std::vector<std::unique_ptr<recovery_listener>> listeners(n);
   std::vector<std::string> roster(n);
@@ -1758,7 +1961,9 @@ agreement_outcome agree_threads(rank_t n, std::vector<rank_t> calling, std::vect
   for (rank_t r : calling)
     ranks.emplace_back([&, r] {
       result.errors[r] = capture([&] {
-        result.agreed[r] = agree_on_survivors(test_job(r, n, "s3cret", id), roster, *listeners[r], id + ".e1", opts);
+        job current = test_job(r, n, "s3cret", id);
+        current.tls = tls;
+        result.agreed[r] = agree_on_survivors(current, roster, *listeners[r], id + ".e1", opts);
       });
       result.ms[r] = ms_since(start);
     });
@@ -1823,6 +2028,30 @@ BOOST_AUTO_TEST_CASE(dead_ranks_are_refused_and_the_lowest_survivor_serves_the_n
     BOOST_TEST(o.ms[r] < 2000);                    // refusals cost nothing: no deadline waited
   }
   BOOST_TEST(o.agreed[1]->next.store_port != 0);
+}
+
+BOOST_AUTO_TEST_CASE(over_tls_survivors_agree_and_the_new_store_is_tls_too) {
+  const auto o = agree_threads(4, {1, 2, 3}, {}, {.timeout = 10s, .probe_timeout = 2s}, {}, {}, /*tls=*/true);
+  for (rank_t r : {1, 2, 3}) {
+    BOOST_TEST_INFO("rank " << r << ": " << o.errors[r].message);
+    BOOST_TEST_REQUIRE(!o.errors[r].threw);
+    BOOST_TEST(o.agreed[r]->ranks == (std::vector<rank_t>{1, 2, 3}), boost::test_tools::per_element());
+    BOOST_TEST(o.agreed[r]->next.tls);
+  }
+  // The new world's store, which the coordinator serves, speaks TLS to its members only.
+  store_client member(o.agreed[3]->next, clock::now() + 5s);
+  member.set("after/2", "recovered");
+  BOOST_TEST(member.get("after/2", clock::now() + 2s) == "recovered");
+  job in_clear = o.agreed[2]->next;
+  in_clear.tls = false;
+  const bool check_log = logging_enabled();
+  stderr_capture log;
+  check_error(capture([&] { store_client c(in_clear, clock::now() + 2s); }), errc::protocol_error,
+              {"the peer uses TLS (QCOLL_TLS=1) and this rank does not"});
+  std::string text;
+  for (int i = 0; i < 100 && !contains(text = log.text(), "store refused"); ++i) std::this_thread::sleep_for(20ms);
+  log.restore();
+  if (check_log) BOOST_TEST(contains(text, "the client does not use TLS and this rank does (QCOLL_TLS=1)"), text);
 }
 
 BOOST_AUTO_TEST_CASE(a_lowest_rank_that_is_alive_but_silent_is_given_up_after_half_the_timeout) {

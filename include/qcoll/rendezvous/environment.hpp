@@ -122,7 +122,7 @@ struct job {
   std::uint16_t store_port = 0;
   std::string job_id;  ///< never empty when it comes from job_from_environment
   std::string secret;  ///< empty: no authentication
-  bool tls = false;    ///< TLS 1.3 on the TCP transport's connections, keyed by the secret (rendezvous/tls.hpp)
+  bool tls = false;    ///< TLS 1.3 on every TCP connection (transport, store, recovery), keyed by the secret (rendezvous/tls.hpp)
   transport_kind transport = transport_kind::automatic;
   std::string bind_address = "127.0.0.1";
   std::chrono::milliseconds timeout{60000};

@@ -14,7 +14,7 @@
 ///        4  protocol version u16    (2)
 ///        6  channel u8              (1 store, 2 data, 3 recovery)
 ///        7  flags u8                bit 0: the client has a secret; bit 1: TLS follows
-///                                   (data channel only, QCOLL_TLS); other bits 0
+///                                   (QCOLL_TLS, on every channel); other bits 0
 ///        8  job fingerprint        32   (a job id of any length in a fixed frame)
 ///       40  rank u32
 ///       44  size u32
@@ -124,9 +124,9 @@ inline constexpr std::array<std::byte, 4> handshake_magic{std::byte{'Q'}, std::b
 inline constexpr std::uint8_t flag_secret = 1;
 inline constexpr std::uint8_t flag_tls = 2;
 
-/// The hello's and the reply's flags for this job on this channel.
-inline std::uint8_t flags_of(const job& j, channel kind) noexcept {
-  return static_cast<std::uint8_t>((j.secret.empty() ? 0 : flag_secret) | (j.tls && kind == channel::data ? flag_tls : 0));
+/// The hello's and the reply's flags for this job (the same on every channel).
+inline std::uint8_t flags_of(const job& j) noexcept {
+  return static_cast<std::uint8_t>((j.secret.empty() ? 0 : flag_secret) | (j.tls ? flag_tls : 0));
 }
 
 inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {
@@ -198,7 +198,7 @@ inline qcoll::error make_error(errc code, std::string message) { return qcoll::e
 class server_handshake {
  public:
   server_handshake(const job& j, channel kind)
-      : job_id_(j.job_id), secret_(j.secret), flags_(flags_of(j, kind)), job_hash_(job_fingerprint(j.job_id)), size_(j.size), kind_(kind) {
+      : job_id_(j.job_id), secret_(j.secret), flags_(flags_of(j)), job_hash_(job_fingerprint(j.job_id)), size_(j.size), kind_(kind) {
     require_authentication(j, "qcoll");
   }
 
@@ -370,7 +370,7 @@ class client_handshake {
     qcoll::detail::store_le<std::uint16_t>(hello_.data() + 4, handshake_version);
     hello_[6] = static_cast<std::byte>(kind);
     require_authentication(job_, where_);
-    hello_[7] = std::byte{flags_of(job_, kind)};
+    hello_[7] = std::byte{flags_of(job_)};
     const auto job_hash = job_fingerprint(job_.job_id);
     std::memcpy(hello_.data() + 8, job_hash.data(), job_hash.size());
     qcoll::detail::store_le<std::uint32_t>(hello_.data() + 40, static_cast<std::uint32_t>(job_.rank));

@@ -116,6 +116,10 @@ struct io_outcome {
   io_result result = io_result::done;
   boost::system::error_code error;
   std::size_t transferred = 0;
+  std::string reason;  // what broke a TLS connection (tls.hpp), which has no error code
+
+  /// Why it failed, in words.
+  std::string why() const { return reason.empty() ? error.message() : reason; }
 };
 
 /// Sets a socket non-blocking for the lifetime of the guard and restores it after.

@@ -11,8 +11,8 @@
 ///    down. Both are lost.
 /// 3. The lowest rank a survivor found alive coordinates. The others check in with it
 ///    over an authenticated connection (handshake.hpp, channel recovery, under the
-///    current world's job id, so a rank of another job or an older world is refused),
-///    sending whom they found alive. It waits until every rank it found alive has
+///    current world's job id, so a rank of another job or an older world is refused;
+///    through TLS when the job has QCOLL_TLS=1), sending whom they found alive. It waits until every rank it found alive has
 ///    checked in, or until its gathering ends, then opens the new world's store on its
 ///    own host and answers each with the new world: the old ranks that go on, in order
 ///    (the new rank is the position), and the store's port.
@@ -32,6 +32,7 @@
 #include <qcoll/rendezvous/handshake_client.hpp>
 #include <qcoll/rendezvous/handshake_server.hpp>
 #include <qcoll/rendezvous/probe.hpp>
+#include <qcoll/rendezvous/secured_socket.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
 #include <qcoll/rendezvous/tcp_store.hpp>
 
@@ -116,21 +117,19 @@ inline void put_ranks(std::vector<std::byte>& out, std::span<const rank_t> ranks
 }
 
 /// A recovery read or write that did not finish: timeout at the deadline, else peer_lost.
-[[noreturn]] inline void fail_io(const io_outcome& outcome, std::string_view doing, const tcp::socket& socket) {
+[[noreturn]] inline void fail_io(const io_outcome& outcome, std::string_view doing, const secured_socket& connection) {
   qcoll::detail::throw_error(outcome.result == io_result::timed_out ? errc::timeout : errc::peer_lost,
-                             "qcoll recovery: {} ({}): {}", doing, describe_peer(socket),
-                             outcome.result == io_result::timed_out ? std::string("timed out")
-                                                                    : outcome.error.message());
+                             "qcoll recovery: {} ({}): {}", doing, describe_peer(connection.socket()),
+                             outcome.result == io_result::timed_out ? std::string("timed out") : outcome.why());
 }
 
-inline void read_bytes(tcp::socket& socket, std::span<std::byte> bytes, deadline until, std::string_view doing) {
-  non_blocking_scope scope(socket);
-  if (auto got = read_exact(socket, bytes, until); got.result != io_result::done) fail_io(got, doing, socket);
+inline void read_bytes(secured_socket& connection, std::span<std::byte> bytes, deadline until, std::string_view doing) {
+  if (auto got = connection.read_exact(bytes, until); got.result != io_result::done) fail_io(got, doing, connection);
 }
 
-inline void write_bytes(tcp::socket& socket, std::span<const std::byte> bytes, deadline until, std::string_view doing) {
-  non_blocking_scope scope(socket);
-  if (auto sent = write_all(socket, bytes, until); sent.result != io_result::done) fail_io(sent, doing, socket);
+inline void write_bytes(secured_socket& connection, std::span<const std::byte> bytes, deadline until,
+                        std::string_view doing) {
+  if (auto sent = connection.write_all(bytes, until); sent.result != io_result::done) fail_io(sent, doing, connection);
 }
 
 // The agreement's messages, read through `read(bytes)`, which fills `bytes` or throws
@@ -208,9 +207,9 @@ inline std::vector<std::byte> encode_answer(const answer& a) {
   return out;
 }
 
-/// `read` for the messages above over a socket, bounded by `until`.
-inline auto socket_reader(tcp::socket& socket, deadline until, std::string_view doing) {
-  return [&socket, until, doing](std::span<std::byte> bytes) { read_bytes(socket, bytes, until, doing); };
+/// `read` for the messages above over a connection, bounded by `until`.
+inline auto socket_reader(secured_socket& connection, deadline until, std::string_view doing) {
+  return [&connection, until, doing](std::span<std::byte> bytes) { read_bytes(connection, bytes, until, doing); };
 }
 
 /// The address of "address:port" (IPv6 without its brackets).
@@ -284,7 +283,7 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
       // resets), or the gathering ends: within 2/5 of the timeout from the round's start,
       // before the members stop waiting for us (1/2), and leaving a quarter for answers.
       const deadline gather_until = std::min(until - opts.timeout / 4, round_start + opts.timeout * 2 / 5);
-      std::vector<std::optional<tcp::socket>> checked_in(n);
+      std::vector<std::optional<secured_socket>> checked_in(n);
       rank_t waiting = 0;
       std::array<std::byte, 1> ignored_byte{};
       for (rank_t r = 0; r < n; ++r) {
@@ -304,16 +303,19 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
           if (ec) return;
           try {
             tcp::socket socket = std::move(*arriving);
-            const hello peer = admit(socket, current, channel::recovery,
-                                     std::min(gather_until, clock::now() + opts.probe_timeout));
+            const deadline admit_until = std::min(gather_until, clock::now() + opts.probe_timeout);
+            const hello peer = admit(socket, current, channel::recovery, admit_until);
+            const std::string from = detail::describe_peer(socket);
+            secured_socket connection(std::move(socket), current, tls_role::server,
+                                      qcoll::detail::format("rank {} at {}", peer.rank, from), admit_until);
             // A rank checks in only with the lowest rank it found alive, us: its view is
             // read (and checked for form) but changes nothing.
-            const std::string doing = qcoll::detail::format("reading a check-in ({})", detail::describe_peer(socket));
-            detail::read_ranks(detail::socket_reader(socket, gather_until, doing), n, doing);
+            const std::string doing = qcoll::detail::format("reading a check-in ({})", from);
+            detail::read_ranks(detail::socket_reader(connection, gather_until, doing), n, doing);
             if (peer.rank != self && !checked_in[peer.rank]) {
               if (!found[peer.rank].has_value()) --waiting;
               found[peer.rank].reset();  // it reached us, so it is alive whatever the probe said
-              checked_in[peer.rank].emplace(std::move(socket));
+              checked_in[peer.rank].emplace(std::move(connection));
             }
           } catch (const qcoll::error&) {
             // A probe (it closes without a word) or a stranger: neither is a survivor.
@@ -389,11 +391,14 @@ inline survivors agree_on_survivors(const job& current, std::span<const std::str
                                    "qcoll recovery on rank {}: cannot reach the coordinator, rank {}: {}", self,
                                    coordinator, reached.message());
       introduce(socket, current, channel::recovery, answer_until);
+      const std::string at = detail::describe_peer(socket);
+      secured_socket connection(std::move(socket), current, tls_role::client,
+                                qcoll::detail::format("the coordinator, rank {} at {}", coordinator, at), answer_until);
       std::vector<std::byte> check_in;
       detail::put_ranks(check_in, view);
-      detail::write_bytes(socket, check_in, answer_until, "checking in with the coordinator");
+      detail::write_bytes(connection, check_in, answer_until, "checking in with the coordinator");
       const std::string waiting = qcoll::detail::format("rank {} waiting for the coordinator, rank {}", self, coordinator);
-      answer = detail::read_answer(detail::socket_reader(socket, answer_until, waiting), n, waiting);
+      answer = detail::read_answer(detail::socket_reader(connection, answer_until, waiting), n, waiting);
       for (const auto& [rank, why] : answer.lost) found[rank] = why;
     } catch (const qcoll::error& e) {
       // The coordinator died or never answered: try the next lowest, while a round fits.

@@ -2,7 +2,8 @@
 /// @file
 /// The TCP store's client side: store_client, each rank's connection to the store, which
 /// models the rendezvous::store concept of store.hpp. It speaks tcp_store_protocol.hpp
-/// synchronously on a non-blocking socket, every call bounded by a deadline (poll(2)).
+/// synchronously on a non-blocking socket, every call bounded by a deadline (poll(2)),
+/// through TLS when the job has QCOLL_TLS=1 (secured_socket.hpp).
 
 #include <qcoll/rendezvous/tcp_store_protocol.hpp>
 
@@ -13,6 +14,7 @@
 #include <qcoll/rendezvous/environment.hpp>
 #include <qcoll/rendezvous/handshake.hpp>
 #include <qcoll/rendezvous/handshake_client.hpp>
+#include <qcoll/rendezvous/secured_socket.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
 #include <qcoll/rendezvous/store.hpp>
 
@@ -60,7 +62,8 @@ class store_client {
     boost::system::error_code ignored;
     socket_.set_option(boost::asio::ip::tcp::no_delay(true), ignored);
     introduce(socket_, job_, channel::store, until);
-    socket_.non_blocking(true);
+    connection_.emplace(std::move(socket_), job_, tls_role::client,
+                        qcoll::detail::format("the store at {}:{}", detail::printable(j.store_host), j.store_port), until);
   }
 
   store_client(const store_client&) = delete;
@@ -140,8 +143,7 @@ class store_client {
 
   [[noreturn]] void fail(errc code, std::string message) {
     broken_ = detail::make_error(code, std::move(message));
-    boost::system::error_code ignored;
-    socket_.close(ignored);
+    connection_->close();
     throw *broken_;
   }
 
@@ -223,16 +225,16 @@ class store_client {
         fail(errc::protocol_error, qcoll::detail::format("{}: malformed response while {}: {}", where_, what, e.what()));
       }
       std::array<std::byte, 16 * 1024> chunk;
-      boost::system::error_code ec;
-      const std::size_t n = socket_.read_some(boost::asio::buffer(chunk), ec);
-      inbox_.insert(inbox_.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(n));
-      if (!ec || ec == boost::asio::error::interrupted) continue;
-      if (detail::would_block(ec)) {
-        if (!detail::wait_ready(socket_.native_handle(), POLLIN, until)) return std::nullopt;
-        continue;
-      }
-      fail(errc::peer_lost, qcoll::detail::format("{}: the store closed the connection while {} ({}): rank 0 exited or failed",
-                                        where_, what, ec.message()));
+      const auto got = connection_->read_some(chunk, until);
+      inbox_.insert(inbox_.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(got.transferred));
+      if (got.result == detail::io_result::done) continue;
+      if (got.result == detail::io_result::timed_out) return std::nullopt;
+      if (got.result == detail::io_result::closed)
+        fail(errc::peer_lost, qcoll::detail::format("{}: the store closed the connection while {} ({}): rank 0 exited "
+                                                    "or failed",
+                                                    where_, what, got.why()));
+      fail(errc::peer_lost, qcoll::detail::format("{}: the connection to the store failed while {}: {}", where_, what,
+                                                  got.why()));
     }
   }
 
@@ -243,7 +245,7 @@ class store_client {
     const std::uint32_t id = next_id_++;
     const auto frame = detail::encode_frame(static_cast<std::uint8_t>(op), static_cast<std::uint16_t>(key.size()), id,
                                             detail::as_bytes(key), value);
-    const auto sent = detail::write_all(socket_, frame, until);
+    const auto sent = connection_->write_all(frame, until);
     if (sent.result == detail::io_result::timed_out && sent.transferred == 0)
       qcoll::detail::throw_error(errc::timeout, "{}: timed out after {} ms {}: the store server is not reading", where_,
                                  detail::milliseconds_between(started, clock::now()), what);
@@ -252,7 +254,7 @@ class store_client {
                                       detail::milliseconds_between(started, clock::now()), what));
     if (sent.result != detail::io_result::done)
       fail(errc::peer_lost, qcoll::detail::format("{}: the store closed the connection while {} ({}): rank 0 exited or failed",
-                                        where_, what, sent.error.message()));
+                                        where_, what, sent.why()));
     for (;;) {
       auto reply = receive(until, what);
       if (!reply) {
@@ -272,18 +274,18 @@ class store_client {
   /// a stalled server, which the next call will find out).
   void cancel(std::uint32_t id) {
     const auto frame = detail::encode_frame(static_cast<std::uint8_t>(detail::store_op::cancel), 0, id, {}, {});
-    const auto sent = detail::write_all(socket_, frame, clock::now());
+    const auto sent = connection_->write_all(frame, clock::now());
     if (sent.result != detail::io_result::done && sent.transferred != 0) {
       broken_ = detail::make_error(errc::peer_lost, qcoll::detail::format("{}: the connection to the store stalled", where_));
-      boost::system::error_code ignored;
-      socket_.close(ignored);
+      connection_->close();
     }
   }
 
   job job_;
   std::string where_;
   boost::asio::io_context io_;  // never run: the socket is used synchronously, with poll(2)
-  boost::asio::ip::tcp::socket socket_;
+  boost::asio::ip::tcp::socket socket_;  // while connecting; then connection_'s
+  std::optional<secured_socket> connection_;  // in clear, or TLS (QCOLL_TLS=1)
   std::uint32_t next_id_ = 1;
   std::vector<std::byte> inbox_;          // received bytes not yet taken as responses
   std::optional<qcoll::error> broken_;    // once the connection is unusable, every call throws this

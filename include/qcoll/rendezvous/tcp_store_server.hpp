@@ -3,7 +3,9 @@
 /// The TCP store's server side: store_server, which rank 0 runs, and the asynchronous
 /// Asio service behind it (detail::store_service) that admits each connection with the
 /// handshake, reads requests of tcp_store_protocol.hpp, hands them to the store_table of
-/// tcp_store_table.hpp and writes its replies, on one thread that never blocks.
+/// tcp_store_table.hpp and writes its replies, on one thread that never blocks. With
+/// QCOLL_TLS=1 each connection's bytes after the handshake go through Asio's SSL stream,
+/// on a context configured as tls.hpp's (TLS 1.3, the job's pre-shared key).
 
 #include <qcoll/rendezvous/tcp_store_protocol.hpp>
 #include <qcoll/rendezvous/tcp_store_table.hpp>
@@ -17,9 +19,13 @@
 #include <qcoll/rendezvous/handshake.hpp>
 #include <qcoll/rendezvous/handshake_async_server.hpp>
 #include <qcoll/rendezvous/socket_io.hpp>
+#include <qcoll/rendezvous/tls.hpp>
 
 #include <qcoll/detail/asio.hpp>
 #include <qcoll/detail/format.hpp>
+#ifndef QCOLL_NO_OPENSSL
+#include <boost/asio/ssl.hpp>
+#endif
 
 #include <array>
 #include <chrono>
@@ -51,13 +57,31 @@ struct store_connection {
   std::deque<std::vector<std::byte>> outbox;
   bool writing = false;
   bool closed = false;
+#ifndef QCOLL_NO_OPENSSL
+  std::optional<boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>> tls;  // over `socket`, once admitted
+#endif
+  bool secured = false;  // TLS is up (or not used): requests may be read
 };
+
+/// Starts `operation` on the connection's byte stream: its TLS stream where it has one,
+/// else the socket.
+template <class Operation>
+void on_stream(store_connection& connection, Operation&& operation) {
+#ifndef QCOLL_NO_OPENSSL
+  if (connection.tls) {
+    operation(*connection.tls);
+    return;
+  }
+#endif
+  operation(connection.socket);
+}
 
 /// The server's state; every member is touched only by the thread running io_.
 class store_service {
  public:
   explicit store_service(const job& j) : job_(j), acceptor_(io_), retry_timer_(io_) {
     namespace ip = boost::asio::ip;
+    if (j.tls) make_tls_context();
     const std::string where = qcoll::detail::format("qcoll rank {}: cannot serve the store on {}:{}", j.rank,
                                           printable(j.store_host), j.store_port);
     boost::system::error_code ec;
@@ -172,8 +196,61 @@ class store_service {
                     return;
                   }
                   connection->rank = who.rank;
-                  read_header(connection);
+                  if (!job_.tls) {
+                    connection->secured = true;
+                    return read_header(connection);
+                  }
+                  start_tls(connection);
                 });
+  }
+
+  void make_tls_context() {
+#ifndef QCOLL_NO_OPENSSL
+    tls_context_.emplace(boost::asio::ssl::context::tls_server);
+    if (!configure_psk_context(tls_context_->native_handle(), tls_role::server))
+      qcoll::detail::throw_error(errc::protocol_error, "qcoll rank {}: the store cannot set up TLS 1.3: {}", job_.rank,
+                                 openssl_reason(ERR_get_error()));
+    tls_key_ = tls_key(job_);
+#else
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "qcoll rank {}: the store cannot use TLS (QCOLL_TLS=1): this program's qcoll was built "
+                               "without OpenSSL",
+                               job_.rank);
+#endif
+  }
+
+  /// The TLS handshake of an admitted connection, bounded like the admission (a client
+  /// that stalls in it is dropped at the deadline); then its requests.
+  void start_tls([[maybe_unused]] const std::shared_ptr<store_connection>& connection) {
+#ifndef QCOLL_NO_OPENSSL
+    connection->tls.emplace(connection->socket, *tls_context_);
+    if (!attach_key(connection->tls->native_handle(), &tls_key_)) {
+      qcoll::detail::log_warning("qcoll: rank {}: store cannot set up TLS for {}: {}", job_.rank, name(*connection),
+                                 openssl_reason(ERR_get_error()));
+      return drop(connection);
+    }
+    auto timer = std::make_shared<boost::asio::steady_timer>(io_, clock::now() + job_.timeout);
+    timer->async_wait([this, connection](const boost::system::error_code& ec) {
+      if (ec || connection->closed || connection->secured) return;
+      qcoll::detail::log_warning("qcoll: rank {}: store dropped {}: its TLS handshake did not finish by its deadline",
+                                 job_.rank, name(*connection));
+      drop(connection);
+    });
+    connection->tls->async_handshake(
+        boost::asio::ssl::stream_base::server, [this, connection, timer](const boost::system::error_code& ec) {
+          timer->cancel();
+          if (connection->closed) return;
+          if (ec) {
+            qcoll::detail::log_warning("qcoll: rank {}: store refused {}: the TLS handshake failed ({}): a different "
+                                       "QCOLL_SECRET, a peer that does not speak qcoll's TLS, or bytes altered in "
+                                       "transit",
+                                       job_.rank, name(*connection), ec.message());
+            return drop(connection);
+          }
+          connection->secured = true;
+          read_header(connection);
+        });
+#endif
   }
 
   std::string name(const store_connection& connection) const {
@@ -181,31 +258,46 @@ class store_service {
   }
 
   void read_header(const std::shared_ptr<store_connection>& connection) {
-    boost::asio::async_read(connection->socket, boost::asio::buffer(connection->header),
-                            [this, connection](const boost::system::error_code& ec, std::size_t) {
-                              if (connection->closed) return;
-                              if (ec) return failed_io(connection, ec);
-                              if (auto malformed = parse_request(connection->header, connection->request))
-                                return malformed_request(connection, *malformed);
-                              connection->body.resize(std::size_t{connection->request.key_size} +
-                                                      connection->request.value_size);
-                              if (connection->body.empty()) return dispatch(connection);
-                              read_body(connection);
-                            });
+    on_stream(*connection, [&](auto& stream) {
+      boost::asio::async_read(stream, boost::asio::buffer(connection->header),
+                              [this, connection](const boost::system::error_code& ec, std::size_t) {
+                                if (connection->closed) return;
+                                if (ec) return failed_io(connection, ec);
+                                if (auto malformed = parse_request(connection->header, connection->request))
+                                  return malformed_request(connection, *malformed);
+                                connection->body.resize(std::size_t{connection->request.key_size} +
+                                                        connection->request.value_size);
+                                if (connection->body.empty()) return dispatch(connection);
+                                read_body(connection);
+                              });
+    });
   }
 
   void read_body(const std::shared_ptr<store_connection>& connection) {
-    boost::asio::async_read(connection->socket, boost::asio::buffer(connection->body),
-                            [this, connection](const boost::system::error_code& ec, std::size_t) {
-                              if (connection->closed) return;
-                              if (ec) return failed_io(connection, ec);
-                              dispatch(connection);
-                            });
+    on_stream(*connection, [&](auto& stream) {
+      boost::asio::async_read(stream, boost::asio::buffer(connection->body),
+                              [this, connection](const boost::system::error_code& ec, std::size_t) {
+                                if (connection->closed) return;
+                                if (ec) return failed_io(connection, ec);
+                                dispatch(connection);
+                              });
+    });
   }
 
   void failed_io(const std::shared_ptr<store_connection>& connection, const boost::system::error_code& ec) {
-    // A rank that leaves closes its connection: normal, not worth a warning.
-    if (!is_closed(ec) && ec != boost::asio::error::operation_aborted)
+    // A rank that leaves closes its connection (over TLS without a close_notify: Asio
+    // calls that a truncated stream): normal, not worth a warning.
+    bool left = is_closed(ec) || ec == boost::asio::error::operation_aborted;
+#ifndef QCOLL_NO_OPENSSL
+    left = left || ec == boost::asio::ssl::error::stream_truncated;
+    if (!left && ec.category() == boost::asio::error::get_ssl_category()) {
+      qcoll::detail::log_warning("qcoll: rank {}: store closed the connection of {}: a TLS record failed to decrypt "
+                                 "or authenticate ({}): bytes altered in transit, or not from the peer",
+                                 job_.rank, name(*connection), ec.message());
+      return drop(connection);
+    }
+#endif
+    if (!left)
       qcoll::detail::log_warning("qcoll: rank {}: store lost the connection of {}: {}", job_.rank, name(*connection),
                                  ec.message());
     drop(connection);
@@ -231,14 +323,16 @@ class store_service {
 
   void write_next(const std::shared_ptr<store_connection>& connection) {
     connection->writing = true;
-    boost::asio::async_write(connection->socket, boost::asio::buffer(connection->outbox.front()),
-                             [this, connection](const boost::system::error_code& ec, std::size_t) {
-                               if (connection->closed) return;
-                               if (ec) return failed_io(connection, ec);
-                               connection->outbox.pop_front();
-                               connection->writing = false;
-                               if (!connection->outbox.empty()) write_next(connection);
-                             });
+    on_stream(*connection, [&](auto& stream) {
+      boost::asio::async_write(stream, boost::asio::buffer(connection->outbox.front()),
+                               [this, connection](const boost::system::error_code& ec, std::size_t) {
+                                 if (connection->closed) return;
+                                 if (ec) return failed_io(connection, ec);
+                                 connection->outbox.pop_front();
+                                 connection->writing = false;
+                                 if (!connection->outbox.empty()) write_next(connection);
+                               });
+    });
   }
 
   void drop(const std::shared_ptr<store_connection>& connection) {
@@ -257,6 +351,10 @@ class store_service {
   boost::asio::steady_timer retry_timer_;
   std::uint16_t port_ = 0;
   std::uint64_t next_connection_ = 0;
+#ifndef QCOLL_NO_OPENSSL
+  std::optional<boost::asio::ssl::context> tls_context_;  // with QCOLL_TLS=1; outlives the connections
+  digest tls_key_{};
+#endif
   std::unordered_map<std::uint64_t, std::shared_ptr<store_connection>> connections_;
   store_table table_;
 };

@@ -13,11 +13,21 @@
 /// alter a byte after it. Certificates would need a PKI per cluster for no added
 /// guarantee among ranks that share a secret anyway.
 ///
-/// TLS starts after the qcoll handshake's ack, on the same socket; both ends said in
-/// the hello whether they use it (handshake.hpp, flag bit 1), and a mismatch is refused
-/// there with a message on both sides. The connection then turns non-blocking and
-/// tls_connection moves bytes with SSL_read/SSL_write: any record that fails to decrypt
-/// or authenticate breaks the connection, which the transport reports naming the peer.
+/// TLS starts after the qcoll handshake's ack, on the same socket, on every channel
+/// (data, store, recovery); both ends said in the hello whether they use it
+/// (handshake.hpp, flag bit 1), and a mismatch is refused there with a message on both
+/// sides. The connection then turns non-blocking and tls_connection moves bytes with
+/// SSL_read/SSL_write: any record that fails to decrypt or authenticate breaks the
+/// connection, which its user reports naming the peer. The store's server, which must
+/// not block, drives the same context with Asio's SSL stream instead
+/// (tcp_store_server.hpp): configure_psk_context is what both share.
+
+namespace qcoll::rendezvous {
+
+/// Which end of a TLS handshake a rank plays: the end that connected is the client.
+enum class tls_role { client, server };
+
+}  // namespace qcoll::rendezvous
 
 #ifndef QCOLL_NO_OPENSSL
 
@@ -67,9 +77,22 @@ inline digest tls_key(const job& j) {
   return hmac_sha256(as_bytes(j.secret), message);
 }
 
+/// Where an SSL keeps the job's key for the PSK callbacks: an index of our own (index 0 is
+/// "app data", which Asio's SSL stream owns and deletes).
+inline int key_index() {
+  static const int index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  return index;
+}
+
+/// Hands `ssl` the key its PSK callbacks read; `key` must outlive it. False on failure.
+inline bool attach_key(SSL* ssl, const digest* key) {
+  return key_index() >= 0 && SSL_set_ex_data(ssl, key_index(), const_cast<digest*>(key)) == 1;
+}
+
 /// The session OpenSSL resumes as the external PSK: TLS 1.3, TLS_AES_128_GCM_SHA256.
 inline SSL_SESSION* psk_session(SSL* ssl) {
-  const auto* key = static_cast<const digest*>(SSL_get_ex_data(ssl, 0));
+  const auto* key = static_cast<const digest*>(SSL_get_ex_data(ssl, key_index()));
+  if (key == nullptr) return nullptr;
   static constexpr unsigned char aes_128_gcm_sha256[] = {0x13, 0x01};
   const SSL_CIPHER* cipher = SSL_CIPHER_find(ssl, aes_128_gcm_sha256);
   SSL_SESSION* session = SSL_SESSION_new();
@@ -142,9 +165,46 @@ inline BIO_METHOD* socket_method() {
   return method;
 }
 
+/// What every qcoll TLS context has, whoever drives its connections: TLS 1.3 only, its
+/// SHA-256 suites, no session tickets, and the job's PSK (attach_key gives each SSL
+/// its key). False when OpenSSL refused a setting.
+inline bool configure_psk_context(SSL_CTX* ctx, tls_role side) {
+  if (ctx == nullptr || !SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) ||
+      !SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION))
+    return false;
+  // The PSK's hash is SHA-256: a suite of another hash (OpenSSL's server prefers
+  // TLS_AES_256_GCM_SHA384) would set the PSK aside and ask for a certificate.
+  if (!SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256")) return false;
+  SSL_CTX_set_num_tickets(ctx, 0);  // no resumption: every connection has its own keys
+  if (side == tls_role::client)
+    SSL_CTX_set_psk_use_session_callback(ctx, use_psk);
+  else
+    SSL_CTX_set_psk_find_session_callback(ctx, find_psk);
+  return true;
+}
+
 struct ssl_ctx_free {
   void operator()(SSL_CTX* ctx) const noexcept { SSL_CTX_free(ctx); }
 };
+
+/// One context per role for every tls_connection of the process (OpenSSL makes SSLs from
+/// a context from any thread): the key is per connection, so nothing else differs.
+/// Null when OpenSSL could not make it.
+inline SSL_CTX* shared_context(tls_role side) {
+  static const auto make = [](tls_role role) {
+    std::unique_ptr<SSL_CTX, ssl_ctx_free> ctx(
+        SSL_CTX_new(role == tls_role::client ? TLS_client_method() : TLS_server_method()));
+    if (!configure_psk_context(ctx.get(), role)) return std::unique_ptr<SSL_CTX, ssl_ctx_free>();
+    // Read ahead into a buffer of many records: one recv for several 16 KiB records,
+    // instead of two (header, body) for each. has_pending() reports what waits there.
+    SSL_CTX_set_read_ahead(ctx.get(), 1);
+    SSL_CTX_set_default_read_buffer_len(ctx.get(), 256 << 10);
+    return ctx;
+  };
+  static const std::unique_ptr<SSL_CTX, ssl_ctx_free> client = make(tls_role::client);
+  static const std::unique_ptr<SSL_CTX, ssl_ctx_free> server = make(tls_role::server);
+  return side == tls_role::client ? client.get() : server.get();
+}
 struct ssl_free {
   void operator()(SSL* ssl) const noexcept { SSL_free(ssl); }
 };
@@ -155,7 +215,7 @@ struct ssl_free {
 /// without blocking once the handshake is done.
 class tls_connection {
  public:
-  enum class role { client, server };
+  using role = tls_role;
 
   /// Runs the TLS handshake on `fd` (waiting in poll until `until`; the socket is left
   /// non-blocking). Throws
@@ -163,30 +223,15 @@ class tls_connection {
   /// another key (secret) cannot complete it. `peer_name` appears in messages.
   tls_connection(int fd, const job& j, role side, std::string peer_name, deadline until)
       : key_(std::make_unique<digest>(detail::tls_key(j))), peer_(std::move(peer_name)), ends_{fd, &unsent_} {
-    ctx_.reset(SSL_CTX_new(side == role::client ? TLS_client_method() : TLS_server_method()));
-    if (!ctx_ || !SSL_CTX_set_min_proto_version(ctx_.get(), TLS1_3_VERSION) ||
-        !SSL_CTX_set_max_proto_version(ctx_.get(), TLS1_3_VERSION))
-      fail("setting up TLS 1.3");
-    // The PSK's hash is SHA-256: a suite of another hash (OpenSSL's server prefers
-    // TLS_AES_256_GCM_SHA384) would set the PSK aside and ask for a certificate.
-    if (!SSL_CTX_set_ciphersuites(ctx_.get(), "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256"))
-      fail("choosing TLS 1.3's SHA-256 cipher suites");
-    SSL_CTX_set_num_tickets(ctx_.get(), 0);  // no resumption: every connection has its own keys
-    // Read ahead into a buffer of many records: one recv for several 16 KiB records,
-    // instead of two (header, body) for each. has_pending() reports what waits there.
-    SSL_CTX_set_read_ahead(ctx_.get(), 1);
-    SSL_CTX_set_default_read_buffer_len(ctx_.get(), read_buffer_bytes);
-    if (side == role::client)
-      SSL_CTX_set_psk_use_session_callback(ctx_.get(), detail::use_psk);
-    else
-      SSL_CTX_set_psk_find_session_callback(ctx_.get(), detail::find_psk);
+    SSL_CTX* const ctx = detail::shared_context(side);
+    if (ctx == nullptr) fail("setting up TLS 1.3 with a pre-shared key");
     // Non-blocking from here on: a handshake step queues its messages and must return
     // (WANT_READ) for them to be sent, not wait in recv for the answer they ask for.
     if (const int flags = ::fcntl(fd, F_GETFL); flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
       fail(qcoll::detail::format("making the socket non-blocking: {}", std::system_category().message(errno)));
-    ssl_.reset(SSL_new(ctx_.get()));
+    ssl_.reset(SSL_new(ctx));
     BIO* socket = detail::socket_method() != nullptr ? BIO_new(detail::socket_method()) : nullptr;
-    if (!ssl_ || socket == nullptr || !SSL_set_ex_data(ssl_.get(), 0, key_.get())) {
+    if (!ssl_ || socket == nullptr || !detail::attach_key(ssl_.get(), key_.get())) {
       BIO_free(socket);
       fail("setting up TLS");
     }
@@ -316,7 +361,6 @@ class tls_connection {
     return 0;
   }
 
-  static constexpr std::size_t read_buffer_bytes = 256 << 10;
   static constexpr std::size_t write_batch_bytes = 256 << 10;  // 16 records per sendmsg
 
   std::unique_ptr<digest> key_;  // read by the PSK callbacks, through the SSL's ex_data
@@ -325,7 +369,6 @@ class tls_connection {
   std::size_t sent_ = 0;
   std::string broken_;  // why sending failed for good
   detail::socket_ends ends_;
-  std::unique_ptr<SSL_CTX, detail::ssl_ctx_free> ctx_;
   std::unique_ptr<SSL, detail::ssl_free> ssl_;
 };
 
