@@ -79,7 +79,11 @@ class secured_socket {
     return outcome;
   }
 
-  /// Writes all of `bytes` (through TLS: encrypted and sent, not only queued).
+  /// Writes all of `bytes` (through TLS: encrypted and sent, not only queued). Through
+  /// TLS, `transferred` counts the plaintext TLS took, which it takes whole and at once:
+  /// a write that times out has then queued a record that will still go out, so a
+  /// caller that gives up on one must treat the stream as unusable (the store's client
+  /// does, as after half a frame in clear).
   detail::io_outcome write_all(std::span<const std::byte> bytes, deadline until) {
     if (!tls_) return detail::write_all(socket_, bytes, until);
     auto outcome = through_tls(bytes, until, reading::no, [this](std::span<const std::byte> rest, std::string& lost) {
@@ -94,7 +98,7 @@ class secured_socket {
 
   /// Closes the connection; every later call fails.
   void close() noexcept {
-    tls_.reset();  // first: it writes to the descriptor, which may be reused once closed
+    tls_.reset();  // first: it keeps the descriptor's number, which the next socket may get
     boost::system::error_code ignored;
     socket_.close(ignored);
   }
@@ -132,8 +136,8 @@ class secured_socket {
     return outcome;
   }
 
-  static detail::io_outcome& broken(detail::io_outcome& outcome, std::string why) {
-    outcome.result = detail::io_result::failed;
+  detail::io_outcome& broken(detail::io_outcome& outcome, std::string why) const {
+    outcome.result = tls_->closed_by_peer() ? detail::io_result::closed : detail::io_result::failed;
     outcome.reason = std::move(why);
     return outcome;
   }
@@ -146,6 +150,7 @@ class secured_socket {
     std::size_t read_some(std::span<std::byte>, std::string&) { return 0; }
     std::size_t write_some(std::span<const std::byte>, std::string&) { return 0; }
     bool flush(std::string&) { return true; }
+    bool closed_by_peer() const noexcept { return false; }
   };
   std::unique_ptr<no_tls> tls_;  // never made: such a build refuses QCOLL_TLS=1 above
 #endif

@@ -345,16 +345,17 @@ class store_service {
   }
 
   job job_;
+#ifndef QCOLL_NO_OPENSSL
+  // Before io_: the connections that pending handlers still hold go with io_.
+  std::optional<boost::asio::ssl::context> tls_context_;  // with QCOLL_TLS=1
+  digest tls_key_{};
+#endif
   // Declared before the sockets and timers that belong to it, so it is destroyed after them.
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer retry_timer_;
   std::uint16_t port_ = 0;
   std::uint64_t next_connection_ = 0;
-#ifndef QCOLL_NO_OPENSSL
-  std::optional<boost::asio::ssl::context> tls_context_;  // with QCOLL_TLS=1; outlives the connections
-  digest tls_key_{};
-#endif
   std::unordered_map<std::uint64_t, std::shared_ptr<store_connection>> connections_;
   store_table table_;
 };

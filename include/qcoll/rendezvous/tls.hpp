@@ -320,6 +320,10 @@ class tls_connection {
     return failed(SSL_get_error(ssl_.get(), 0), lost);
   }
 
+  /// True once the connection ended because the peer closed it (a TLS close, the end of
+  /// the stream, a reset), as opposed to a record that failed or a local error.
+  bool closed_by_peer() const noexcept { return peer_closed_; }
+
   /// Decrypted bytes (or a whole record) waiting inside OpenSSL, which poll(2) cannot see.
   bool has_pending() const noexcept { return SSL_has_pending(ssl_.get()) == 1; }
 
@@ -333,20 +337,25 @@ class tls_connection {
     throw qcoll::error(make_error_code(errc::protocol_error), qcoll::detail::format("TLS: {}", std::move(what)));
   }
 
-  std::size_t failed(int why, std::string& lost) const {
+  std::size_t failed(int why, std::string& lost) {
     switch (why) {
       case SSL_ERROR_WANT_READ:
       case SSL_ERROR_WANT_WRITE: return 0;
-      case SSL_ERROR_ZERO_RETURN: lost = qcoll::detail::format("it closed the TLS connection ({})", peer_); return 0;
+      case SSL_ERROR_ZERO_RETURN:
+        peer_closed_ = true;
+        lost = qcoll::detail::format("it closed the TLS connection ({})", peer_);
+        return 0;
 #ifdef SSL_R_UNEXPECTED_EOF_WHILE_READING
       case SSL_ERROR_SSL:
         if (ERR_GET_REASON(ERR_peek_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+          peer_closed_ = true;
           lost = qcoll::detail::format("it closed the connection ({})", peer_);
           return 0;
         }
         return authentication_failed(lost);
 #endif
       case SSL_ERROR_SYSCALL:
+        peer_closed_ = errno == 0 || errno == ECONNRESET || errno == EPIPE;
         lost = qcoll::detail::format("the TLS connection to {} failed: {}", peer_,
                                      errno != 0 ? std::system_category().message(errno) : "closed without a TLS close");
         return 0;
@@ -355,9 +364,16 @@ class tls_connection {
   }
 
   std::size_t authentication_failed(std::string& lost) const {
-    lost = qcoll::detail::format("a TLS record from {} failed to decrypt or authenticate ({}): bytes altered in "
-                                 "transit, or not from the peer",
-                                 peer_, detail::openssl_reason(ERR_get_error()));
+    const unsigned long code = ERR_get_error();
+    // An alert the peer sent: it refused a record of ours (altered on the way there).
+    if (ERR_GET_LIB(code) == ERR_LIB_SSL && ERR_GET_REASON(code) >= SSL_AD_REASON_OFFSET)
+      lost = qcoll::detail::format("{} refused a TLS record from this rank ({}): bytes altered in transit on the way "
+                                   "there",
+                                   peer_, detail::openssl_reason(code));
+    else
+      lost = qcoll::detail::format("a TLS record from {} failed to decrypt or authenticate ({}): bytes altered in "
+                                   "transit, or not from the peer",
+                                   peer_, detail::openssl_reason(code));
     return 0;
   }
 
@@ -368,6 +384,7 @@ class tls_connection {
   std::vector<std::byte> unsent_;  // ciphertext the socket has not taken yet, from sent_ on
   std::size_t sent_ = 0;
   std::string broken_;  // why sending failed for good
+  bool peer_closed_ = false;
   detail::socket_ends ends_;
   std::unique_ptr<SSL, detail::ssl_free> ssl_;
 };
