@@ -24,7 +24,9 @@
 #include <qcoll/detail/asio.hpp>
 #include <qcoll/detail/format.hpp>
 #ifndef QCOLL_NO_OPENSSL
-#include <boost/asio/ssl.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #endif
 
 #include <array>
