@@ -1243,6 +1243,15 @@ class stderr_capture {
     std::ifstream in(path_);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
+  /// text() once it holds `part` (a server thread logs a moment later), or after 2 s.
+  std::string text_once(std::string_view part) const {
+    std::string now = text();
+    for (int i = 0; i < 100 && now.find(part) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      now = text();
+    }
+    return now;
+  }
 
  private:
   std::string path_;
@@ -1655,9 +1664,7 @@ BOOST_AUTO_TEST_CASE(over_tls_a_byte_altered_either_way_is_an_error_never_a_valu
   check_error(capture([&] { second.set("k", "altered"); }), errc::peer_lost, {"store", "setting key \"k\""});
   store_client direct(tls_job(0, 2, server.port()), clock::now() + 5s);
   BOOST_TEST(direct.get("k", clock::now() + 3s) == "v");
-  std::string text;
-  for (int i = 0; i < 100 && !contains(text = log.text(), "a TLS record failed to decrypt or authenticate"); ++i)
-    std::this_thread::sleep_for(20ms);
+  const std::string text = log.text_once("a TLS record failed to decrypt or authenticate");
   log.restore();
   if (check_log) {
     BOOST_TEST_INFO("log:\n" << text);
@@ -1695,9 +1702,7 @@ BOOST_AUTO_TEST_CASE(over_tls_mismatches_are_refused_and_a_stalled_handshake_is_
   BOOST_TEST(ec == boost::asio::error::eof, ec.message());
   BOOST_TEST(ms_since(start) >= 2500);  // not before its deadline
   BOOST_TEST(ms_since(start) < 6000);
-  std::string text;
-  for (int i = 0; i < 100 && !contains(text = log.text(), "its TLS handshake did not finish"); ++i)
-    std::this_thread::sleep_for(20ms);
+  const std::string text = log.text_once("its TLS handshake did not finish");
   log.restore();
   if (check_log) {
     BOOST_TEST_INFO("log:\n" << text);
@@ -2094,8 +2099,7 @@ BOOST_AUTO_TEST_CASE(over_tls_survivors_agree_and_the_new_store_is_tls_too) {
       stderr_capture log;
       check_error(capture([&] { store_client c(in_clear, clock::now() + 2s); }), errc::protocol_error,
                   {"the peer uses TLS (QCOLL_TLS=1) and this rank does not"});
-      std::string text;
-      for (int i = 0; i < 100 && !contains(text = log.text(), "store refused"); ++i) std::this_thread::sleep_for(20ms);
+      const std::string text = log.text_once("store refused");
       log.restore();
       if (check_log) BOOST_TEST(contains(text, "the client does not use TLS and this rank does (QCOLL_TLS=1)"), text);
     }
