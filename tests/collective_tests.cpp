@@ -715,17 +715,17 @@ BOOST_AUTO_TEST_CASE(the_copy_path_is_the_faster_one_of_each_size_class_at_a_bou
   {  // Staging is faster: it stays, and trials thin out to 2 per 1,024 calls.
     tuning_copy::copy_path_chooser chooser;
     BOOST_TEST(run_copy_calls(chooser, one_mib, {1.0, 2.0}, 16) == 0);  // after a benchmark's warm-up
-    BOOST_TEST(run_copy_calls(chooser, one_mib, {1.0, 2.0}, 3) == 2);   // calls 16 and 18 are the first trials
+    BOOST_TEST(run_copy_calls(chooser, one_mib, {1.0, 2.0}, 3) == 3);   // calls 16 to 18 are the first trials
     BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
     const int trials = run_copy_calls(chooser, one_mib, {1.0, 2.0}, 9981);
     BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
-    BOOST_TEST(trials <= 2 * (6 + 10000 / 1024), trials << " trials in 10,000 calls");
-    BOOST_TEST(trials >= 2 * (10000 / 1024));  // it keeps checking
+    BOOST_TEST(trials <= 3 * (6 + 10000 / 1024), trials << " trials in 10,000 calls");
+    BOOST_TEST(trials >= 3 * (10000 / 1024));  // it keeps checking
   }
   {  // A trial over twice as slow thins the rounds out faster: 2 rounds in 300 calls, not 4.
     tuning_copy::copy_path_chooser near, far;
-    BOOST_TEST(run_copy_calls(near, one_mib, {1.0, 2.0}, 300) == 8);
-    BOOST_TEST(run_copy_calls(far, one_mib, {1.0, 4.0}, 300) == 4);
+    BOOST_TEST(run_copy_calls(near, one_mib, {1.0, 2.0}, 300) == 12);
+    BOOST_TEST(run_copy_calls(far, one_mib, {1.0, 4.0}, 300) == 6);
   }
   {  // The kernel's copy is faster: the first round switches, and it stays switched.
     tuning_copy::copy_path_chooser chooser;
@@ -733,7 +733,7 @@ BOOST_AUTO_TEST_CASE(the_copy_path_is_the_faster_one_of_each_size_class_at_a_bou
     BOOST_TEST((chooser.current(one_mib) == copy_path::peer_read));
     const int trials = run_copy_calls(chooser, one_mib, {2.0, 1.0}, 81);
     BOOST_TEST((chooser.current(one_mib) == copy_path::peer_read));
-    BOOST_TEST(trials <= 4, trials << " trials in calls 19-99");
+    BOOST_TEST(trials <= 6, trials << " trials in calls 19-99");
   }
   {  // Size classes are measured apart: staged at 1 MiB, the kernel at 4 MiB, interleaved.
     tuning_copy::copy_path_chooser chooser;
@@ -774,13 +774,27 @@ BOOST_AUTO_TEST_CASE(the_copy_path_is_the_faster_one_of_each_size_class_at_a_bou
       chooser.record(made, std::chrono::nanoseconds(static_cast<long long>(rate * one_mib)));
     }
     BOOST_TEST((chooser.current(one_mib) == copy_path::staged));
-    BOOST_TEST(trials <= 4, trials << " trials");  // the scheduled rounds at calls 116 and 246, no more
+    BOOST_TEST(trials <= 6, trials << " trials");  // the scheduled rounds, no more
+  }
+  {  // The first call on the other path pays for the switch (measured on an Intel Xeon host:
+     // a lone kernel-copy call among staged ones 1.3-1.8x a call in a run of them). The kernel's
+     // copy 20 % faster in a run, its first call 60 % slower: the round still switches.
+    tuning_copy::copy_path_chooser chooser;
+    copy_path previous = copy_path::staged;
+    for (int k = 0; k < 100; ++k) {
+      const tuning_copy::copy_decision made = chooser.choose(one_mib);
+      const double rate = (made.path == copy_path::staged ? 1.0 : 0.8) * (made.path != previous ? 2.0 : 1.0);
+      previous = made.path;
+      chooser.record(made, std::chrono::nanoseconds(static_cast<long long>(rate * one_mib)));
+    }
+    BOOST_TEST((chooser.current(one_mib) == copy_path::peer_read));
   }
   {  // A trial that failed (never recorded) does not end the measuring: a later round comes.
     tuning_copy::copy_path_chooser chooser;
     run_copy_calls(chooser, one_mib, {1.0, 1.0}, 18);
     const tuning_copy::copy_decision lost = chooser.choose(one_mib);  // call 18, the round's last trial: it throws
     BOOST_TEST(lost.trial);
+    BOOST_TEST(lost.call == 18u);
     run_copy_calls(chooser, one_mib, {2.0, 1.0}, 200);
     BOOST_TEST((chooser.current(one_mib) == copy_path::peer_read));
   }

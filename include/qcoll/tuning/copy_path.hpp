@@ -11,17 +11,20 @@
 ///
 /// So each communicator measures, per size class (step bytes by powers of two), the
 /// calls it makes anyway. A class starts staged (the path that wins on near hosts); its
-/// 16th and 18th calls are trials of the other path — late enough that a benchmark's
+/// calls 16 to 18 are a trial round of the other path — late enough that a benchmark's
 /// warm-up and a short timed run meet none or few of them, early in a job's thousands
-/// of calls. When the trials' best rate beats the best of the current path's calls
-/// beside them by `margin`, the class switches. Trial rounds then come after 16 calls,
-/// the interval doubling (quadrupling when the trial was over twice as slow) up to
-/// 1,024 while the current path keeps winning; one comes early when 3 calls in a row of
-/// the current path are slower than the other path was at its last round (a slow
-/// window, a new neighbour; on a noisy host some calls are slow, not three in a row), at
-/// most once per 16 calls. What that costs, bounded: 2 trial calls in a class's first
-/// 20, at most 8 in its first 100 (4 on a steady host), 2 per 1,024 later — each at
-/// most the slower path's time.
+/// of calls. A round's first call pays for the switch (on an Intel Xeon host a lone
+/// kernel-copy call between staged ones took 1.3–1.8× what the same call takes in a
+/// run of them: docs/transports-performance.md), so a round is a run of calls on the
+/// other path, and its best call is compared with the best of the current path's two
+/// calls just before it. When the trial is faster by `margin`, the class switches. Trial rounds then come
+/// after 16 calls, the interval doubling (quadrupling when the trial was over twice as
+/// slow) up to 1,024 while the current path keeps winning; one comes early when 3 calls
+/// in a row of the current path are slower than the other path was at its last round (a
+/// slow window, a new neighbour; on a noisy host some calls are slow, not three in a
+/// row), at most once per 16 calls. What that costs, bounded: 3 trial calls in a class's
+/// first 20, at most 12 in its first 100 (6 on a steady host), 3 per 1,024 later — each
+/// at most the slower path's time.
 ///
 /// A rank decides alone: whether a block is staged is the owner's choice, invisible to
 /// the reader but for its speed, so no agreement is needed and ranks may differ. Every
@@ -66,6 +69,8 @@ class copy_path_chooser {
   /// run meets few trials), then the calls between rounds: first, and at most (doubling
   /// while nothing changes).
   static constexpr std::uint64_t first_round = 16, first_interval = 16, longest_interval = 1024;
+  /// A round's calls in a row on the other path: the first pays for the switch, the best counts.
+  static constexpr std::uint64_t trial_calls = 3;
   /// The current path slower than the other's last measured rate (by `margin`) for
   /// `slow_calls` calls in a row brings the next round forward (no sooner than
   /// first_interval after the last).
@@ -79,11 +84,11 @@ class copy_path_chooser {
     const auto index = static_cast<std::uint8_t>(std::bit_width(step_bytes));
     size_class& c = classes_[index];
     const std::uint64_t call = c.calls++;
-    if (call > c.round_start + 2) {  // the round's last trial failed, so it never ended: the next one later
+    if (call > last_trial(c)) {  // the round's last trial failed, so it never ended: the next one later
       c.round_start = call + c.interval;
       c.round_best = c.trial_best = infinity;
     }
-    const bool trial = call == c.round_start || call == c.round_start + 2;
+    const bool trial = call >= c.round_start && call <= last_trial(c);
     return {trial ? other(c.current) : c.current, trial, index, call, step_bytes};
   }
 
@@ -94,17 +99,17 @@ class copy_path_chooser {
     const double rate = static_cast<double>(took.count()) / static_cast<double>(made.step_bytes);
     if (made.trial) {
       c.trial_best = std::min(c.trial_best, rate);
-      if (made.call == c.round_start + 2) end_round(c, made.call);
+      if (made.call == last_trial(c)) end_round(c, made.call);
       return;
     }
-    // The round compares its trials with the current path's calls just before and between them.
-    if (made.call + 1 == c.round_start || made.call == c.round_start + 1) c.round_best = std::min(c.round_best, rate);
+    // The round compares its trials with the current path's two calls just before it.
+    if (made.call + 2 == c.round_start || made.call + 1 == c.round_start) c.round_best = std::min(c.round_best, rate);
     // A round comes early only when this path's last calls, all of them, are slower than
     // the other path was at the last round: noise on a busy host slows some calls, not
     // every one, and a path still faster than the other's last rate needs no trial.
     const bool slower_than_other = c.rounds > 0 && (1.0 - margin) * rate > c.last_rate[index(other(c.current))];
     c.slow_streak = slower_than_other ? c.slow_streak + 1 : 0;
-    const bool in_round = made.call + 1 >= c.round_start && made.call <= c.round_start + 2;
+    const bool in_round = made.call + 2 >= c.round_start && made.call <= last_trial(c);
     if (c.slow_streak >= slow_calls && !in_round && made.call >= c.last_round_end + first_interval) {
       c.round_start = made.call + 1;  // a round now: this path's speed changed
       c.round_best = rate;
@@ -131,11 +136,11 @@ class copy_path_chooser {
  private:
   struct size_class {
     std::uint64_t calls = 0;
-    std::uint64_t round_start = first_round;  ///< a round: trials at round_start and round_start + 2
+    std::uint64_t round_start = first_round;  ///< a round: trials at round_start … + trial_calls - 1
     std::uint64_t interval = first_interval;
     std::uint64_t last_round_end = 0;
     copy_path current = copy_path::staged;
-    double round_best = infinity;  ///< the current path's best among the round's calls
+    double round_best = infinity;  ///< the current path's best of the two calls before the round
     double trial_best = infinity;
     std::array<double, 2> last_rate{};  ///< each path's rate at the last round (0: none yet)
     copy_path last_trial_path = copy_path::peer_read;
@@ -145,6 +150,7 @@ class copy_path_chooser {
 
   static copy_path other(copy_path p) noexcept { return p == copy_path::staged ? copy_path::peer_read : copy_path::staged; }
   static std::size_t index(copy_path p) noexcept { return static_cast<std::size_t>(p); }
+  static std::uint64_t last_trial(const size_class& c) noexcept { return c.round_start + trial_calls - 1; }
 
   void end_round(size_class& c, std::uint64_t call) noexcept {
     // Two calls each, side by side: a longer history of the current path would favour it.
