@@ -612,7 +612,17 @@ BOOST_AUTO_TEST_CASE(the_environment_overrides_the_table) {
   ::setenv("QCOLL_SINGLE_COPY_KERNEL_BYTES", "auto", 1);
   BOOST_TEST(tuning::from_environment().measure_copy_path);
   ::unsetenv("QCOLL_SINGLE_COPY_KERNEL_BYTES");
-  BOOST_TEST(!tuning::from_environment().measure_copy_path);  // the fixed default: every step staged
+  // Unset: measured where the ranks that read each other's memory fit the host's cores.
+  BOOST_TEST(!tuning::from_environment().measure_copy_path);  // none do: nothing is staged
+  BOOST_TEST(tuning::from_environment(1).measure_copy_path);
+  const auto cores = static_cast<rank_t>(std::thread::hardware_concurrency());
+  BOOST_TEST(tuning::from_environment(cores).measure_copy_path == (cores > 0));
+  BOOST_TEST(!tuning::from_environment(cores + 1).measure_copy_path);  // oversubscribed: every step staged
+  ::setenv("QCOLL_SINGLE_COPY_KERNEL_BYTES", "off", 1);
+  BOOST_TEST(!tuning::from_environment(1).measure_copy_path);
+  BOOST_TEST(tuning::from_environment(1).single_copy_kernel_bytes == tuning::never);
+  ::setenv("QCOLL_SINGLE_COPY_KERNEL_BYTES", "auto", 1);
+  BOOST_TEST(tuning::from_environment(cores + 1).measure_copy_path);  // asked for
   ::setenv("QCOLL_SINGLE_COPY_KERNEL_BYTES", "4M", 1);
   // A communicator reads them when it is made.
   const auto outcome = test::run_ranks(2, [](auto& comm) {

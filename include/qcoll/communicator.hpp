@@ -806,6 +806,12 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
     if constexpr (single_copy_transport<channel_type>) return channel_.single_copy();
     else return false;
   }
+  /// The transport's ranks where they map and read each other's memory (shm: every one
+  /// on this host), else 0: whether the copy path is measured by default depends on them.
+  rank_t ranks_reading_each_other() const {
+    if constexpr (shared_memory_transport<channel_type>) return reads_peers_memory() ? shared_->transport.size() : 0;
+    else return 0;
+  }
 
   /// Starts a collective: numbers it and refuses to run on an aborted communicator.
   /// Called from the caller's thread, it first lets started calls finish.
@@ -883,7 +889,7 @@ class communicator : public started_calls<Transport>, public error_code_forms<Tr
   channel_type channel_;  // into shared_'s transport, which never moves
   topologies::graph topology_;
   communicator_options options_;
-  qcoll::tuning tuning_ = qcoll::tuning::from_environment();
+  qcoll::tuning tuning_ = qcoll::tuning::from_environment(ranks_reading_each_other());
   bool log_choices_ = detail::debug_info_enabled();  // QCOLL_DEBUG=INFO: a line per exact collective, when it ends
   std::uint64_t sequence_ = 0;
   std::vector<std::uint64_t> sent_to_, received_from_;  // point-to-point messages per peer

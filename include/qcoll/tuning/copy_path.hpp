@@ -29,11 +29,12 @@
 /// A rank decides alone: whether a block is staged is the owner's choice, invisible to
 /// the reader but for its speed, so no agreement is needed and ranks may differ. Every
 /// rank makes the same calls in the same order, so their trials fall on the same calls
-/// and measure the job with every rank on the other path. On with
-/// QCOLL_SINGLE_COPY_KERNEL_BYTES=auto (or tuning::measure_copy_path); not the default:
-/// on this project's host, where staging wins or ties almost everywhere, it lost with 4
-/// ranks on 2 cores at 1 and 4 MiB (docs/transports-performance.md, "The copy path by
-/// measurement").
+/// and measure the job with every rank on the other path. On by default where the ranks
+/// that read each other's memory do not outnumber the host's cores (tuning::from_environment),
+/// always with QCOLL_SINGLE_COPY_KERNEL_BYTES=auto (or tuning::measure_copy_path). Not
+/// where they do: with 4 ranks on 2 cores it lost at 1–8 MiB on two hosts, a round's
+/// few calls deciding amid the scheduler's noise (docs/transports-performance.md, "The
+/// copy path by measurement").
 
 #include <qcoll/detail/format.hpp>
 

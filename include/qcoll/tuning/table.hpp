@@ -137,6 +137,12 @@ inline constexpr std::chrono::microseconds spin_when_oversubscribed{50};
 
 }  // namespace tuning_table
 
+/// Whether a job with `local_ranks` ranks on this host has fewer cores than ranks.
+inline bool ranks_outnumber_cores(rank_t local_ranks) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores == 0 || local_ranks > cores;
+}
+
 /// What a communicator's exact collectives use to choose; the defaults are the table's.
 struct tuning {
   /// A forced algorithm per collective (QCOLL_ALLREDUCE_ALGO, QCOLL_BROADCAST_ALGO,
@@ -145,7 +151,8 @@ struct tuning {
   algorithm broadcast = algorithm::unspecified;
   algorithm barrier = algorithm::unspecified;
   /// QCOLL_ALLREDUCE_SMALL_BYTES, QCOLL_ALLREDUCE_HALVING_BYTES, QCOLL_BROADCAST_SMALL_BYTES, QCOLL_RING_SLICE_BYTES
-  /// (0: unsliced), QCOLL_SINGLE_COPY_BYTES ("off": never), QCOLL_SINGLE_COPY_KERNEL_BYTES ("off", the default: never; "auto": measured).
+  /// (0: unsliced), QCOLL_SINGLE_COPY_BYTES ("off": never), QCOLL_SINGLE_COPY_KERNEL_BYTES ("auto": measured; "off": never;
+  /// unset: measured where the ranks fit the host's cores, see measure_copy_path).
   std::size_t allreduce_small_bytes = tuning_table::allreduce_small_bytes;
   std::size_t allreduce_halving_bytes = tuning_table::allreduce_halving_bytes;
   std::size_t broadcast_small_bytes = tuning_table::broadcast_small_bytes;
@@ -154,18 +161,23 @@ struct tuning {
   std::size_t single_copy_kernel_bytes = tuning_table::single_copy_kernel_bytes;
   /// Whether single-copy steps choose between staging and the kernel's copy by measuring
   /// (tuning/copy_path.hpp; QCOLL_SINGLE_COPY_KERNEL_BYTES=auto), or stage below
-  /// single_copy_kernel_bytes (the default: every step staged). Not the default: on this
-  /// project's host it lost with 4 ranks on 2 cores at 1 and 4 MiB (measured in
-  /// docs/transports-performance.md, "The copy path by measurement"). Unlike the other
-  /// values, these two may differ between ranks: whether a block is staged is its
-  /// owner's choice alone.
+  /// single_copy_kernel_bytes (QCOLL_SINGLE_COPY_KERNEL_BYTES=off or a size; off: every
+  /// step staged). Unset, a communicator measures where the ranks that read each other's
+  /// memory do not outnumber the host's cores, and stages every step where they do: with
+  /// 4 ranks on 2 cores a round's few calls decide amid the scheduler's noise, and it
+  /// lost at 1–8 MiB on two hosts (docs/transports-performance.md, "The copy path by
+  /// measurement"). Unlike the other values, these two may differ between ranks: whether
+  /// a block is staged is its owner's choice alone.
   bool measure_copy_path = false;
 
   static constexpr std::size_t never = qcoll::detail::bytes_never;
 
-  /// The table's values with the environment's overrides.
+  /// The table's values with the environment's overrides, for a communicator whose
+  /// ranks read each other's memory, `ranks_on_host` of them (0: they do not; they stage
+  /// nothing then) — with QCOLL_SINGLE_COPY_KERNEL_BYTES unset, measure_copy_path where
+  /// they do not outnumber the host's cores.
   /// @throws qcoll::error invalid_argument naming a variable that is set but malformed.
-  static tuning from_environment() {
+  static tuning from_environment(rank_t ranks_on_host = 0) {
     tuning t;
     t.allreduce = algorithm_variable("QCOLL_ALLREDUCE_ALGO", {algorithm::ring, algorithm::recursive_doubling, algorithm::halving_doubling});
     t.broadcast = algorithm_variable("QCOLL_BROADCAST_ALGO", {algorithm::ring, algorithm::binomial_tree});
@@ -176,7 +188,10 @@ struct tuning {
     t.ring_slice_bytes = bytes_variable("QCOLL_RING_SLICE_BYTES", t.ring_slice_bytes);
     t.single_copy_bytes = bytes_variable("QCOLL_SINGLE_COPY_BYTES", t.single_copy_bytes);
     const char* kernel_bytes = std::getenv("QCOLL_SINGLE_COPY_KERNEL_BYTES");
-    t.measure_copy_path = kernel_bytes != nullptr && std::string_view(kernel_bytes) == "auto";
+    if (kernel_bytes == nullptr || *kernel_bytes == '\0')
+      t.measure_copy_path = ranks_on_host > 0 && !ranks_outnumber_cores(ranks_on_host);
+    else
+      t.measure_copy_path = std::string_view(kernel_bytes) == "auto";
     if (!t.measure_copy_path)
       t.single_copy_kernel_bytes = bytes_variable("QCOLL_SINGLE_COPY_KERNEL_BYTES", t.single_copy_kernel_bytes);
     return t;
@@ -197,12 +212,6 @@ struct tuning {
     return qcoll::detail::byte_count_variable(name, fallback);
   }
 };
-
-/// Whether a job with `local_ranks` ranks on this host has fewer cores than ranks.
-inline bool ranks_outnumber_cores(rank_t local_ranks) {
-  const unsigned cores = std::thread::hardware_concurrency();
-  return cores == 0 || local_ranks > cores;
-}
 
 /// How long a wait of a job with `local_ranks` ranks on this host polls before it starts
 /// yielding its core between polls (QCOLL_PAUSE_US overrides it; capped by the poll time).
