@@ -17,12 +17,12 @@
 /// kernel-copy call between staged ones took 1.3–1.8× what the same call takes in a
 /// run of them: docs/transports-performance.md), so a round is a run of calls on the
 /// other path, and its best call is compared with the best of the current path's two
-/// calls just before it. When the trial is faster by `margin`, the class switches. Trial rounds then come
-/// after 16 calls, the interval doubling (quadrupling when the trial was over twice as
-/// slow) up to 1,024 while the current path keeps winning; one comes early when 3 calls
-/// in a row of the current path are slower than the other path was at its last round (a
-/// slow window, a new neighbour; on a noisy host some calls are slow, not three in a
-/// row), at most once per 16 calls. What that costs, bounded: 3 trial calls in a class's
+/// calls just before it. When the trial is faster by `margin`, the class switches.
+/// Trial rounds then come after 16 calls, the interval doubling (quadrupling when the
+/// trial was over twice as slow) up to 1,024 while the current path keeps winning; one
+/// comes early when 3 calls in a row of the current path are slower than the other path
+/// was at its last round (a slow window, a new neighbour; on a noisy host some calls
+/// are slow, not three in a row), at most once per 16 calls. What that costs, bounded: 3 trial calls in a class's
 /// first 20, at most 12 in its first 100 (6 on a steady host), 3 per 1,024 later — each
 /// at most the slower path's time.
 ///
@@ -154,7 +154,8 @@ class copy_path_chooser {
   static std::uint64_t last_trial(const size_class& c) noexcept { return c.round_start + trial_calls - 1; }
 
   void end_round(size_class& c, std::uint64_t call) noexcept {
-    // Two calls each, side by side: a longer history of the current path would favour it.
+    // The round's best against the two calls just before it: a longer history of the
+    // current path would favour it.
     const double current_best = c.round_best;
     c.last_trial_path = other(c.current);
     c.last_rate[index(c.last_trial_path)] = c.trial_best;
