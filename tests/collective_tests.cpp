@@ -722,7 +722,7 @@ int run_copy_calls(tuning_copy::copy_path_chooser& chooser, std::size_t bytes, c
 BOOST_AUTO_TEST_CASE(the_copy_path_is_the_faster_one_of_each_size_class_at_a_bounded_cost) {
   using tuning_copy::copy_path;
   const std::size_t one_mib = std::size_t{1} << 20, four_mib = std::size_t{4} << 20;
-  {  // Staging is faster: it stays, and trials thin out to 2 per 1,024 calls.
+  {  // Staging is faster: it stays, and trials thin out to one round (3 calls) per 1,024.
     tuning_copy::copy_path_chooser chooser;
     BOOST_TEST(run_copy_calls(chooser, one_mib, {1.0, 2.0}, 16) == 0);  // after a benchmark's warm-up
     BOOST_TEST(run_copy_calls(chooser, one_mib, {1.0, 2.0}, 3) == 3);   // calls 16 to 18 are the first trials
