@@ -34,7 +34,7 @@ foreach(mpi IN LISTS QCOLL_TEST_MPIS)
     continue()
   endif()
   add_executable(transport_worker_${mpi} multiprocess/worker.cpp)
-  target_link_libraries(transport_worker_${mpi} PRIVATE qcoll::qcoll PkgConfig::QCOLL_${upper})
+  target_link_libraries(transport_worker_${mpi} PRIVATE qcoll::qcoll qcoll_launch PkgConfig::QCOLL_${upper})
   target_compile_definitions(transport_worker_${mpi} PRIVATE QCOLL_TEST_MPI)
   qcoll_warnings(transport_worker_${mpi})
 

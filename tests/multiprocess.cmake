@@ -5,7 +5,7 @@ if(NOT TARGET qcoll-run)
 endif()
 
 add_executable(transport_worker multiprocess/worker.cpp)
-target_link_libraries(transport_worker PRIVATE ${qcoll_device_target})  # its "device" scenario runs on a GPU too
+target_link_libraries(transport_worker PRIVATE ${qcoll_device_target} qcoll_launch)  # "device" runs on a GPU too
 qcoll_warnings(transport_worker)
 
 # qcoll_job_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… [EXIT s] [LINES n:regex|…]

@@ -5,7 +5,7 @@ if(NOT TARGET qcoll-run)
 endif()
 
 add_executable(recovery_worker multiprocess/recovery_worker.cpp)
-target_link_libraries(recovery_worker PRIVATE qcoll::qcoll)
+target_link_libraries(recovery_worker PRIVATE qcoll::qcoll qcoll_launch)
 qcoll_warnings(recovery_worker)
 
 # qcoll_recovery_test(<name> RANKS n TRANSPORT shm|tcp ARGS worker-args… EXIT s LINES …

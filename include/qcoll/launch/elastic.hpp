@@ -81,8 +81,10 @@ inline bool recoverable(const std::system_error& e) noexcept {
 class elastic_job {
  public:
   /// Opens this rank's recovery listener on j.bind_address. Nothing is sent yet.
-  explicit elastic_job(rendezvous::job j, join_options opts = {})
-      : job_(std::move(j)), base_id_(job_.job_id), opts_(opts), listener_(job_.bind_address) {}
+  QCOLL_LAUNCH_DECL explicit elastic_job(rendezvous::job j, join_options opts = {});
+  QCOLL_LAUNCH_DECL elastic_job(elastic_job&&) noexcept;
+  QCOLL_LAUNCH_DECL elastic_job& operator=(elastic_job&&) noexcept;
+  QCOLL_LAUNCH_DECL ~elastic_job();
 
   static elastic_job from_environment(join_options opts = {}) {
     return elastic_job(rendezvous::job_from_environment(), opts);
@@ -99,37 +101,9 @@ class elastic_job {
   /// Collective over the current world.
   template <class Fn>
   decltype(auto) join(Fn&& fn) {
-    auto publish_roster = [this](rendezvous::store_client& store, deadline until) {
-      store.set(qcoll::detail::format("qcoll/recovery/address/{}", job_.rank), listener_.address());
-      // Rank 0 gathers the addresses and publishes them in a few values, so the others
-      // each read a few keys rather than one per rank.
-      std::vector<std::string> roster;
-      if (job_.rank == 0) {
-        store.wait_all("qcoll/recovery/address/", job_.size, until);
-        for (rank_t r = 0; r < job_.size; ++r)
-          roster.push_back(r == 0 ? listener_.address() : store.get(qcoll::detail::format("qcoll/recovery/address/{}", r), until));
-        for (std::size_t first = 0; first < roster.size(); first += roster_chunk) {
-          std::string value;
-          for (std::size_t r = first; r < std::min(roster.size(), first + roster_chunk); ++r) value += roster[r] + '\n';
-          store.set(qcoll::detail::format("qcoll/recovery/roster/{}", first / roster_chunk), value);
-        }
-      } else {
-        for (std::size_t chunk = 0; chunk * roster_chunk < job_.size; ++chunk) {
-          const std::string value = store.get(qcoll::detail::format("qcoll/recovery/roster/{}", chunk), until);
-          for (std::size_t at = 0; at < value.size();) {
-            const std::size_t end = value.find('\n', at);
-            if (end == std::string::npos) break;
-            roster.push_back(value.substr(at, end - at));
-            at = end + 1;
-          }
-        }
-        if (roster.size() != job_.size || roster[job_.rank] != listener_.address())
-          qcoll::detail::throw_error(errc::protocol_error, "qcoll rank {}: the recovery roster has {} entries for {} ranks",
-                                     job_.rank, roster.size(), job_.size);
-      }
-      roster_ = std::move(roster);
-    };
-    return detail::join_with(job_, std::move(next_store_), publish_roster, std::forward<Fn>(fn), opts_);
+    return detail::join_with(
+        job_, std::move(next_store_), [this](rendezvous::store_client& store, deadline until) { publish_roster(store, until); },
+        std::forward<Fn>(fn), opts_);
   }
 
   /// Agrees with the other survivors of the current world on the world that goes on
@@ -140,34 +114,13 @@ class elastic_job {
   /// majority) agreed, errc::timeout when no coordinator answered in time,
   /// errc::invalid_argument before a join got as far as the roster. After an error this
   /// rank is not part of any world: it should exit.
-  shrink_report shrink(const shrink_options& opts = {}) {
-    if (roster_.size() != job_.size)
-      qcoll::detail::throw_error(errc::invalid_argument,
-                                 "qcoll rank {}: elastic_job::shrink before a join exchanged the recovery roster",
-                                 job_.rank);
-    const auto started = clock::now();
-    rendezvous::survivors agreed = rendezvous::agree_on_survivors(
-        job_, roster_, listener_, qcoll::detail::format("{}.e{}", base_id_, epoch_ + 1), opts);
-
-    shrink_report report;
-    report.epoch = ++epoch_;
-    report.old_rank = job_.rank;
-    report.old_size = job_.size;
-    report.new_rank = agreed.next.rank;
-    report.new_size = agreed.next.size;
-    report.survivors = agreed.ranks;
-    report.lost = std::move(agreed.lost);
-    report.coordinator = agreed.coordinator;
-    std::vector<std::string> roster;
-    for (rank_t r : agreed.ranks) roster.push_back(roster_[r]);
-    roster_ = std::move(roster);
-    job_ = std::move(agreed.next);
-    next_store_ = std::move(agreed.store);
-    report.took = clock::now() - started;
-    return report;
-  }
+  QCOLL_LAUNCH_DECL shrink_report shrink(const shrink_options& opts = {});
 
  private:
+  /// join's step between the agreement on the transport and the transport's join: every
+  /// rank publishes its recovery listener and reads the roster back.
+  QCOLL_LAUNCH_DECL void publish_roster(rendezvous::store_client& store, deadline until);
+
   static constexpr std::size_t roster_chunk = 512;  // ≤ 512 · 64 bytes: well within a store value
 
   rendezvous::job job_;
@@ -178,5 +131,72 @@ class elastic_job {
   std::unique_ptr<rendezvous::store_server> next_store_;  // on the new world's rank 0, until its join
   unsigned epoch_ = 0;
 };
+
+#if !defined(QCOLL_LAUNCH_COMPILED) || defined(QCOLL_LAUNCH_SOURCE)
+// Compiled once where QCOLL_LAUNCH_COMPILED is defined (src/launch.cpp), as join_host is.
+QCOLL_LAUNCH_DECL elastic_job::elastic_job(rendezvous::job j, join_options opts)
+    : job_(std::move(j)), base_id_(job_.job_id), opts_(opts), listener_(job_.bind_address) {}
+QCOLL_LAUNCH_DECL elastic_job::elastic_job(elastic_job&&) noexcept = default;
+QCOLL_LAUNCH_DECL elastic_job& elastic_job::operator=(elastic_job&&) noexcept = default;
+QCOLL_LAUNCH_DECL elastic_job::~elastic_job() = default;
+
+QCOLL_LAUNCH_DECL void elastic_job::publish_roster(rendezvous::store_client& store, deadline until) {
+  store.set(qcoll::detail::format("qcoll/recovery/address/{}", job_.rank), listener_.address());
+  // Rank 0 gathers the addresses and publishes them in a few values, so the others
+  // each read a few keys rather than one per rank.
+  std::vector<std::string> roster;
+  if (job_.rank == 0) {
+    store.wait_all("qcoll/recovery/address/", job_.size, until);
+    for (rank_t r = 0; r < job_.size; ++r)
+      roster.push_back(r == 0 ? listener_.address() : store.get(qcoll::detail::format("qcoll/recovery/address/{}", r), until));
+    for (std::size_t first = 0; first < roster.size(); first += roster_chunk) {
+      std::string value;
+      for (std::size_t r = first; r < std::min(roster.size(), first + roster_chunk); ++r) value += roster[r] + '\n';
+      store.set(qcoll::detail::format("qcoll/recovery/roster/{}", first / roster_chunk), value);
+    }
+  } else {
+    for (std::size_t chunk = 0; chunk * roster_chunk < job_.size; ++chunk) {
+      const std::string value = store.get(qcoll::detail::format("qcoll/recovery/roster/{}", chunk), until);
+      for (std::size_t at = 0; at < value.size();) {
+        const std::size_t end = value.find('\n', at);
+        if (end == std::string::npos) break;
+        roster.push_back(value.substr(at, end - at));
+        at = end + 1;
+      }
+    }
+    if (roster.size() != job_.size || roster[job_.rank] != listener_.address())
+      qcoll::detail::throw_error(errc::protocol_error, "qcoll rank {}: the recovery roster has {} entries for {} ranks",
+                                 job_.rank, roster.size(), job_.size);
+  }
+  roster_ = std::move(roster);
+}
+
+QCOLL_LAUNCH_DECL shrink_report elastic_job::shrink(const shrink_options& opts) {
+  if (roster_.size() != job_.size)
+    qcoll::detail::throw_error(errc::invalid_argument,
+                               "qcoll rank {}: elastic_job::shrink before a join exchanged the recovery roster",
+                               job_.rank);
+  const auto started = clock::now();
+  rendezvous::survivors agreed = rendezvous::agree_on_survivors(
+      job_, roster_, listener_, qcoll::detail::format("{}.e{}", base_id_, epoch_ + 1), opts);
+
+  shrink_report report;
+  report.epoch = ++epoch_;
+  report.old_rank = job_.rank;
+  report.old_size = job_.size;
+  report.new_rank = agreed.next.rank;
+  report.new_size = agreed.next.size;
+  report.survivors = agreed.ranks;
+  report.lost = std::move(agreed.lost);
+  report.coordinator = agreed.coordinator;
+  std::vector<std::string> roster;
+  for (rank_t r : agreed.ranks) roster.push_back(roster_[r]);
+  roster_ = std::move(roster);
+  job_ = std::move(agreed.next);
+  next_store_ = std::move(agreed.store);
+  report.took = clock::now() - started;
+  return report;
+}
+#endif
 
 }  // namespace qcoll::launch

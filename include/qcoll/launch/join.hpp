@@ -38,12 +38,23 @@
 #include <algorithm>
 #include <concepts>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+// The launch layer's non-template code — join_host below, elastic_job's members — is
+// inline, unless the program links src/launch.cpp, which defines it once
+// (QCOLL_LAUNCH_COMPILED; qcoll's build links it into its own programs: CMake target
+// qcoll_launch).
+#if defined(QCOLL_LAUNCH_COMPILED)
+#define QCOLL_LAUNCH_DECL
+#else
+#define QCOLL_LAUNCH_DECL inline
+#endif
 
 namespace qcoll::launch {
 
@@ -179,68 +190,63 @@ namespace detail {
 /// What join (and join_through) hand `fn`: the host transports only.
 struct host_transports {};
 
-/// The transport of `kind` joined through `store`, then `joined()` (the end of the
-/// rendezvous), then fn(transport): the one place that maps a transport's kind to its
-/// join (rendezvous::named_transports lists the kinds). Every case hands fn the same
-/// type — a transport of another type here would compile every program's collectives
-/// once more — except cuda_peer's, which only a program that joins with `Devices` other
-/// than host_transports (join_devices.hpp's) compiles: Devices::join makes it.
-template <class Devices, rendezvous::store Store, class Joined, class Fn>
-decltype(auto) join_kind(rendezvous::transport_kind kind, const rendezvous::job& j, Store& store, Joined&& joined,
-                         Fn&& fn, const join_options& opts) {
+/// The transport of `kind` joined through `store`: the one place that maps a transport's
+/// kind to its join (rendezvous::named_transports lists the kinds). shm and tcp join one
+/// type, so every program's collectives are compiled once, for it. For cuda_peer this is
+/// the control transport over shm when `devices` (join_devices puts the CUDA peer
+/// transport over it: only the programs that join with it compile their collectives for
+/// that one too), and an error otherwise.
+template <rendezvous::store Store>
+transports::process_transport join_process_transport(rendezvous::transport_kind kind, const rendezvous::job& j,
+                                                     Store& store, bool devices, const join_options& opts) {
   switch (kind) {  // no default: a kind added to the list without its case here fails -Wswitch
-    case rendezvous::transport_kind::shm: {
-      auto transport = transports::shm::join(j, store, opts.shm);
-      joined();
-      return std::forward<Fn>(fn)(std::move(transport));
-    }
-    case rendezvous::transport_kind::tcp: {
-      auto transport = transports::tcp::join(j, store, opts.tcp);
-      joined();
-      return std::forward<Fn>(fn)(std::move(transport));
-    }
-    case rendezvous::transport_kind::cuda_peer: {
-      if constexpr (!std::same_as<Devices, host_transports>) {
-        auto control = transports::shm::join(j, store, opts.shm);
-        joined();
-        return std::forward<Fn>(fn)(Devices::join(j, std::move(control), opts.cuda_peer));
-      } else {
-        qcoll::detail::throw_error(errc::invalid_argument,
-                                   "qcoll rank {}: QCOLL_TRANSPORT=cuda_peer moves device memory, and this program "
-                                   "joins host transports only (launch::join); a program on GPUs joins with "
-                                   "launch::join_devices",
-                                   j.rank);
-      }
-    }
+    case rendezvous::transport_kind::shm: return transports::shm::join(j, store, opts.shm);
+    case rendezvous::transport_kind::tcp: return transports::tcp::join(j, store, opts.tcp);
+    case rendezvous::transport_kind::cuda_peer:
+      if (devices) return transports::shm::join(j, store, opts.shm);
+      qcoll::detail::throw_error(errc::invalid_argument,
+                                 "qcoll rank {}: QCOLL_TRANSPORT=cuda_peer moves device memory, and this program "
+                                 "joins host transports only (launch::join); a program on GPUs joins with "
+                                 "launch::join_devices",
+                                 j.rank);
     case rendezvous::transport_kind::automatic: break;  // agree_on_transport resolved it
   }
   qcoll::detail::throw_error(errc::invalid_argument, "qcoll rank {}: no transport of kind '{}' to join", j.rank,
                              rendezvous::to_string(kind));
 }
 
-/// join, with the store server given (or made here on rank 0) and `publish(store, until)`
-/// run by every rank once the transports agree and before either starts: the elastic
-/// job publishes its recovery roster there.
-template <class Devices = host_transports, class Publish, class Fn>
+/// What a join runs once the ranks agree on the transport and before it starts (the
+/// elastic job publishes its recovery roster there); may be empty.
+using publish_step = std::function<void(rendezvous::store_client&, deadline)>;
+
+/// What join_host gives: the transport the ranks agreed on, joined.
+struct joined_host {
+  rendezvous::transport_kind kind;
+  transports::process_transport transport;
+};
+
+/// The job's own rendezvous, up to a connected transport: rank 0 serves the job's store
+/// (`server`, or one made here) until every rank is through with it; the ranks agree on
+/// the transport, run `publish`, and join it (join_process_transport). Not a template,
+/// so that it can be compiled once: where QCOLL_LAUNCH_COMPILED is defined its
+/// definition is src/launch.cpp's (qcoll's own build links it into its programs, a
+/// dozen of which join), elsewhere every program that joins compiles it.
+QCOLL_LAUNCH_DECL joined_host join_host(const rendezvous::job& j, std::unique_ptr<rendezvous::store_server> server,
+                                        const publish_step& publish, bool devices, const join_options& opts);
+
+/// join, with the store server given (or made here on rank 0) and `publish` run by every
+/// rank once the transports agree and before either starts; then fn(transport), with
+/// the CUDA peer transport over the joined one where Devices (join_devices.hpp's) makes it.
+template <class Devices = host_transports, class Fn>
 decltype(auto) join_with(const rendezvous::job& j, std::unique_ptr<rendezvous::store_server> server,
-                         Publish&& publish, Fn&& fn, const join_options& opts) {
-  const deadline until = clock::now() + j.timeout;
-  if (j.rank == 0 && !server) server = std::make_unique<rendezvous::store_server>(j);
-  rendezvous::store_client store(j, until);
-
-  // Ranks told different transports would otherwise wait for each other in vain.
-  const rendezvous::transport_kind kind = agree_on_transport(j, store, until);
-  publish(store, until);
-
-  // Rank 0 keeps the store up until every rank is through with it.
-  auto finish_rendezvous = [&] {
-    store.set(qcoll::detail::format("qcoll/joined/{}", j.rank), "1");
-    if (j.rank == 0) {
-      store.wait_all("qcoll/joined/", j.size, until);
-      server.reset();
-    }
-  };
-  return join_kind<Devices>(kind, j, store, finish_rendezvous, std::forward<Fn>(fn), opts);
+                         const publish_step& publish, Fn&& fn, const join_options& opts) {
+  constexpr bool devices = !std::same_as<Devices, host_transports>;
+  joined_host joined = join_host(j, std::move(server), publish, devices, opts);
+  if constexpr (devices) {
+    if (joined.kind == rendezvous::transport_kind::cuda_peer)
+      return std::forward<Fn>(fn)(Devices::join(j, std::move(joined.transport), opts.cuda_peer));
+  }
+  return std::forward<Fn>(fn)(std::move(joined.transport));
 }
 
 }  // namespace detail
@@ -254,11 +260,10 @@ template <rendezvous::store Store, class Fn>
 decltype(auto) join_through(const rendezvous::job& j, Store& store, Fn&& fn, const join_options& opts = {}) {
   const deadline until = clock::now() + j.timeout;
   const rendezvous::transport_kind kind = agree_on_transport(j, store, until);
-  const auto everyone_joined = [&] {
-    store.set(qcoll::detail::format("qcoll/joined/{}", j.rank), "1");
-    store.wait_all("qcoll/joined/", j.size, until);
-  };
-  return detail::join_kind<detail::host_transports>(kind, j, store, everyone_joined, std::forward<Fn>(fn), opts);
+  auto transport = detail::join_process_transport(kind, j, store, false, opts);
+  store.set(qcoll::detail::format("qcoll/joined/{}", j.rank), "1");
+  store.wait_all("qcoll/joined/", j.size, until);
+  return std::forward<Fn>(fn)(std::move(transport));
 }
 
 /// Joins the job `j` describes and calls fn(transport) with the connected transport.
@@ -269,7 +274,7 @@ decltype(auto) join_through(const rendezvous::job& j, Store& store, Fn&& fn, con
 /// errc::invalid_argument, naming which ranks chose which.
 template <class Fn>
 decltype(auto) join(const rendezvous::job& j, Fn&& fn, const join_options& opts = {}) {
-  return detail::join_with(j, nullptr, [](auto&, deadline) {}, std::forward<Fn>(fn), opts);
+  return detail::join_with(j, nullptr, {}, std::forward<Fn>(fn), opts);
 }
 
 /// join(job_from_environment(), fn, opts).
@@ -277,5 +282,29 @@ template <class Fn>
 decltype(auto) join_from_environment(Fn&& fn, const join_options& opts = {}) {
   return join(rendezvous::job_from_environment(), std::forward<Fn>(fn), opts);
 }
+
+#if !defined(QCOLL_LAUNCH_COMPILED) || defined(QCOLL_LAUNCH_SOURCE)
+QCOLL_LAUNCH_DECL detail::joined_host detail::join_host(const rendezvous::job& j,
+                                                     std::unique_ptr<rendezvous::store_server> server,
+                                                     const detail::publish_step& publish, bool devices,
+                                                     const join_options& opts) {
+  const deadline until = clock::now() + j.timeout;
+  if (j.rank == 0 && !server) server = std::make_unique<rendezvous::store_server>(j);
+  rendezvous::store_client store(j, until);
+
+  // Ranks told different transports would otherwise wait for each other in vain.
+  const rendezvous::transport_kind kind = agree_on_transport(j, store, until);
+  if (publish) publish(store, until);
+  transports::process_transport transport = join_process_transport(kind, j, store, devices, opts);
+
+  // Rank 0 keeps the store up until every rank is through with it.
+  store.set(qcoll::detail::format("qcoll/joined/{}", j.rank), "1");
+  if (j.rank == 0) {
+    store.wait_all("qcoll/joined/", j.size, until);
+    server.reset();
+  }
+  return {kind, std::move(transport)};
+}
+#endif
 
 }  // namespace qcoll::launch

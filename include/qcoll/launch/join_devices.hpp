@@ -29,7 +29,7 @@ namespace qcoll::launch {
 
 namespace detail {
 
-/// join_kind's Devices for join_devices: the CUDA peer transport over `control`, on
+/// join_with's Devices for join_devices: the CUDA peer transport over `control`, on
 /// LOCAL_RANK mod the devices unless the options name one.
 struct device_transports {
   template <class Control>
@@ -53,7 +53,7 @@ struct device_transports {
 /// join's, and the device's.
 template <class Fn>
 decltype(auto) join_devices(const rendezvous::job& j, Fn&& fn, const join_options& opts = {}) {
-  return detail::join_with<detail::device_transports>(j, nullptr, [](auto&, deadline) {}, std::forward<Fn>(fn), opts);
+  return detail::join_with<detail::device_transports>(j, nullptr, {}, std::forward<Fn>(fn), opts);
 }
 
 /// join_devices(job_from_environment(), fn, opts).

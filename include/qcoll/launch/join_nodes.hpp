@@ -62,6 +62,15 @@ inline rendezvous::job node_job(const rendezvous::job& j) {
   return node;
 }
 
+namespace detail {
+
+/// The node's shm transport (node_job(j)), joined through the job's store under the
+/// node's keys. Compiled once where QCOLL_LAUNCH_COMPILED is defined, as join_host is.
+QCOLL_LAUNCH_DECL transports::process_transport join_node(const rendezvous::job& j, rendezvous::store_client& store,
+                                                          const join_options& opts);
+
+}  // namespace detail
+
 /// Joins the job `j` describes twice: the node's ranks over shm, and every rank over the
 /// transport join picks; then fn(node_transport, world_transport). Collective: every
 /// rank of the job calls it. Errors as join's; a node whose ranks are not on one host
@@ -69,12 +78,7 @@ inline rendezvous::job node_job(const rendezvous::job& j) {
 template <class Fn>
 decltype(auto) join_nodes(const rendezvous::job& j, Fn&& fn, const join_options& opts = {}) {
   std::optional<transports::process_transport> node;
-  const rendezvous::job mine = node_job(j);
-  const auto join_node = [&](auto& store, deadline) {
-    detail::prefixed_store<std::remove_reference_t<decltype(store)>> node_store(
-        store, qcoll::detail::format("qcoll/node/{}/", j.rank - j.local_rank));
-    node.emplace(transports::shm::join(mine, node_store, opts.shm));
-  };
+  const auto join_node = [&](rendezvous::store_client& store, deadline) { node.emplace(detail::join_node(j, store, opts)); };
   return detail::join_with(
       j, nullptr, join_node,
       [&](auto world) { return std::forward<Fn>(fn)(std::move(*node), std::move(world)); }, opts);
@@ -85,5 +89,15 @@ template <class Fn>
 decltype(auto) join_nodes_from_environment(Fn&& fn, const join_options& opts = {}) {
   return join_nodes(rendezvous::job_from_environment(), std::forward<Fn>(fn), opts);
 }
+
+#if !defined(QCOLL_LAUNCH_COMPILED) || defined(QCOLL_LAUNCH_SOURCE)
+QCOLL_LAUNCH_DECL transports::process_transport detail::join_node(const rendezvous::job& j,
+                                                                  rendezvous::store_client& store,
+                                                                  const join_options& opts) {
+  prefixed_store<rendezvous::store_client> node_store(store,
+                                                      qcoll::detail::format("qcoll/node/{}/", j.rank - j.local_rank));
+  return transports::shm::join(node_job(j), node_store, opts.shm);
+}
+#endif
 
 }  // namespace qcoll::launch
