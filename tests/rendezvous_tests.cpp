@@ -2163,6 +2163,11 @@ BOOST_AUTO_TEST_CASE(fewer_than_a_majority_refuse_to_go_on_saying_why) {
     check_error(o.errors[r], errc::peer_lost, {"only 2 rank(s) agreed to go on", "fewer than the 3 required"});
 }
 
+// elastic_job's special members are declared out of the class (src/launch.cpp compiles
+// them once for qcoll's programs): they keep what the implicit ones were.
+static_assert(std::is_nothrow_move_constructible_v<launch::elastic_job> &&
+              std::is_move_assignable_v<launch::elastic_job> && !std::is_copy_constructible_v<launch::elastic_job>);
+
 BOOST_AUTO_TEST_CASE(shrink_before_a_join_is_refused) {
   launch::elastic_job job(test_job(0, 2, "", fmt::format("shrink-early-{}", ::getpid())));
   check_error(capture([&] { job.shrink(); }), errc::invalid_argument, {"before a join"});

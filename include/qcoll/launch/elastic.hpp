@@ -83,7 +83,7 @@ class elastic_job {
   /// Opens this rank's recovery listener on j.bind_address. Nothing is sent yet.
   QCOLL_LAUNCH_DECL explicit elastic_job(rendezvous::job j, join_options opts = {});
   QCOLL_LAUNCH_DECL elastic_job(elastic_job&&) noexcept;
-  QCOLL_LAUNCH_DECL elastic_job& operator=(elastic_job&&) noexcept;
+  QCOLL_LAUNCH_DECL elastic_job& operator=(elastic_job&&);  // as Asio's acceptor: not noexcept
   QCOLL_LAUNCH_DECL ~elastic_job();
 
   static elastic_job from_environment(join_options opts = {}) {
@@ -137,7 +137,7 @@ class elastic_job {
 QCOLL_LAUNCH_DECL elastic_job::elastic_job(rendezvous::job j, join_options opts)
     : job_(std::move(j)), base_id_(job_.job_id), opts_(opts), listener_(job_.bind_address) {}
 QCOLL_LAUNCH_DECL elastic_job::elastic_job(elastic_job&&) noexcept = default;
-QCOLL_LAUNCH_DECL elastic_job& elastic_job::operator=(elastic_job&&) noexcept = default;
+QCOLL_LAUNCH_DECL elastic_job& elastic_job::operator=(elastic_job&&) = default;
 QCOLL_LAUNCH_DECL elastic_job::~elastic_job() = default;
 
 QCOLL_LAUNCH_DECL void elastic_job::publish_roster(rendezvous::store_client& store, deadline until) {
