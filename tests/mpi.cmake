@@ -66,9 +66,6 @@ foreach(mpi IN LISTS QCOLL_TEST_MPIS)
   # A message over 2 GiB each way (MPI's counts are int), in the release builds only.
   if(NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
     qcoll_mpi_test(${mpi} message_over_2_GiB RANKS 2 ARGS over_2GiB LINES "2:2147487756 bytes each way correct")
-    # About 7.5 GB of memory at its peak (the host's use, 1.3 -> 8.8 GB): one at a time, so the two
-    # MPIs' runs and tools/test's build beside them stay inside CI's 24 GiB.
-    set_tests_properties(job.mpi_${mpi}.message_over_2_GiB PROPERTIES RESOURCE_LOCK over_7_GB_of_memory)
   endif()
   qcoll_mpi_test(${mpi} device_collectives_3_ranks RANKS 3 ARGS device 1048576 ENVIRONMENT QCOLL_DEVICE=emulated
     LINES "3:device collectives equal the host's .* on the emulated device")
