@@ -83,7 +83,7 @@ class engine {
     prepare(r, peer, tag, true, data.data(), data.size(), "send's data");
     r.send_data_ = data.data();
     link& l = links_[peer];
-    if (l.broken || l.leaving) return refuse_gone(r);
+    if (l.broken || l.leaving) return refuse_gone(r, l.gone);
     r.id_ = l.next_id++;
     r.state_ = request::state::announced;
     detail::record announcement{detail::record::announce, r.id_, 0, data.size(), tag, header, {}};
@@ -100,7 +100,7 @@ class engine {
     prepare(r, peer, tag, false, buffer.data(), buffer.size(), "receive's buffer");
     r.recv_data_ = buffer.data();
     link& l = links_[peer];
-    if (l.broken || l.leaving) return refuse_gone(r);
+    if (l.broken || l.leaving) return refuse_gone(r, l.gone);
     r.state_ = request::state::announced;
     const auto waiting = std::find_if(l.unexpected.begin(), l.unexpected.end(),
                                       [&](const detail::record& a) { return a.slot == tag; });
@@ -182,6 +182,7 @@ class engine {
     bool leaving = false;   ///< the peer's transport is closing: nothing more goes to or from it
     bool released = false;  ///< the peer closed its mapping of this rank's window
     bool broken = false;    ///< the control transport lost the peer (or was aborted)
+    std::error_code gone;   ///< why, once broken or leaving: what a request posted later fails with
   };
   struct outgoing_record {
     typename Control::request sent;
@@ -447,7 +448,8 @@ class engine {
         // every chunk is in this rank's window drains), stop writing into its window
         // (the copies already queued finish first), close the mapping and say so.
         l.leaving = true;
-        fail_requests(p, make_error_code(errc::peer_lost), true);
+        l.gone = make_error_code(errc::peer_lost);
+        fail_requests(p, l.gone, true);
         close_window(l);
         send_record(p, {detail::record::left, 0, 0, 0, 0, {}, {}});
         return;
@@ -621,6 +623,7 @@ class engine {
   /// fails with `code`, and nothing more is read from it.
   void lost(rank_t p, std::error_code code) {
     links_[p].broken = true;
+    links_[p].gone = code;
     fail_requests(p, code);
   }
 
@@ -654,10 +657,12 @@ class engine {
       }
   }
 
-  /// A request posted to a peer that left or was lost.
-  void refuse_gone(request& r) {
+  /// A request posted to a peer that left or was lost, with the reason its link went
+  /// (an abort's code where the transport was aborted: a rank that saw the abort while it
+  /// waited for something else must not report the peer lost on its next request).
+  void refuse_gone(request& r, std::error_code why) {
     r.state_ = request::state::announced;
-    complete(r, make_error_code(errc::peer_lost));
+    complete(r, why ? why : make_error_code(errc::peer_lost));
   }
 
   void protocol(rank_t p, const char* what) {
